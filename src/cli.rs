@@ -1,0 +1,256 @@
+//! Command-line definitions (clap derive) for the `fleet` binary; no behaviour lives here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 90s, 20m, 1h)"))
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fleet",
+    version,
+    about = "Launch, tune and drive fleets of SGLang inference servers on GPU hosts",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Inventory file: where things run.
+    #[arg(long, global = true, env = "FLEET_CONFIG", default_value = "fleet.yaml")]
+    pub config: PathBuf,
+    /// Directory that `--profile NAME` resolves in.
+    #[arg(long, global = true, env = "FLEET_PROFILES_DIR", default_value = "profiles")]
+    pub profiles_dir: PathBuf,
+    /// Machine-readable JSON on stdout instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More logs on stderr (-v: every remote command as sent, secrets masked; -vv: debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only warnings and errors on stderr, no live progress.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Trust and record the host key of an SSH host seen for the first time
+    /// (OpenSSH's StrictHostKeyChecking=accept-new). A changed key is always refused.
+    #[arg(long, global = true)]
+    pub accept_new_host_key: bool,
+    /// How long to wait for an SSH connection before giving up on a host.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Preflight, start one server per GPU, wait until ready and print the fleet.
+    Up(UpArgs),
+    /// Health, load and GPU use of every instance fleet started.
+    Status(StatusArgs),
+    /// Stop what fleet started (SIGTERM, then SIGKILL after the grace period).
+    Down(DownArgs),
+    /// Show an instance's server log.
+    Logs(LogsArgs),
+    /// GPU table for every host of the inventory.
+    Gpus,
+    /// Run a command on every host (inside the container for pct hosts).
+    Exec(ExecArgs),
+    /// Inspect and validate profiles.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
+    /// Measure candidate server configs side by side and pick the fastest.
+    Sweep(SweepArgs),
+    /// Run a resumable batch generation job over every healthy instance.
+    Generate(GenerateArgs),
+    /// Summarise a running or finished generate job from its progress.json.
+    Progress(ProgressArgs),
+    /// The whole flow on a local simulated fleet of 8 GPUs: no GPU, config or network needed.
+    Demo(DemoArgs),
+    /// Print shell completions.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UpArgs {
+    /// Profile name (resolved in --profiles-dir) or path to a profile file.
+    #[arg(long)]
+    pub profile: String,
+    /// Only these GPU indices, e.g. 0,1,5.
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Option<Vec<u32>>,
+    /// Restart instances that run a different config.
+    #[arg(long)]
+    pub replace: bool,
+    /// Print the plan and start nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not check flags against the launcher's --help before starting.
+    #[arg(long)]
+    pub skip_preflight: bool,
+    /// Leave started servers running when interrupted with Ctrl-C.
+    #[arg(long)]
+    pub keep_on_interrupt: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {}
+
+#[derive(Debug, Clone, Args)]
+pub struct DownArgs {
+    /// Only instances started with this profile.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// How long to wait after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Print what would be stopped and stop nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// `host:gpu` (e.g. ct200:5) or a port (e.g. 30005).
+    pub instance: String,
+    /// Number of lines from the end.
+    #[arg(short = 'n', long, default_value_t = 100)]
+    pub lines: usize,
+    /// Keep printing new lines as they arrive.
+    #[arg(short, long)]
+    pub follow: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExecArgs {
+    /// Only this host (by inventory name); default: every host.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// The command and its arguments, passed as an argv (never through a local shell).
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfileCommand {
+    /// Print the resolved profile (after `extends:`).
+    Show { name: String },
+    /// Validate the named profiles, or every profile in --profiles-dir.
+    Check { names: Vec<String> },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    #[arg(long)]
+    pub profile: String,
+    /// Mamba strategies to compare, e.g. extra_buffer,no_buffer.
+    #[arg(long, value_delimiter = ',')]
+    pub strategies: Vec<String>,
+    /// Another axis: server.KEY=V1,V2,... (repeatable).
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    #[arg(long)]
+    pub sample: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 1024)]
+    pub input_len: u32,
+    #[arg(long, default_value_t = 988)]
+    pub output_len: u32,
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: u32,
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    #[arg(long, conflicts_with = "sequential")]
+    pub parallel: bool,
+    #[arg(long)]
+    pub sequential: bool,
+    /// Dataset size for the ETA projection (default: lines in --prompts).
+    #[arg(long)]
+    pub total: Option<u64>,
+    #[arg(long)]
+    pub expected_output_tokens: Option<f64>,
+    #[arg(long)]
+    pub write_profile: Option<PathBuf>,
+    #[arg(long)]
+    pub apply: bool,
+    #[arg(long)]
+    pub resume: bool,
+    /// Where sweep.json is written.
+    #[arg(long, default_value = "sweep.json")]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GenerateArgs {
+    /// Input JSONL: {"id","prompt"}, {"id","messages"} or OpenAI Batch API lines.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    /// Output directory for shards, failed.jsonl and progress.json.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Server base URLs to use instead of the instances fleet started (repeatable).
+    #[arg(long)]
+    pub url: Vec<String>,
+    /// Profile whose `expected:` numbers the watchdog compares against.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// generate | chat | completions (default: chat for messages, generate for prompt).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: u32,
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// In-flight requests per instance: auto, or a fixed number.
+    #[arg(long, default_value = "auto")]
+    pub concurrency: String,
+    #[arg(long, default_value_t = 3)]
+    pub max_retries: u32,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub stall_timeout: Duration,
+    #[arg(long)]
+    pub resume: bool,
+    #[arg(long)]
+    pub upload: Option<String>,
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Stop the run when it is below this fraction of the expected throughput after warm-up.
+    #[arg(long)]
+    pub abort_below: Option<f64>,
+    /// How long Ctrl-C waits for in-flight requests.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProgressArgs {
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Where to leave the demo's outputs (default: a new temporary directory).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}

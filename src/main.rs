@@ -1,0 +1,28 @@
+//! The `fleet` binary: parses arguments, sets up logging and Ctrl-C, and maps outcomes to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use fleet::cli::Cli;
+use fleet::commands::{self, Ctx};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    commands::init_logging(&cli.global);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = runtime.block_on(async move {
+        let ctx = Ctx::new(cli.global.clone());
+        ctx.watch_ctrl_c();
+        let result = commands::dispatch(&ctx, cli.command).await;
+        commands::exit_code(&ctx, result)
+    });
+    // Servers and tunnels are owned by joined tasks; nothing left must hold the process open.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    ExitCode::from(code)
+}

@@ -1,0 +1,1 @@
+//! Rendering results for people (tables) and scripts (JSON). Pure: values in, strings out.
