@@ -9,3 +9,6 @@ pub mod config;
 pub mod gpu;
 pub mod remote;
 pub mod report;
+pub mod generate;
+pub mod launch;
+pub mod sglang;

@@ -1,0 +1,1 @@
+//! The batch generation job: input reader, dispatcher, journal/resume, progress, watchdog.

@@ -1,0 +1,1 @@
+//! Launching a fleet: the pure plan, and up/down/status/logs execution over transports.

@@ -1,0 +1,1 @@
+//! SGLang: client (being built).

@@ -1,0 +1,1 @@
+//! SGLang: flags (being built).

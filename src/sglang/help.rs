@@ -1,0 +1,1 @@
+//! SGLang: help (being built).

@@ -1,0 +1,1 @@
+//! SGLang: metrics (being built).
