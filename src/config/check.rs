@@ -370,7 +370,8 @@ fn describe(v: &Value) -> String {
 }
 
 fn range(min: i128, max: i128) -> String {
-    if max == i128::MAX {
+    // A type limit such as u32::MAX tells the user nothing.
+    if max >= i128::from(u32::MAX) {
         format!("must be at least {min}")
     } else {
         format!("must be {min}..={max}")

@@ -73,19 +73,27 @@ fn hosts(c: &mut Checker, root: &Node) -> Option<Vec<HostSpec>> {
             Some("list at least one, e.g. `- name: local`".into()),
         );
     }
-    let read: Vec<Option<(HostSpec, Loc, Loc)>> = items
+    let read: Vec<Option<Read>> = items
         .iter()
         .enumerate()
         .map(|(i, n)| host(c, n, &format!("hosts[{i}]")))
         .collect();
-    let read: Vec<(HostSpec, Loc, Loc)> = read.into_iter().flatten().collect();
+    let read: Vec<Read> = read.into_iter().flatten().collect();
     unique_names(c, &read);
     collisions(c, &read);
-    Some(read.into_iter().map(|(h, _, _)| h).collect())
+    Some(read.into_iter().map(|r| r.spec).collect())
 }
 
-/// A host, with the places of its name and of its GPU list (for cross-host problems).
-fn host(c: &mut Checker, node: &Node, path: &str) -> Option<(HostSpec, Loc, Loc)> {
+/// A valid host, with what cross-host problems point at.
+struct Read {
+    spec: HostSpec,
+    /// `hosts[i]`.
+    path: String,
+    name_loc: Loc,
+    gpus_loc: Loc,
+}
+
+fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
     let f = c.fields(node, path, HOST_KEYS)?;
     let name_node = f.required(c, "name");
     let name = name_node.and_then(|n| host_name(c, n, &f.field("name")));
@@ -139,18 +147,20 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<(HostSpec, Loc, Loc)
     };
     let gpus_loc = f.get("gpus").map_or(f.loc, |n| n.loc);
     let name_loc = name_node.map_or(f.loc, |n| n.loc);
-    Some((
-        HostSpec {
-            name: name?,
-            ssh,
-            container,
-            gpus: gpus?,
-            address,
-            ssh_options,
-        },
+    let spec = HostSpec {
+        name: name?,
+        ssh,
+        container,
+        gpus: gpus?,
+        address,
+        ssh_options,
+    };
+    Some(Read {
+        spec,
+        path: path.to_string(),
         name_loc,
         gpus_loc,
-    ))
+    })
 }
 
 /// Names appear in instance ids (`ct200:5`), file names and tables.
@@ -325,14 +335,14 @@ fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, Str
     options
 }
 
-fn unique_names(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
+fn unique_names(c: &mut Checker, hosts: &[Read]) {
     let mut seen: BTreeMap<&str, Loc> = BTreeMap::new();
-    for (h, loc, _) in hosts {
-        if let Some(first) = seen.insert(&h.name, *loc) {
+    for h in hosts {
+        if let Some(first) = seen.insert(&h.spec.name, h.name_loc) {
             c.report(
-                *loc,
-                "name",
-                format!("host name `{}` is used twice", h.name),
+                h.name_loc,
+                &format!("{}.name", h.path),
+                format!("host name `{}` is used twice", h.spec.name),
                 Some(format!(
                     "first on line {}; names must be unique",
                     first.line
@@ -342,8 +352,9 @@ fn unique_names(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
     }
 }
 
-/// Two hosts on the same machine and container serve GPU i on the same port.
-fn collisions(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
+/// Two hosts on the same machine and container would serve a shared GPU on the same port.
+fn collisions(c: &mut Checker, hosts: &[Read]) {
+    // Users differ, the machine does not: `root@pve` and `admin@pve:22` are one place.
     let place = |h: &HostSpec| {
         (
             h.ssh
@@ -352,12 +363,12 @@ fn collisions(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
             h.container,
         )
     };
-    for (j, (b, _, gpus_loc)) in hosts.iter().enumerate() {
-        for (a, a_loc, _) in &hosts[..j] {
-            if place(a) != place(b) {
+    for (j, b) in hosts.iter().enumerate() {
+        for a in &hosts[..j] {
+            if place(&a.spec) != place(&b.spec) {
                 continue;
             }
-            let shared = match (&a.gpus, &b.gpus) {
+            let shared = match (&a.spec.gpus, &b.spec.gpus) {
                 (GpuSelection::List(x), GpuSelection::List(y)) => {
                     let shared: Vec<String> = y
                         .iter()
@@ -372,11 +383,12 @@ fn collisions(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
                 _ => "GPUs (one of them uses `all`)".to_string(),
             };
             c.report(
-                *gpus_loc,
-                "gpus",
+                b.gpus_loc,
+                &format!("{}.gpus", b.path),
                 format!(
-                    "port collision: host `{}` shares {shared} with host `{}` (line {}) on the same machine and container",
-                    b.name, a.name, a_loc.line
+                    "port collision: host `{}` shares {shared} with host `{}` (line {}) on the same \
+                     machine and container",
+                    b.spec.name, a.spec.name, a.name_loc.line
                 ),
                 Some("give each host distinct GPUs, or merge them into one host".into()),
             );

@@ -157,9 +157,18 @@ pub fn load_profile_with(
     overrides: &[Override],
 ) -> Result<Profile, ConfigError> {
     let path = resolve_profile_path(name_or_path, profiles_dir)?;
-    let mut loader = Loader::new(profiles_dir, &path);
-    let root = loader.file(&path);
-    loader.finish(root, &path, overrides)
+    load_profile_file(&path, profiles_dir, overrides)
+}
+
+/// [`load_profile_with`] for a file already found (e.g. listed by [`profile_files`]).
+pub fn load_profile_file(
+    path: &Path,
+    profiles_dir: &Path,
+    overrides: &[Override],
+) -> Result<Profile, ConfigError> {
+    let mut loader = Loader::new(profiles_dir, path);
+    let root = loader.file(path);
+    loader.finish(root, path, overrides)
 }
 
 /// A profile from text that is not on disk (e.g. embedded in the binary); `origin` names it in
@@ -247,12 +256,8 @@ impl<'a> Loader<'a> {
             self.c.report(
                 target.loc,
                 "extends",
-                format!("profile `{name}` not found: no file at {}", file.display()),
-                Some(if available.is_empty() {
-                    format!("{} holds no profiles", self.profiles_dir.display())
-                } else {
-                    format!("available: {}", available.join(", "))
-                }),
+                not_found_message(&name, &file, &available),
+                None,
             );
             return None;
         }
@@ -517,7 +522,7 @@ fn server(c: &mut Checker, node: Option<&Node>) -> ServerSettings {
                 c.report(
                     n.loc,
                     &field,
-                    format!("{x} is out of range"),
+                    format!("{x:?} is out of range"),
                     Some("must be between 0 and 1 (exclusive), e.g. 0.85".into()),
                 );
                 None
@@ -652,7 +657,7 @@ fn expected(c: &mut Checker, node: &Node) -> Option<Expected> {
             c.report(
                 n.loc,
                 &field,
-                format!("{x} is out of range"),
+                format!("{x:?} is out of range"),
                 Some("must be above 0".into()),
             );
             None
@@ -770,7 +775,7 @@ impl Profile {
             column: 0,
             field: "port_base".into(),
             message: format!(
-                "port_base {} + GPU {gpu} of host `{host}` = port {port}, above 65535",
+                "GPU {gpu} of host `{host}` would listen on port {port} ({} + {gpu}), above 65535",
                 self.port_base
             ),
             hint: Some(format!("use a port_base of at most {}", 65535 - gpu)),
@@ -962,7 +967,7 @@ api_key_env: FLEET_API_KEY
             shown,
             [
                 "--set server.mem_fraction_statc=0.9: server.mem_fraction_statc: unknown key (did you mean `server.mem_fraction_static`?)",
-                "--set server.mem_fraction_static=2: server.mem_fraction_static: 2 is out of range (must be between 0 and 1 (exclusive), e.g. 0.85)",
+                "--set server.mem_fraction_static=2: server.mem_fraction_static: 2.0 is out of range (must be between 0 and 1 (exclusive), e.g. 0.85)",
             ]
         );
     }
@@ -1031,7 +1036,7 @@ api_key_env: FLEET_API_KEY
         assert_eq!(p.port_for_gpu("h", 5).unwrap(), 65535);
         let e = p.port_for_gpu("h", 7).unwrap_err().to_string();
         assert!(
-            e.contains("port 65537, above 65535") && e.contains("at most 65528"),
+            e.contains("port 65537 (65530 + 7), above 65535") && e.contains("at most 65528"),
             "{e}"
         );
     }
