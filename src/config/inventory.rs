@@ -289,20 +289,15 @@ fn gpus(c: &mut Checker, node: &Node, field: &str) -> Option<GpuSelection> {
 
 fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, String> {
     let mut options = BTreeMap::new();
-    let lower: Vec<String> = SSH_OPTIONS.iter().map(|o| o.to_ascii_lowercase()).collect();
-    let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
     for (key, value) in c.entries(node, path) {
         let field = format!("{path}.{}", key.name);
         // OpenSSH matches option names without regard to case.
-        let Some(i) = lower
+        let Some(name) = SSH_OPTIONS
             .iter()
-            .position(|o| *o == key.name.to_ascii_lowercase())
+            .find(|o| o.eq_ignore_ascii_case(&key.name))
         else {
-            let hint = match suggest(&key.name, &lower) {
-                Some(s) => format!(
-                    "did you mean `{}`?",
-                    SSH_OPTIONS[lower.iter().position(|o| *o == s).unwrap_or(0)]
-                ),
+            let hint = match suggest(&key.name, SSH_OPTIONS) {
+                Some(s) => format!("did you mean `{s}`?"),
                 None => format!("supported: {}", SSH_OPTIONS.join(", ")),
             };
             c.report(
@@ -313,15 +308,14 @@ fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, Str
             );
             continue;
         };
-        let name = SSH_OPTIONS[i];
-        let text = match name {
+        let text = match *name {
             "Port" => c.int(value, &field, 1, 65535).map(|p| p.to_string()),
             "ConnectTimeout" => c
                 .int(value, &field, 1, i128::from(u32::MAX))
                 .map(|s| s.to_string()),
             _ => c.string(value, &field),
         };
-        if options.contains_key(name) {
+        if options.contains_key(*name) {
             c.report(
                 key.loc,
                 &field,

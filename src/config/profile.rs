@@ -337,21 +337,13 @@ fn unknown_override_key(parts: &[&str]) -> Option<String> {
         })
     };
     match parts {
-        [top]
-            if TOP_KEYS.contains(top)
-                && *top != "extends"
-                && section_keys(top).is_none()
-                && *top != "env" =>
-        {
-            None
-        }
-        [section, key] if section_keys(section).is_some_and(|k| k.contains(key)) => None,
-        [section, key] if section_keys(section).is_some() => did_you_mean(
-            key,
-            section_keys(section).unwrap_or_default(),
-            &format!("{section}."),
-        ),
+        ["extends"] => Some("`extends:` cannot be set; name another profile instead".into()),
         ["env", name] if is_env_name(name) => None,
+        ["env", _] => Some("not an environment variable name: use letters, digits and _".into()),
+        [top] if *top == "env" || section_keys(top).is_some() => Some(format!(
+            "`{top}` is a section: set one of its keys, e.g. `{top}.KEY=VALUE`"
+        )),
+        [top] if TOP_KEYS.contains(top) => None,
         [top] => {
             // A bare server key (`--set mem_fraction_static=0.8`) most likely meant server.KEY.
             if let Some(s) = suggest(top, SERVER_KEYS) {
@@ -359,6 +351,11 @@ fn unknown_override_key(parts: &[&str]) -> Option<String> {
             }
             did_you_mean(top, TOP_KEYS, "")
         }
+        [section, key] => match section_keys(section) {
+            Some(keys) if keys.contains(key) => None,
+            Some(keys) => did_you_mean(key, keys, &format!("{section}.")),
+            None => Some(SETTABLE.to_string()),
+        },
         _ => Some(SETTABLE.to_string()),
     }
 }
@@ -1067,5 +1064,68 @@ api_key_env: FLEET_API_KEY
             ..extra
         };
         assert_eq!(same_otherwise, no);
+    }
+
+    #[test]
+    fn to_yaml_keeps_strings_that_look_like_other_things() {
+        let text = r#"model: "/models/a: b # c"
+launcher: ["python", "-c", "print('x'); $(id)", "yes", "no", "null", "~", "1.10", "multi
+  line"]
+env: {A: "true", B: "0x10", C: "-", D: ""}
+"#;
+        let dir = dir_with(&[]);
+        let p = profile_from_str(text, &dir.path().join("odd.yaml"), dir.path()).unwrap();
+        assert_eq!(p.launcher[2], "print('x'); $(id)");
+        assert_eq!(p.launcher[8], "multi line");
+        let again =
+            profile_from_str(&p.to_yaml(), &dir.path().join("odd.yaml"), dir.path()).unwrap();
+        assert_eq!(again, p, "{}", p.to_yaml());
+    }
+
+    #[test]
+    fn override_keys_outside_the_schema_are_named() {
+        let dir = dir_with(&[("base.yaml", BASE)]);
+        let hints: Vec<Option<String>> = [
+            "mem_fraction_static",
+            "server",
+            "extends",
+            "server.tp",
+            "gpu.x",
+            "env.1X",
+        ]
+        .iter()
+        .map(|k| {
+            let o = Override {
+                key: k.to_string(),
+                value: "1".into(),
+            };
+            let p = problems(load_profile_with("base", dir.path(), &[o]));
+            assert_eq!(
+                (p[0].field.as_str(), p[0].message.as_str(), p[0].line),
+                (*k, "unknown key", 0)
+            );
+            assert_eq!(p[0].file, PathBuf::from(format!("--set {k}=1")));
+            p[0].hint.clone()
+        })
+        .collect();
+        assert_eq!(
+            hints[0].as_deref(),
+            Some("did you mean `server.mem_fraction_static`?")
+        );
+        assert!(
+            hints[1]
+                .as_deref()
+                .unwrap()
+                .contains("`server` is a section")
+        );
+        assert!(hints[2].as_deref().unwrap().contains("cannot be set"));
+        assert!(hints[3].as_deref().unwrap().starts_with("settable:"));
+        assert!(hints[4].as_deref().unwrap().starts_with("settable:"));
+        assert!(
+            hints[5]
+                .as_deref()
+                .unwrap()
+                .contains("environment variable")
+        );
     }
 }
