@@ -12,3 +12,4 @@ pub mod launch;
 pub mod remote;
 pub mod report;
 pub mod sglang;
+pub mod sweep;
