@@ -832,8 +832,7 @@ async fn measured_throughput_matches_the_reported_ideal() {
         .text()
         .await
         .unwrap();
-    let labels =
-        "{model_name=\"/models/test\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}";
+    let labels = "{engine_type=\"unified\",model_name=\"/models/test\",tp_rank=\"0\"}";
     assert!(
         metrics.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")),
         "{metrics}"

@@ -256,8 +256,7 @@ fn prom_label(s: &str) -> String {
 pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
     // Scheduler gauges carry SGLang's rank labels; tokenizer counters only the model name.
     let name = prom_label(model_name);
-    let gauge_labels =
-        format!("{{model_name=\"{name}\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}}");
+    let gauge_labels = format!("{{engine_type=\"unified\",model_name=\"{name}\",tp_rank=\"0\"}}");
     let counter_labels = format!("{{model_name=\"{name}\"}}");
     let kv = m.kv_used.load(Ordering::Relaxed) as f64;
     let gauges: [(&str, &str, f64); 5] = [
