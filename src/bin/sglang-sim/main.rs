@@ -445,12 +445,17 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
 }
 
 async fn shutdown(
-    server: JoinHandle<()>,
+    mut server: JoinHandle<()>,
     signals: JoinHandle<anyhow::Result<()>>,
     state: &StateFile,
 ) {
-    if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+        .await
+        .is_err()
+    {
         log::server("WARNING sglang-sim: HTTP connections still open at shutdown; closing them.");
+        server.abort();
+        join_quietly(server).await;
     }
     if let Ok(Err(e)) = signals.await {
         log::server(&format!("WARNING sglang-sim: {e:#}"));
