@@ -1011,9 +1011,11 @@ api_key_env: FLEET_API_KEY
             Some(&expected),
             "winner of fleet sweep\n\nmeasured 2026-11-29",
         );
-        assert!(
-            text.starts_with("# winner of fleet sweep\n#\n# measured"),
-            "{text}"
+        assert_eq!(
+            text,
+            "# winner of fleet sweep\n#\n# measured 2026-11-29\nextends: base\nserver:\n  \
+             mamba_strategy: extra_buffer\nexpected:\n  output_tok_s_per_gpu: 1180.5\n  \
+             max_running_requests: 72\n"
         );
         fs::write(dir.path().join("won.yaml"), &text).unwrap();
         let p = load_profile("won", dir.path()).unwrap();
