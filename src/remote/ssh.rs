@@ -84,7 +84,7 @@ impl Client {
         {
             return Err(KeyVerdict::Changed {
                 fingerprint,
-                line: *line,
+                line: file_line(&self.known_hosts, *line),
             });
         }
         if !self.accept_new {
@@ -133,6 +133,24 @@ impl client::Handler for Client {
             }
         }
     }
+}
+
+/// russh numbers known_hosts entries without counting `#` comment lines; OpenSSH users expect
+/// the line number in the file, as `ssh-keygen -R` and editors count.
+fn file_line(path: &std::path::Path, entry: usize) -> usize {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return entry;
+    };
+    let mut seen = 0;
+    for (i, line) in text.lines().enumerate() {
+        if !line.starts_with('#') {
+            seen += 1;
+            if seen == entry {
+                return i + 1;
+            }
+        }
+    }
+    entry
 }
 
 fn known_hosts_name(hostname: &str, port: u16) -> String {
