@@ -13,7 +13,7 @@ use russh::client::{self, AuthResult, Handle};
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
-use russh::{ChannelMsg, Disconnect};
+use russh::{ChannelMsg, ChannelOpenFailure, Disconnect};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -26,6 +26,9 @@ use crate::config::{HostSpec, SshTarget};
 /// OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay below it so that
 /// forwarded ports and other clients' sessions still fit.
 const MAX_CONCURRENT_EXECS: usize = 8;
+
+/// Retries of a refused session open back off from 2 ms, doubling, until this (about 0.5 s).
+const SESSION_RETRY_LIMIT: Duration = Duration::from_millis(300);
 
 /// Also answers a dead connection within a minute instead of at the next TCP timeout.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -194,6 +197,23 @@ impl SshTransport {
             handle: Arc::new(handle),
             execs: Semaphore::new(MAX_CONCURRENT_EXECS),
         })
+    }
+
+    /// sshd frees a session slot only when it garbage-collects the closed channel, which can be
+    /// after it has already read our next open request; such a refusal is retried briefly.
+    async fn open_session(&self) -> Result<russh::Channel<client::Msg>, RemoteError> {
+        let mut delay = Duration::from_millis(2);
+        loop {
+            match self.handle.channel_open_session().await {
+                Err(russh::Error::ChannelOpenFailure(
+                    ChannelOpenFailure::ConnectFailed | ChannelOpenFailure::ResourceShortage,
+                )) if delay < SESSION_RETRY_LIMIT => {
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other.map_err(|e| self.broken(e)),
+            }
+        }
     }
 
     fn broken(&self, e: russh::Error) -> RemoteError {
@@ -390,11 +410,7 @@ impl Transport for SshTransport {
             target: self.target.clone(),
             message: "connection closed".into(),
         })?;
-        let mut channel = self
-            .handle
-            .channel_open_session()
-            .await
-            .map_err(|e| self.broken(e))?;
+        let mut channel = self.open_session().await?;
         channel
             .exec(true, command.as_bytes())
             .await

@@ -117,8 +117,13 @@ impl Sshd {
             public_key(&client_key) + "\n",
         )
         .expect("authorized_keys");
+        // A fresh HOME for sessions: the login user's own dotfiles (bash sources ~/.bashrc for
+        // every SSH command) must not slow down or change what the tests run.
+        let remote_home = dir.path().join("remote-home");
+        std::fs::create_dir_all(&remote_home).expect("remote HOME");
         let mut set_env = format!(
-            "PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME={} PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            remote_home.display(),
             fixtures_bin().display()
         );
         for (k, v) in env {
