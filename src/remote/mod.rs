@@ -9,10 +9,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 use tokio::task::JoinHandle;
