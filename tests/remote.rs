@@ -445,6 +445,51 @@ async fn a_key_the_server_does_not_accept_is_reported_with_the_keys_tried() {
 }
 
 #[tokio::test]
+async fn rsa_keys_sign_with_the_sha2_hash_the_server_accepts() {
+    // OpenSSH ≥ 8.8 refuses SHA-1 `ssh-rsa` signatures, so this only logs in if the client asks
+    // for the server's best RSA hash.
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let rsa = common::keygen_typed(sshd.dir.path(), "client_rsa", "rsa");
+    sshd.authorize(&rsa);
+    let t = connect(&sshd.host_spec_with_key("gpu1", None, &kh, &rsa)).await;
+    assert!(t.run(&argv(&["true"])).await.unwrap().success());
+    assert!(
+        sshd.log().contains("Accepted publickey") && sshd.log().contains("RSA SHA256:"),
+        "{}",
+        sshd.log()
+    );
+}
+
+#[tokio::test]
+async fn a_passphrase_protected_key_is_skipped_with_a_hint_and_no_passphrase_prompt() {
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let locked = sshd.dir.path().join("locked_key");
+    std::fs::copy(&sshd.client_key, &locked).unwrap();
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-p", "-N", "not-logged-passphrase", "-P", "", "-f"])
+        .arg(&locked)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let err = connect_err(
+        &sshd.host_spec_with_key("gpu1", None, &kh, &locked),
+        &ConnectOptions::default(),
+    )
+    .await;
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(
+            "{} (passphrase-protected: load it with `ssh-add",
+            locked.display()
+        )),
+        "{msg}"
+    );
+    assert!(!msg.contains("not-logged-passphrase"), "{msg}");
+}
+
+#[tokio::test]
 async fn nothing_listening_is_reported_as_unreachable() {
     let sshd = Sshd::start();
     let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);

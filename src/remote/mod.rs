@@ -179,8 +179,8 @@ pub enum RemoteError {
 
     #[error(
         "{host}: {user}@{target} refused authentication; tried: {}\n  hint: check that one of these \
-         keys is in the host's ~{user}/.ssh/authorized_keys, the User, or IdentityFile in \
-         ~/.ssh/config or ssh_options",
+         keys is authorized for {user} on the host (~{user}/.ssh/authorized_keys), and the User and \
+         IdentityFile in ~/.ssh/config or the host's ssh_options",
         tried_list(.tried)
     )]
     AuthRefused {
