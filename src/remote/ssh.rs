@@ -50,6 +50,8 @@ impl fmt::Debug for SshTransport {
     }
 }
 
+static KNOWN_HOSTS_LOCK: Mutex<()> = Mutex::new(());
+
 /// What the host key check concluded when it refused a key; read after the handshake fails.
 #[derive(Debug)]
 enum KeyVerdict {
@@ -68,6 +70,9 @@ struct Client {
 
 impl Client {
     fn check(&self, key: &PublicKey) -> Result<bool, KeyVerdict> {
+        // Hosts of one inventory often share a Proxmox host and connect at once: read and
+        // record under one lock so a new key is written once.
+        let _known_hosts = KNOWN_HOSTS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         let known = russh::keys::known_hosts::known_host_keys_path(
             &self.hostname,
