@@ -470,6 +470,7 @@ async fn a_passphrase_protected_key_is_skipped_with_a_hint_and_no_passphrase_pro
     let status = std::process::Command::new("ssh-keygen")
         .args(["-q", "-p", "-N", "not-logged-passphrase", "-P", "", "-f"])
         .arg(&locked)
+        .stdout(std::process::Stdio::null())
         .status()
         .unwrap();
     assert!(status.success());

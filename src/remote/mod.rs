@@ -141,8 +141,8 @@ pub enum RemoteError {
 
     #[error(
         "{host}: no SSH session with {target} within {after:?}\n  hint: check that the address \
-         and port are right and reach an SSH server (firewall, VPN); raise --connect-timeout for \
-         slow links"
+         and port are right and reach an SSH server (firewall, VPN); for slow links raise \
+         --connect-timeout or the host's ConnectTimeout"
     )]
     Timeout {
         host: String,

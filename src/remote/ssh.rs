@@ -189,12 +189,13 @@ impl SshTransport {
         let name = resolved.known_hosts_name();
         let target_label = format!("{}@{name}", resolved.user);
         tracing::debug!(host = %host.name, "ssh: connecting to {target_label}");
-        let handle = tokio::time::timeout(opts.connect_timeout, open(&host.name, &resolved, opts))
+        let timeout = resolved.connect_timeout.unwrap_or(opts.connect_timeout);
+        let handle = tokio::time::timeout(timeout, open(&host.name, &resolved, opts))
             .await
             .map_err(|_| RemoteError::Timeout {
                 host: host.name.clone(),
                 target: name.clone(),
-                after: opts.connect_timeout,
+                after: timeout,
             })??;
         Ok(SshTransport {
             host: host.name.clone(),
