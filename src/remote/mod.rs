@@ -283,7 +283,7 @@ pub fn quote_argv(host: &str, argv: &[String]) -> Result<String, RemoteError> {
     for arg in argv {
         let quoted = shlex::try_quote(arg).map_err(|_| RemoteError::Quote {
             host: host.to_string(),
-            arg: arg.clone(),
+            arg: mask(arg),
         })?;
         words.push(quoted);
     }
