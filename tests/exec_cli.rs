@@ -258,3 +258,32 @@ fn ssh_agent_keys_are_tried_first_and_refusals_list_what_was_tried() {
         stdout(&out)
     );
 }
+
+#[test]
+fn a_container_on_this_machine_runs_through_the_local_pct() {
+    let home = TestHome {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let config = home
+        .write_inventory("hosts:\n  - name: here\n  - name: ct-local\n    container: 200\n    address: 127.0.0.1\n")
+        .display()
+        .to_string();
+    let path = format!(
+        "{}:{}",
+        common::fixtures_bin().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = home
+        .fleet()
+        .env("PATH", path)
+        .args([
+            "--config", &config, "exec", "--", "printf", "%s|", "a b", "$(id)",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "== here ==\na b|$(id)|\n== ct-local ==\na b|$(id)|\n"
+    );
+}

@@ -101,6 +101,29 @@ async fn ssh_plus_pct_passes_values_literally_and_reports_exit_status() {
 }
 
 #[tokio::test]
+async fn a_container_address_not_in_the_inventory_is_discovered_once_with_hostname_i() {
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let mut spec = sshd.host_spec("ct200", Some(200), &kh);
+    spec.address = None;
+    let t = connect(&spec).await;
+    // The fake container is this machine, so its `hostname -I` is ours.
+    let ours = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .unwrap();
+    let first = String::from_utf8_lossy(&ours.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(t.server_address().await.unwrap(), first);
+    assert_eq!(t.server_address().await.unwrap(), first);
+    let sessions = sshd.log().matches("Starting session: command").count();
+    assert_eq!(sessions, 1, "hostname -I should run once:\n{}", sshd.log());
+}
+
+#[tokio::test]
 async fn a_container_that_is_not_running_is_named_with_what_to_check() {
     let sshd = Sshd::start_with_env(&[("FAKE_PCT_STOPPED", "201")]);
     let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
