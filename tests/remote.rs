@@ -69,6 +69,21 @@ async fn assert_exit_codes_and_stderr(t: &dyn Transport) {
     assert_eq!(out.stderr_lossy(), "err\n");
     let out = t.run(&argv(&["true"])).await.expect("run true");
     assert!(out.success());
+    // Megabytes on both streams at once, and output after the exit status is known to the
+    // shell: everything up to the channel's close arrives.
+    let out = t
+        .run(&argv(&[
+            "sh",
+            "-c",
+            "head -c 3000000 /dev/zero; head -c 2000000 /dev/zero >&2; echo end",
+        ]))
+        .await
+        .expect("run big output");
+    assert_eq!(
+        (out.status, out.stdout.len(), out.stderr.len()),
+        (Some(0), 3_000_004, 2_000_000)
+    );
+    assert!(out.stdout.ends_with(b"end\n"));
     // stdin is at EOF: `cat` must return at once instead of hanging.
     let out = t.run(&argv(&["cat"])).await.expect("run cat");
     assert_eq!((out.status, out.stdout.len()), (Some(0), 0));
