@@ -1,1 +1,3 @@
 //! Launching a fleet: the pure plan, and up/down/status/logs execution over transports.
+
+pub mod plan;
