@@ -1,3 +1,5 @@
 //! Launching a fleet: the pure plan, and up/down/status/logs execution over transports.
 
 pub mod plan;
+pub mod probe;
+pub mod state;
