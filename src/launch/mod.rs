@@ -1,5 +1,6 @@
 //! Launching a fleet: the pure plan, and up/down/status/logs execution over transports.
 
 pub mod plan;
+pub mod preflight;
 pub mod probe;
 pub mod state;
