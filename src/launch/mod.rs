@@ -1,6 +1,8 @@
 //! Launching a fleet: the pure plan, and up/down/status/logs execution over transports.
 
+pub mod down;
 pub mod plan;
 pub mod preflight;
 pub mod probe;
 pub mod state;
+pub mod up;

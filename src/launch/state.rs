@@ -183,6 +183,12 @@ pub async fn proc_table(t: &dyn Transport) -> Result<ProcTable, StateError> {
     Ok(ProcTable::parse(&run_ok(t, &argv(&["sh", "-c", script])).await?))
 }
 
+/// One process's stat line, or `None` when it is gone.
+pub async fn proc_stat(t: &dyn Transport, pid: u32) -> Result<Option<ProcStat>, StateError> {
+    let out = t.run(&argv(&["cat", &format!("/proc/{pid}/stat")])).await?;
+    Ok(if out.success() { ProcStat::parse(out.stdout_lossy().trim()) } else { None })
+}
+
 pub async fn listening_ports(t: &dyn Transport) -> Result<BTreeSet<u16>, StateError> {
     let script = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; true";
     Ok(parse_listening(&run_ok(t, &argv(&["sh", "-c", script])).await?))
