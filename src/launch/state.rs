@@ -174,10 +174,6 @@ pub async fn remove_record(t: &dyn Transport, record: &InstanceRecord) -> Result
     run_ok(t, &argv(&["rm", "-f", &record.record, &record.pidfile])).await.map(drop)
 }
 
-pub async fn make_dir(t: &dyn Transport, dir: &str) -> Result<(), StateError> {
-    run_ok(t, &argv(&["mkdir", "-p", dir])).await.map(drop)
-}
-
 pub async fn proc_table(t: &dyn Transport) -> Result<ProcTable, StateError> {
     let script = "cat /proc/[0-9]*/stat 2>/dev/null; true";
     Ok(ProcTable::parse(&run_ok(t, &argv(&["sh", "-c", script])).await?))

@@ -316,7 +316,6 @@ async fn bring_up(
 }
 
 async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord, StateError> {
-    state::make_dir(t, &instance.files.dir).await?;
     let pid = t
         .spawn_detached(&Detached {
             argv: instance.argv.clone(),
