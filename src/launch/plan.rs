@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{GpuSelection, HostSpec, Profile};
+use crate::config::{ConfigError, GpuSelection, HostSpec, Profile};
 use crate::sglang::flags::{self, Render};
 use crate::sglang::help::HelpSpec;
 
@@ -87,10 +87,10 @@ impl RunFiles {
 }
 
 /// Errors that make a plan impossible; each names the host or GPU at fault.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("GPU {gpu} of {host}: port {port_base} + {gpu} is past 65535; lower port_base")]
-    PortOverflow { host: String, gpu: u32, port_base: u16 },
+    #[error(transparent)]
+    Port(#[from] ConfigError),
     #[error("--gpus {gpus}: not in the inventory of any host (hosts have: {have})")]
     UnknownGpus { gpus: String, have: String },
     #[error("profile env sets CUDA_VISIBLE_DEVICES; fleet pins each server to its GPU itself")]
@@ -128,13 +128,7 @@ pub fn plan(
             if only_gpus.is_some_and(|only| !only.contains(&gpu)) {
                 continue;
             }
-            let port = u16::try_from(u32::from(profile.port_base) + gpu).map_err(|_| {
-                PlanError::PortOverflow {
-                    host: host.name.clone(),
-                    gpu,
-                    port_base: profile.port_base,
-                }
-            })?;
+            let port = profile.port_for_gpu(&host.name, gpu)?;
             instances.push(instance(profile, host, facts, gpu, port, api_key, run_root));
         }
     }
@@ -291,10 +285,10 @@ mod tests {
         let hosts = vec![(host("h", GpuSelection::List(vec![7])), facts("127.0.0.1"))];
         assert!(matches!(
             plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT),
-            Err(PlanError::PortOverflow { gpu: 7, .. })
+            Err(PlanError::Port(_))
         ));
         let mut pinned = profile();
         pinned.env.insert("CUDA_VISIBLE_DEVICES".into(), "0".into());
-        assert_eq!(plan(&pinned, &hosts, None, None, DEFAULT_RUN_ROOT), Err(PlanError::EnvPinsGpu));
+        assert!(matches!(plan(&pinned, &hosts, None, None, DEFAULT_RUN_ROOT), Err(PlanError::EnvPinsGpu)));
     }
 }

@@ -3,8 +3,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::config::{GpuSelection, HostSpec};
+use crate::gpu::{self, GpuError};
 use crate::launch::plan::{HostFacts, Instance};
 use crate::remote::{RemoteError, Transport};
 use crate::sglang::flags::{self, Mismatch};
@@ -24,25 +26,29 @@ pub enum FactsError {
     Help { host: String, command: String, status: String, stderr: String },
     #[error("{host}: `{command}` listed no options; --skip-preflight starts without checking flags")]
     EmptyHelp { host: String, command: String },
-    #[error("{host}: `gpus: all` needs nvidia-smi on the host: {message}\n  hint: list the GPUs in the inventory, e.g. gpus: [0,1,2,3]")]
-    Gpus { host: String, message: String },
+    #[error("{0}\n  hint: `gpus: all` reads the GPUs from the host; or list them, e.g. gpus: [0,1,2,3]")]
+    Gpus(#[from] GpuError),
 }
 
 /// Everything planning needs to know about one host; `--help` is read only when `preflight`.
 pub async fn host_facts(
-    t: &dyn Transport,
+    t: &Arc<dyn Transport>,
     host: &HostSpec,
-    address: String,
     launcher: &[String],
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
-    let help_text = if preflight { Some(read_help(t, launcher).await?) } else { None };
+    let address = t.server_address().await?;
+    let t_ref = t.as_ref();
+    let help_text = if preflight { Some(read_help(t_ref, launcher).await?) } else { None };
     let version = match python_of(launcher) {
-        Some(python) => read_version(t, python).await,
+        Some(python) => read_version(t_ref, python).await,
         None => help_text.as_deref().and_then(help::stated_version),
     };
     let gpus_present = match host.gpus {
-        GpuSelection::All => gpu_indices(t).await?,
+        GpuSelection::All => {
+            let local = host.ssh.is_none() && host.container.is_none();
+            gpu::read_host(t.clone(), local).await?.iter().map(|g| g.index).collect()
+        }
         GpuSelection::List(_) => Vec::new(),
     };
     Ok(HostFacts { help: help_text.map(|t| HelpSpec::parse(&t)), version, address, gpus_present })
@@ -91,21 +97,6 @@ async fn read_version(t: &dyn Transport, python: &str) -> Option<String> {
             None
         }
     }
-}
-
-async fn gpu_indices(t: &dyn Transport) -> Result<Vec<u32>, FactsError> {
-    let argv: Vec<String> =
-        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"].map(String::from).to_vec();
-    let fail = |message: String| FactsError::Gpus { host: t.host().to_string(), message };
-    let out = t.run(&argv).await.map_err(|e| fail(e.to_string()))?;
-    if !out.success() {
-        return Err(fail(out.stderr_lossy().trim().to_string()));
-    }
-    out.stdout_lossy()
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.trim().parse().map_err(|_| fail(format!("unexpected output line {l:?}"))))
-        .collect()
 }
 
 /// Every flag the hosts would reject, grouped by host; identical problems of a host's GPUs
