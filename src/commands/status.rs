@@ -4,11 +4,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::cli::StatusArgs;
 use crate::config;
+use crate::gpu;
 use crate::launch::hosts::connect_all;
 use crate::launch::probe::Probe;
 use crate::launch::report;
 use crate::launch::state::Liveness;
-use crate::launch::status::{InstanceStatus, host_status};
+use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
 
 use super::up::run_root;
 use super::{Ctx, Outcome};
@@ -21,20 +22,36 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
         tracing::error!("{e}");
     }
     let run_root = run_root();
-    // Servers started with an API key answer /health only with it; the key's variable is
-    // the one the profiles name, so it is read here when set.
-    let probe = Probe::new(std::env::var("FLEET_API_KEY").ok().filter(|k| !k.is_empty()));
+    let probe = Probe::new(None);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let verbose = ctx.global.verbose > 0;
-    let looks = connected.transports.values().map(|t| host_status(t.as_ref(), &run_root, &probe, verbose, now));
+    let (run_root, probe) = (&run_root, &probe);
+    let looks = inventory.hosts.iter().filter_map(|h| {
+        let t = connected.transports.get(&h.name)?;
+        let local = h.ssh.is_none() && h.container.is_none();
+        Some(async move {
+            let (status, gpus) = tokio::join!(
+                host_status(t.as_ref(), run_root, probe, verbose, now),
+                gpu::read_host(t.clone(), local)
+            );
+            (h.name.as_str(), status, gpus)
+        })
+    });
     let results = tokio::select! {
         r = futures::future::join_all(looks) => r,
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
     let mut statuses: Vec<InstanceStatus> = Vec::new();
-    for r in results {
-        match r {
-            Ok(s) => statuses.extend(s),
+    for (host, status, gpus) in results {
+        match status {
+            Ok(mut s) => {
+                match gpus {
+                    Ok(readings) => attach_gpus(&mut s, host, &readings),
+                    // GPU columns are extra; a host without a readable driver still has a status.
+                    Err(e) => tracing::debug!("{e}"),
+                }
+                statuses.extend(s);
+            }
             Err(e) => {
                 tracing::error!("{e}");
                 partial = true;

@@ -47,6 +47,8 @@ pub struct Instance {
     /// Identifies the config (masked argv and env): equal fingerprints mean "same server".
     pub fingerprint: String,
     pub profile: String,
+    /// The environment variable holding the API key (never the key), for later health checks.
+    pub api_key_env: Option<String>,
 }
 
 impl Instance {
@@ -150,6 +152,9 @@ fn instance(
     argv.extend(flags::server_args(profile, &render));
     let mut env = profile.env.clone();
     env.insert("CUDA_VISIBLE_DEVICES".to_string(), gpu.to_string());
+    // CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi, the inventory and
+    // `fleet gpus` number them by PCI bus, so pin by that order.
+    env.entry("CUDA_DEVICE_ORDER".to_string()).or_insert_with(|| "PCI_BUS_ID".to_string());
     let fingerprint = fingerprint(&flags::masked(&argv), &env);
     Instance {
         host: host.name.clone(),
@@ -162,6 +167,7 @@ fn instance(
         files: RunFiles::new(run_root, port),
         fingerprint,
         profile: profile.name.clone(),
+        api_key_env: profile.api_key_env.clone(),
     }
 }
 
@@ -236,6 +242,7 @@ mod tests {
         assert!(i.argv.contains(&"--mamba-scheduler-strategy".to_string()));
         assert_eq!(i.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str), Some("5"));
         assert_eq!(i.env.get("HF_HUB_OFFLINE").map(String::as_str), Some("1"));
+        assert_eq!(i.env.get("CUDA_DEVICE_ORDER").map(String::as_str), Some("PCI_BUS_ID"));
         assert_eq!(
             i.files,
             RunFiles {

@@ -63,6 +63,11 @@ impl Probe {
         Probe { client, api_key }
     }
 
+    /// The same client with another key (a server started by another profile).
+    pub fn with_key(&self, api_key: Option<String>) -> Probe {
+        Probe { client: self.client.clone(), api_key }
+    }
+
     async fn get(&self, url: &str) -> Result<reqwest::Response, ProbeError> {
         let mut request = self.client.get(url);
         if let Some(key) = &self.api_key {

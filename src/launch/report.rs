@@ -107,11 +107,13 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             opt(load.map(|l| l.queued)),
             opt(load.map(|l| format!("{:.0}", l.gen_throughput))),
             opt(load.map(|l| format!("{:.0}%", l.token_usage * 100.0))),
+            opt(s.gpu_reading.as_ref().map(|g| format!("{}/{} MiB", g.memory_used_mib, g.memory_total_mib))),
+            opt(s.gpu_reading.as_ref().and_then(|g| g.utilization_pct).map(|u| format!("{u}%"))),
             s.profile.clone(),
         ]
     });
     table(
-        &["HOST", "GPU", "PORT", "PID", "STATE", "UP", "RUNNING", "QUEUED", "GEN TOK/S", "TOKEN USAGE", "PROFILE"],
+        &["HOST", "GPU", "PORT", "PID", "STATE", "UP", "RUNNING", "QUEUED", "GEN TOK/S", "TOKEN USAGE", "GPU MEM", "GPU UTIL", "PROFILE"],
         rows,
     )
 }

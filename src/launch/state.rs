@@ -27,6 +27,9 @@ pub struct InstanceRecord {
     pub start_ticks: u64,
     /// Seconds since the Unix epoch.
     pub started_at: u64,
+    /// The environment variable holding the server's API key (never the key itself).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
     pub dir: String,
     pub log: String,
     pub pidfile: String,

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::gpu::GpuReading;
 use crate::launch::probe::{Gauges, Probe};
 use crate::launch::state::{self, InstanceRecord, Liveness, StateError};
 use crate::launch::up::LOG_TAIL_LINES;
@@ -24,6 +25,15 @@ pub struct InstanceStatus {
     pub uptime: u64,
     /// The log's last lines, for a dead instance when asked for.
     pub log_tail: Option<String>,
+    /// The instance's GPU, when the host's GPUs could be read.
+    pub gpu_reading: Option<GpuReading>,
+}
+
+/// Gives each instance the reading of its GPU.
+pub fn attach_gpus(statuses: &mut [InstanceStatus], host: &str, readings: &[GpuReading]) {
+    for s in statuses.iter_mut().filter(|s| s.host == host) {
+        s.gpu_reading = readings.iter().find(|g| g.index == s.gpu).cloned();
+    }
 }
 
 impl InstanceStatus {
@@ -76,6 +86,7 @@ async fn instance_status(
         load: None,
         uptime: now_unix.saturating_sub(r.started_at),
         log_tail: None,
+        gpu_reading: None,
     };
     if liveness != Liveness::Running {
         if dead_log_tails {
@@ -83,6 +94,9 @@ async fn instance_status(
         }
         return status;
     }
+    // The key lives in the environment variable the profile named, here as at `up`.
+    let key = r.api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
+    let probe = probe.with_key(key);
     match t.forward(&r.address, r.port).await {
         Ok(tunnel) => {
             let base = format!("http://{}", tunnel.local_addr());
