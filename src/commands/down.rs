@@ -2,10 +2,11 @@
 
 use crate::cli::DownArgs;
 use crate::config;
-use crate::launch::down::{StopState, down_host};
+use crate::gpu;
+use crate::launch::down::{RELEASED_MIB, StopState, confirm_gpus_released, down_host};
 use crate::launch::hosts::connect_all;
 use crate::launch::report;
-use crate::launch::state;
+use crate::launch::state::{self, StateError};
 
 use super::up::run_root;
 use super::{Ctx, Outcome};
@@ -45,10 +46,16 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
         }
         return Ok(if partial { Outcome::Partial } else { Outcome::Ok });
     }
-    let stops = connected
-        .transports
-        .values()
-        .map(|t| down_host(t.as_ref(), &run_root, profile.as_deref(), args.grace));
+    let (run_root, profile) = (&run_root, profile.as_deref());
+    let stops = inventory.hosts.iter().filter_map(|h| {
+        let t = connected.transports.get(&h.name)?;
+        let local = h.ssh.is_none() && h.container.is_none();
+        Some(async move {
+            let mut outcomes = down_host(t.as_ref(), run_root, profile, args.grace).await?;
+            confirm_gpus_released(&mut outcomes, || gpu::read_host(t.clone(), local)).await;
+            Ok::<_, StateError>(outcomes)
+        })
+    });
     let mut outcomes = Vec::new();
     for result in futures::future::join_all(stops).await {
         match result {
@@ -62,6 +69,9 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
     for o in &outcomes {
         if let Some(e) = &o.error {
             tracing::error!("{} gpu{} :{}: {e}", o.host, o.gpu, o.port);
+        }
+        if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > RELEASED_MIB) {
+            tracing::warn!("{} gpu{}: still {used} MiB in use after stopping :{}", o.host, o.gpu, o.port);
         }
     }
     if ctx.global.json {

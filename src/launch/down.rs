@@ -1,16 +1,21 @@
 //! Stopping what fleet started, from its records on each host (never by name): SIGTERM to the
 //! process group, SIGKILL after the grace period, then confirm the port is closed.
 
+use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::gpu::{GpuError, GpuReading};
 use crate::launch::state::{self, InstanceRecord, Liveness, StateError};
 use crate::remote::Transport;
 
 /// How often a stopping group and a closing port are looked at.
 const POLL: Duration = Duration::from_millis(100);
+/// GPU memory in use at or below this counts as released: what a driver keeps on an idle GPU
+/// is far less, a loaded model far more.
+pub const RELEASED_MIB: u64 = 1024;
 /// How long after SIGKILL (or after the group is gone, for the port) before giving up.
 const AFTER_KILL: Duration = Duration::from_secs(5);
 
@@ -53,6 +58,8 @@ pub struct StopOutcome {
     pub took: Duration,
     /// Whether nothing listens on the port any more.
     pub port_closed: bool,
+    /// Memory in use on the instance's GPU afterwards, when the host's GPUs can be read.
+    pub gpu_memory_used_mib: Option<u64>,
     pub error: Option<String>,
 }
 
@@ -105,7 +112,38 @@ pub async fn stop(t: &dyn Transport, record: &InstanceRecord, grace: Duration) -
         state,
         took: started.elapsed(),
         port_closed,
+        gpu_memory_used_mib: None,
         error,
+    }
+}
+
+/// Waits (up to [`AFTER_KILL`]) for the GPUs of the stopped instances to drop to at most
+/// [`RELEASED_MIB`] in use, and records what each one reads. `read` reads the host's GPUs; a
+/// host whose GPUs cannot be read is left without readings.
+pub async fn confirm_gpus_released<F, Fut>(outcomes: &mut [StopOutcome], read: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<Vec<GpuReading>, GpuError>>,
+{
+    let deadline = Instant::now() + AFTER_KILL;
+    loop {
+        let readings = match read().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!("not checking GPU memory: {e}");
+                return;
+            }
+        };
+        let mut released = true;
+        for o in outcomes.iter_mut().filter(|o| o.state != StopState::Failed) {
+            o.gpu_memory_used_mib =
+                readings.iter().find(|g| g.index == o.gpu).map(|g| g.memory_used_mib);
+            released &= o.gpu_memory_used_mib.is_none_or(|m| m <= RELEASED_MIB);
+        }
+        if released || Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 

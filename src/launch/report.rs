@@ -149,9 +149,10 @@ pub fn down_table(outcomes: &[StopOutcome]) -> String {
             o.state.as_str().to_string(),
             format!("{:.1}s", o.took.as_secs_f64()),
             if o.port_closed { "closed" } else { "OPEN" }.to_string(),
+            opt(o.gpu_memory_used_mib.map(|m| format!("{m} MiB"))),
         ]
     });
-    table(&["HOST", "GPU", "PORT", "PID", "PROFILE", "RESULT", "TOOK", "PORT"], rows)
+    table(&["HOST", "GPU", "PORT", "PID", "PROFILE", "RESULT", "TOOK", "PORT", "GPU MEM"], rows)
 }
 
 #[cfg(test)]
@@ -215,11 +216,12 @@ mod tests {
             state: StopState::AlreadyDead,
             took: Duration::from_millis(120),
             port_closed: false,
+            gpu_memory_used_mib: Some(0),
             error: None,
         };
         let text = down_table(&[o]);
         let row: Vec<&str> = text.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
-        assert_eq!(row, ["h", "0", "30000", "7", "p", "already dead", "0.1s", "OPEN"]);
+        assert_eq!(row, ["h", "0", "30000", "7", "p", "already dead", "0.1s", "OPEN", "0 MiB"]);
     }
 
     #[test]
