@@ -33,11 +33,11 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         tracing::error!("{e}");
         partial = true;
     }
-    let launcher = &profile.launcher;
+    let (launcher, env) = (&profile.launcher, &profile.env);
     let looks = inventory.hosts.iter().filter_map(|h| {
         let t = connected.transports.get(&h.name)?;
         Some(async move {
-            (h.clone(), host_facts(t, h, launcher, !args.skip_preflight).await)
+            (h.clone(), host_facts(t, h, launcher, env, !args.skip_preflight).await)
         })
     });
     let mut hosts: Vec<(config::HostSpec, HostFacts)> = Vec::new();

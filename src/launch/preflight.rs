@@ -31,17 +31,37 @@ pub enum FactsError {
 }
 
 /// Everything planning needs to know about one host; `--help` is read only when `preflight`.
+/// `--help` and the version are read with the profile's `env`, as the servers will run.
 pub async fn host_facts(
     t: &Arc<dyn Transport>,
     host: &HostSpec,
     launcher: &[String],
+    env: &BTreeMap<String, String>,
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
     let address = t.server_address().await?;
     let t_ref = t.as_ref();
-    let help_text = if preflight { Some(read_help(t_ref, launcher).await?) } else { None };
+    let with_env = |argv: Vec<String>| -> Vec<String> {
+        if env.is_empty() {
+            return argv;
+        }
+        let mut full = vec!["env".to_string()];
+        full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        full.extend(argv);
+        full
+    };
+    let help_text = if preflight {
+        let mut argv = launcher.to_vec();
+        argv.push("--help".to_string());
+        Some(read_help(t_ref, with_env(argv)).await?)
+    } else {
+        None
+    };
     let version = match python_of(launcher) {
-        Some(python) => read_version(t_ref, python).await,
+        Some(python) => {
+            let argv = vec![python.to_string(), "-c".to_string(), VERSION_SCRIPT.to_string()];
+            read_version(t_ref, with_env(argv)).await
+        }
         None => help_text.as_deref().and_then(help::stated_version),
     };
     let gpus_present = match host.gpus {
@@ -54,9 +74,7 @@ pub async fn host_facts(
     Ok(HostFacts { help: help_text.map(|t| HelpSpec::parse(&t)), version, address, gpus_present })
 }
 
-async fn read_help(t: &dyn Transport, launcher: &[String]) -> Result<String, FactsError> {
-    let mut argv = launcher.to_vec();
-    argv.push("--help".to_string());
+async fn read_help(t: &dyn Transport, argv: Vec<String>) -> Result<String, FactsError> {
     let out = t.run(&argv).await?;
     let command = argv.join(" ");
     if !out.success() {
@@ -84,8 +102,7 @@ fn python_of(launcher: &[String]) -> Option<&str> {
 }
 
 /// The version is only shown, so failing to read it is a warning, not an error.
-async fn read_version(t: &dyn Transport, python: &str) -> Option<String> {
-    let argv = vec![python.to_string(), "-c".to_string(), VERSION_SCRIPT.to_string()];
+async fn read_version(t: &dyn Transport, argv: Vec<String>) -> Option<String> {
     match t.run(&argv).await {
         Ok(out) if out.success() => Some(out.stdout_lossy().trim().to_string()),
         Ok(out) => {

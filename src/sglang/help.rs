@@ -101,9 +101,10 @@ impl HelpSpec {
 /// The SGLang version a `--help` text states, if any. Real SGLang does not say it; sglang-sim
 /// does ("emulating SGLang 0.5.10"), so a sim host needs no Python to tell its version.
 pub fn stated_version(text: &str) -> Option<String> {
-    const MARK: &str = "emulating SGLang ";
+    const MARK: &str = "emulating SGLang";
     let at = text.find(MARK)? + MARK.len();
     let version: String = text[at..]
+        .trim_start()
         .chars()
         .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
         .collect();
@@ -239,6 +240,10 @@ mod tests {
         assert_eq!(
             stated_version("usage: sglang-sim [-h]\n\nsglang-sim: emulating SGLang 0.5.10.\n"),
             Some("0.5.10".to_string())
+        );
+        assert_eq!(
+            stated_version("sglang-sim emulating SGLang\n0.5.23: a stand-in"),
+            Some("0.5.23".to_string())
         );
         assert_eq!(stated_version(HELP_0_5_23), None);
     }
