@@ -94,7 +94,11 @@ pub struct UpOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Conflict {
     /// Our instance runs a different config on this port.
-    DifferentConfig { label: String, pid: u32, profile: String },
+    DifferentConfig {
+        label: String,
+        pid: u32,
+        profile: String,
+    },
     /// Something fleet did not start listens on the port.
     ForeignPort { label: String },
 }
@@ -150,7 +154,12 @@ pub async fn up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> Result<Vec<UpOutcome>, UpError> {
-    let Run { transports, run_root, cancel, .. } = *run;
+    let Run {
+        transports,
+        run_root,
+        cancel,
+        ..
+    } = *run;
     let surveys = survey(transports, run_root).await?;
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
@@ -173,7 +182,9 @@ pub async fn up(
                 continue;
             }
             None if s.listening.contains(&instance.port) => {
-                conflicts.push(Conflict::ForeignPort { label: instance.label() });
+                conflicts.push(Conflict::ForeignPort {
+                    label: instance.label(),
+                });
                 continue;
             }
             None => Action::Start,
@@ -183,10 +194,14 @@ pub async fn up(
     if !conflicts.is_empty() {
         return Err(UpError::Conflicts(conflicts));
     }
-    let runs = instances.iter().zip(actions).enumerate().map(|(key, (instance, action))| {
-        let t = transports[&instance.host].as_ref();
-        bring_up(key, instance, action, t, health, opts, run)
-    });
+    let runs = instances
+        .iter()
+        .zip(actions)
+        .enumerate()
+        .map(|(key, (instance, action))| {
+            let t = transports[&instance.host].as_ref();
+            bring_up(key, instance, action, t, health, opts, run)
+        });
     let results = futures::future::join_all(runs).await;
     if cancel.is_cancelled() && !opts.keep_on_interrupt {
         let started = results.iter().filter_map(|(_, record)| record.as_ref());
@@ -214,9 +229,18 @@ async fn survey(
         let records = state::read_records(t, run_root).await?;
         let table = state::proc_table(t).await?;
         let listening = state::listening_ports(t).await?;
-        Ok::<_, StateError>((name.clone(), Survey { records, table, listening }))
+        Ok::<_, StateError>((
+            name.clone(),
+            Survey {
+                records,
+                table,
+                listening,
+            },
+        ))
     });
-    futures::future::try_join_all(looks).await.map(|v| v.into_iter().collect())
+    futures::future::try_join_all(looks)
+        .await
+        .map(|v| v.into_iter().collect())
 }
 
 /// One instance from start to ready, failed or interrupted. Also returns the record of a
@@ -230,7 +254,12 @@ async fn bring_up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> (UpOutcome, Option<InstanceRecord>) {
-    let Run { probe, events, cancel, .. } = *run;
+    let Run {
+        probe,
+        events,
+        cancel,
+        ..
+    } = *run;
     let mut outcome = UpOutcome {
         host: instance.host.clone(),
         gpu: instance.gpu,
@@ -245,7 +274,10 @@ async fn bring_up(
     };
     match action {
         Action::Keep(record) => {
-            let _ = events.send(UpEvent::AlreadyRunning { key, pid: record.pid });
+            let _ = events.send(UpEvent::AlreadyRunning {
+                key,
+                pid: record.pid,
+            });
             outcome.pid = Some(record.pid);
             outcome.state = UpState::AlreadyRunning;
             outcome.info = server_info(t, instance, probe).await.unwrap_or_default();
@@ -259,7 +291,10 @@ async fn bring_up(
                     record.pid,
                     stopped.error.unwrap_or_default()
                 );
-                let _ = events.send(UpEvent::Failed { key, reason: reason.clone() });
+                let _ = events.send(UpEvent::Failed {
+                    key,
+                    reason: reason.clone(),
+                });
                 outcome.error = Some(reason);
                 return (outcome, None);
             }
@@ -274,13 +309,19 @@ async fn bring_up(
         Ok(record) => record,
         Err(e) => {
             let reason = e.to_string();
-            let _ = events.send(UpEvent::Failed { key, reason: reason.clone() });
+            let _ = events.send(UpEvent::Failed {
+                key,
+                reason: reason.clone(),
+            });
             outcome.error = Some(reason);
             return (outcome, None);
         }
     };
     outcome.pid = Some(record.pid);
-    let _ = events.send(UpEvent::Started { key, pid: record.pid });
+    let _ = events.send(UpEvent::Started {
+        key,
+        pid: record.pid,
+    });
     let started = Instant::now();
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
@@ -307,8 +348,13 @@ async fn bring_up(
                 // A server that never became ready still holds its GPU.
                 down::stop(t, &record, opts.grace).await;
             }
-            outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES).await.ok();
-            let _ = events.send(UpEvent::Failed { key, reason: reason.clone() });
+            outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES)
+                .await
+                .ok();
+            let _ = events.send(UpEvent::Failed {
+                key,
+                reason: reason.clone(),
+            });
             outcome.error = Some(reason);
         }
     }
@@ -336,7 +382,9 @@ async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord,
         address: instance.address.clone(),
         pid,
         start_ticks,
-        started_at: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
         api_key_env: instance.api_key_env.clone(),
         dir: instance.files.dir.clone(),
         log: instance.files.log.clone(),
@@ -399,7 +447,9 @@ async fn server_info(
     probe: &Probe,
 ) -> Result<ServerInfo, Box<dyn std::error::Error + Send + Sync>> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
-    let info = probe.server_info(&format!("http://{}", tunnel.local_addr())).await;
+    let info = probe
+        .server_info(&format!("http://{}", tunnel.local_addr()))
+        .await;
     tunnel.close().await;
     Ok(info?)
 }
