@@ -635,3 +635,75 @@ fn up_status_down_through_ssh_and_pct() {
     assert!(!listening(42000) && !listening(42001));
     assert!(Path::new(&run_dir).join("42000/server.log").exists());
 }
+
+#[test]
+fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
+    let f = Fleet::new(42100);
+    f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
+    let path = f.dir.path().join("profiles/slow.yaml");
+    let yaml = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("startup_timeout: 60s", "startup_timeout: 2s");
+    std::fs::write(&path, yaml).unwrap();
+    let (code, up, stderr) = f.json(&["up", "--profile", "slow", "--gpus", "0"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(rows(&up)[0]["state"], "failed");
+    assert_eq!(rows(&up)[0]["error"], "not ready after 2s; stopped it");
+    let tail = rows(&up)[0]["log_tail"].as_str().unwrap();
+    // The tail ends with the server shutting down on fleet's SIGTERM.
+    assert!(tail.contains("Received SIGTERM"), "{tail}");
+    assert!(!alive(pids(rows(&up))[0]));
+    assert!(!listening(42100));
+}
+
+#[test]
+fn logs_follow_prints_new_lines_until_interrupted() {
+    use std::io::{BufRead, BufReader};
+    let f = Fleet::new(42200);
+    // A 3 s load logs its phases over time: following shows them as they come.
+    f.profile("sim", "", "  SGLANG_SIM_STARTUP_SECS: \"3\"\n");
+    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .current_dir(f.dir.path())
+        .env("PATH", test_path())
+        .env("FLEET_RUN_DIR", f.run_dir())
+        .args(["-q", "up", "--profile", "sim", "--gpus", "0"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.run_dir().join("42200/instance.json").exists() {
+        assert!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .current_dir(f.dir.path())
+        .env("PATH", test_path())
+        .env("FLEET_RUN_DIR", f.run_dir())
+        .args(["logs", "42200", "-n", "1", "-f"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("The server is fired up and ready to roll!"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no ready line followed: {seen:?}"
+        );
+        seen.push(lines.next().expect("a line").unwrap());
+    }
+    assert!(seen.len() > 2, "only the tail and the end: {seen:?}");
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(up.wait().unwrap().code(), Some(0));
+}

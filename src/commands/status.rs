@@ -68,9 +68,10 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
         print!("{}", report::status_table(&statuses));
         eprint!("{}", report::dead_tails(&statuses));
     }
+    // Loading is not a failure; dead, gone or unreachable is.
     partial |= statuses
         .iter()
-        .any(|s| s.liveness != Liveness::Running || s.health != Some(200));
+        .any(|s| s.liveness != Liveness::Running || s.health.is_none());
     Ok(if partial {
         Outcome::Partial
     } else {

@@ -43,8 +43,12 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
             )
         })
     });
+    let looked = tokio::select! {
+        looked = futures::future::join_all(looks) => looked,
+        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
+    };
     let mut hosts: Vec<(config::HostSpec, HostFacts)> = Vec::new();
-    for (host, facts) in futures::future::join_all(looks).await {
+    for (host, facts) in looked {
         match facts {
             Ok(f) => hosts.push((host, f)),
             Err(e) => {

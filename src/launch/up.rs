@@ -272,93 +272,93 @@ async fn bring_up(
         log_tail: None,
         argv: instance.display_argv(),
     };
-    match action {
-        Action::Keep(record) => {
-            let _ = events.send(UpEvent::AlreadyRunning {
-                key,
-                pid: record.pid,
-            });
-            outcome.pid = Some(record.pid);
-            outcome.state = UpState::AlreadyRunning;
-            outcome.info = server_info(t, instance, probe).await.unwrap_or_default();
-            return (outcome, None);
-        }
+    let fail = |outcome: &mut UpOutcome, reason: String| {
+        let _ = events.send(UpEvent::Failed {
+            key,
+            reason: reason.clone(),
+        });
+        outcome.error = Some(reason);
+    };
+    let kept = match action {
+        Action::Keep(record) => Some(record.clone()),
         Action::Replace(record) => {
             let stopped = down::stop(t, record, opts.grace).await;
             if stopped.state == StopState::Failed || !stopped.port_closed {
-                let reason = format!(
-                    "could not stop the old server (pid {}): {}",
-                    record.pid,
-                    stopped.error.unwrap_or_default()
+                let why = stopped.error.unwrap_or_default();
+                fail(
+                    &mut outcome,
+                    format!("could not stop the old server (pid {}): {why}", record.pid),
                 );
-                let _ = events.send(UpEvent::Failed {
-                    key,
-                    reason: reason.clone(),
-                });
-                outcome.error = Some(reason);
                 return (outcome, None);
             }
+            None
         }
-        Action::Start => {}
-    }
+        Action::Start => None,
+    };
     if cancel.is_cancelled() {
         outcome.state = UpState::Interrupted;
         return (outcome, None);
     }
-    let record = match start(t, instance).await {
-        Ok(record) => record,
-        Err(e) => {
-            let reason = e.to_string();
-            let _ = events.send(UpEvent::Failed {
-                key,
-                reason: reason.clone(),
-            });
-            outcome.error = Some(reason);
-            return (outcome, None);
-        }
+    let started_here = kept.is_none();
+    let record = match kept {
+        Some(record) => record,
+        None => match start(t, instance).await {
+            Ok(record) => {
+                let _ = events.send(UpEvent::Started {
+                    key,
+                    pid: record.pid,
+                });
+                record
+            }
+            Err(e) => {
+                fail(&mut outcome, e.to_string());
+                return (outcome, None);
+            }
+        },
     };
     outcome.pid = Some(record.pid);
-    let _ = events.send(UpEvent::Started {
-        key,
-        pid: record.pid,
-    });
+    // Only what this run started is undone after an interrupt.
+    let ours = started_here.then(|| record.clone());
     let started = Instant::now();
+    // An instance left running by an earlier `up` may still be loading: it is waited for too.
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
         w = wait_ready(t, instance, &record, health, probe) => Some(w),
     };
     let after = started.elapsed();
     match waited {
-        None => {
-            outcome.state = UpState::Interrupted;
-            return (outcome, Some(record));
-        }
+        None => outcome.state = UpState::Interrupted,
         Some(Ok(())) => {
-            let _ = events.send(UpEvent::Ready { key, after });
-            outcome.state = UpState::Ready;
-            outcome.ready_after = Some((after.as_secs_f64() * 10.0).round() / 10.0);
+            if started_here {
+                let _ = events.send(UpEvent::Ready { key, after });
+                outcome.state = UpState::Ready;
+                outcome.ready_after = Some((after.as_secs_f64() * 10.0).round() / 10.0);
+            } else {
+                let _ = events.send(UpEvent::AlreadyRunning {
+                    key,
+                    pid: record.pid,
+                });
+                outcome.state = UpState::AlreadyRunning;
+            }
             match server_info(t, instance, probe).await {
                 Ok(info) => outcome.info = info,
                 Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
             }
         }
         Some(Err(failure)) => {
-            let reason = failure.to_string();
-            if let Failure::Timeout(_) = failure {
+            let mut reason = failure.to_string();
+            if started_here && matches!(failure, Failure::Timeout(_)) {
                 // A server that never became ready still holds its GPU.
                 down::stop(t, &record, opts.grace).await;
+                reason.push_str("; stopped it");
             }
             outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES)
                 .await
                 .ok();
-            let _ = events.send(UpEvent::Failed {
-                key,
-                reason: reason.clone(),
-            });
-            outcome.error = Some(reason);
+            fail(&mut outcome, reason);
         }
     }
-    (outcome, Some(record))
+    (outcome, ours)
 }
 
 async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord, StateError> {
@@ -399,7 +399,7 @@ async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord,
 enum Failure {
     #[error("the server process exited during startup")]
     Died,
-    #[error("not ready after {}; stopped it", humantime::format_duration(*.0))]
+    #[error("not ready after {}", humantime::format_duration(*.0))]
     Timeout(Duration),
     #[error(transparent)]
     State(#[from] StateError),
