@@ -370,7 +370,8 @@ fn describe(v: &Value) -> String {
 }
 
 fn range(min: i128, max: i128) -> String {
-    if max == i128::MAX {
+    // A type limit such as u32::MAX tells the user nothing.
+    if max >= i128::from(u32::MAX) {
         format!("must be at least {min}")
     } else {
         format!("must be {min}..={max}")
@@ -381,15 +382,13 @@ fn range(min: i128, max: i128) -> String {
 /// and `mamba_scheduler_strategy` all find their key).
 pub fn suggest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
     let word = word.replace('-', "_").to_ascii_lowercase();
+    let score = |k: &str| {
+        let k = k.to_ascii_lowercase();
+        strsim::jaro_winkler(&word, &k).max(strsim::normalized_damerau_levenshtein(&word, &k))
+    };
     known
         .iter()
-        .map(|k| {
-            (
-                *k,
-                strsim::jaro_winkler(&word, k)
-                    .max(strsim::normalized_damerau_levenshtein(&word, k)),
-            )
-        })
+        .map(|k| (*k, score(k)))
         .filter(|(_, score)| *score >= 0.8)
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(k, _)| k)

@@ -73,19 +73,27 @@ fn hosts(c: &mut Checker, root: &Node) -> Option<Vec<HostSpec>> {
             Some("list at least one, e.g. `- name: local`".into()),
         );
     }
-    let read: Vec<Option<(HostSpec, Loc, Loc)>> = items
+    let read: Vec<Option<Read>> = items
         .iter()
         .enumerate()
         .map(|(i, n)| host(c, n, &format!("hosts[{i}]")))
         .collect();
-    let read: Vec<(HostSpec, Loc, Loc)> = read.into_iter().flatten().collect();
+    let read: Vec<Read> = read.into_iter().flatten().collect();
     unique_names(c, &read);
     collisions(c, &read);
-    Some(read.into_iter().map(|(h, _, _)| h).collect())
+    Some(read.into_iter().map(|r| r.spec).collect())
 }
 
-/// A host, with the places of its name and of its GPU list (for cross-host problems).
-fn host(c: &mut Checker, node: &Node, path: &str) -> Option<(HostSpec, Loc, Loc)> {
+/// A valid host, with what cross-host problems point at.
+struct Read {
+    spec: HostSpec,
+    /// `hosts[i]`.
+    path: String,
+    name_loc: Loc,
+    gpus_loc: Loc,
+}
+
+fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
     let f = c.fields(node, path, HOST_KEYS)?;
     let name_node = f.required(c, "name");
     let name = name_node.and_then(|n| host_name(c, n, &f.field("name")));
@@ -134,23 +142,25 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<(HostSpec, Loc, Loc)
             );
             BTreeMap::new()
         }
-        Some(n) => ssh_options(c, n, &f.field("ssh_options")),
+        Some(n) => ssh_options(c, n, &f.field("ssh_options"), ssh.as_ref()),
         None => BTreeMap::new(),
     };
     let gpus_loc = f.get("gpus").map_or(f.loc, |n| n.loc);
     let name_loc = name_node.map_or(f.loc, |n| n.loc);
-    Some((
-        HostSpec {
-            name: name?,
-            ssh,
-            container,
-            gpus: gpus?,
-            address,
-            ssh_options,
-        },
+    let spec = HostSpec {
+        name: name?,
+        ssh,
+        container,
+        gpus: gpus?,
+        address,
+        ssh_options,
+    };
+    Some(Read {
+        spec,
+        path: path.to_string(),
         name_loc,
         gpus_loc,
-    ))
+    })
 }
 
 /// Names appear in instance ids (`ct200:5`), file names and tables.
@@ -277,22 +287,23 @@ fn gpus(c: &mut Checker, node: &Node, field: &str) -> Option<GpuSelection> {
     }
 }
 
-fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, String> {
+/// `ssh_options:`, by canonical name; a User or Port that contradicts `ssh:` is a problem.
+fn ssh_options(
+    c: &mut Checker,
+    node: &Node,
+    path: &str,
+    target: Option<&SshTarget>,
+) -> BTreeMap<String, String> {
     let mut options = BTreeMap::new();
-    let lower: Vec<String> = SSH_OPTIONS.iter().map(|o| o.to_ascii_lowercase()).collect();
-    let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
     for (key, value) in c.entries(node, path) {
         let field = format!("{path}.{}", key.name);
         // OpenSSH matches option names without regard to case.
-        let Some(i) = lower
+        let Some(name) = SSH_OPTIONS
             .iter()
-            .position(|o| *o == key.name.to_ascii_lowercase())
+            .find(|o| o.eq_ignore_ascii_case(&key.name))
         else {
-            let hint = match suggest(&key.name, &lower) {
-                Some(s) => format!(
-                    "did you mean `{}`?",
-                    SSH_OPTIONS[lower.iter().position(|o| *o == s).unwrap_or(0)]
-                ),
+            let hint = match suggest(&key.name, SSH_OPTIONS) {
+                Some(s) => format!("did you mean `{s}`?"),
                 None => format!("supported: {}", SSH_OPTIONS.join(", ")),
             };
             c.report(
@@ -303,15 +314,29 @@ fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, Str
             );
             continue;
         };
-        let name = SSH_OPTIONS[i];
-        let text = match name {
+        let text = match *name {
             "Port" => c.int(value, &field, 1, 65535).map(|p| p.to_string()),
             "ConnectTimeout" => c
                 .int(value, &field, 1, i128::from(u32::MAX))
                 .map(|s| s.to_string()),
             _ => c.string(value, &field),
         };
-        if options.contains_key(name) {
+        let in_target = match *name {
+            "User" => target.and_then(|t| t.user.clone()),
+            "Port" => target.and_then(|t| t.port).map(|p| p.to_string()),
+            _ => None,
+        };
+        if let (Some(set), Some(text)) = (&in_target, &text)
+            && set != text
+        {
+            c.report(
+                key.loc,
+                &field,
+                format!("`{text}` contradicts `{set}` in `ssh:`"),
+                Some("set it in one place".into()),
+            );
+        }
+        if options.contains_key(*name) {
             c.report(
                 key.loc,
                 &field,
@@ -325,14 +350,14 @@ fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, Str
     options
 }
 
-fn unique_names(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
+fn unique_names(c: &mut Checker, hosts: &[Read]) {
     let mut seen: BTreeMap<&str, Loc> = BTreeMap::new();
-    for (h, loc, _) in hosts {
-        if let Some(first) = seen.insert(&h.name, *loc) {
+    for h in hosts {
+        if let Some(first) = seen.insert(&h.spec.name, h.name_loc) {
             c.report(
-                *loc,
-                "name",
-                format!("host name `{}` is used twice", h.name),
+                h.name_loc,
+                &format!("{}.name", h.path),
+                format!("host name `{}` is used twice", h.spec.name),
                 Some(format!(
                     "first on line {}; names must be unique",
                     first.line
@@ -342,8 +367,9 @@ fn unique_names(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
     }
 }
 
-/// Two hosts on the same machine and container serve GPU i on the same port.
-fn collisions(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
+/// Two hosts on the same machine and container would serve a shared GPU on the same port.
+fn collisions(c: &mut Checker, hosts: &[Read]) {
+    // Users differ, the machine does not: `root@pve` and `admin@pve:22` are one place.
     let place = |h: &HostSpec| {
         (
             h.ssh
@@ -352,12 +378,12 @@ fn collisions(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
             h.container,
         )
     };
-    for (j, (b, _, gpus_loc)) in hosts.iter().enumerate() {
-        for (a, a_loc, _) in &hosts[..j] {
-            if place(a) != place(b) {
+    for (j, b) in hosts.iter().enumerate() {
+        for a in &hosts[..j] {
+            if place(&a.spec) != place(&b.spec) {
                 continue;
             }
-            let shared = match (&a.gpus, &b.gpus) {
+            let shared = match (&a.spec.gpus, &b.spec.gpus) {
                 (GpuSelection::List(x), GpuSelection::List(y)) => {
                     let shared: Vec<String> = y
                         .iter()
@@ -372,11 +398,12 @@ fn collisions(c: &mut Checker, hosts: &[(HostSpec, Loc, Loc)]) {
                 _ => "GPUs (one of them uses `all`)".to_string(),
             };
             c.report(
-                *gpus_loc,
-                "gpus",
+                b.gpus_loc,
+                &format!("{}.gpus", b.path),
                 format!(
-                    "port collision: host `{}` shares {shared} with host `{}` (line {}) on the same machine and container",
-                    b.name, a.name, a_loc.line
+                    "port collision: host `{}` shares {shared} with host `{}` (line {}) on the same \
+                     machine and container",
+                    b.spec.name, a.spec.name, a.name_loc.line
                 ),
                 Some("give each host distinct GPUs, or merge them into one host".into()),
             );
@@ -519,6 +546,15 @@ mod tests {
         let p = shown("hosts:\n  - name: a\n    ssh_options: {Port: 22}\n");
         assert_eq!(p.len(), 1);
         assert!(p[0].contains("set on a host without `ssh`"), "{p:?}");
+        let p = shown(
+            "hosts:\n  - name: a\n    ssh: me@h:2222\n    ssh_options: {Port: 22, user: me}\n",
+        );
+        assert_eq!(
+            p,
+            [
+                "fleet.yaml:4:19: hosts[0].ssh_options.Port: `22` contradicts `2222` in `ssh:` (set it in one place)"
+            ]
+        );
     }
 
     #[test]

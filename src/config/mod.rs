@@ -13,8 +13,8 @@ use std::time::Duration;
 
 pub use inventory::{SSH_OPTIONS, inventory_from_str, load_inventory, parse_ssh_target};
 pub use profile::{
-    Override, derived_profile_yaml, load_profile, load_profile_with, profile_from_str,
-    resolve_profile_path,
+    Override, derived_profile_yaml, load_profile, load_profile_file, load_profile_with,
+    profile_files, profile_from_str, resolve_profile_path,
 };
 
 use serde::Serialize;

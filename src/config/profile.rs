@@ -157,9 +157,18 @@ pub fn load_profile_with(
     overrides: &[Override],
 ) -> Result<Profile, ConfigError> {
     let path = resolve_profile_path(name_or_path, profiles_dir)?;
-    let mut loader = Loader::new(profiles_dir, &path);
-    let root = loader.file(&path);
-    loader.finish(root, &path, overrides)
+    load_profile_file(&path, profiles_dir, overrides)
+}
+
+/// [`load_profile_with`] for a file already found (e.g. listed by [`profile_files`]).
+pub fn load_profile_file(
+    path: &Path,
+    profiles_dir: &Path,
+    overrides: &[Override],
+) -> Result<Profile, ConfigError> {
+    let mut loader = Loader::new(profiles_dir, path);
+    let root = loader.file(path);
+    loader.finish(root, path, overrides)
 }
 
 /// A profile from text that is not on disk (e.g. embedded in the binary); `origin` names it in
@@ -247,12 +256,8 @@ impl<'a> Loader<'a> {
             self.c.report(
                 target.loc,
                 "extends",
-                format!("profile `{name}` not found: no file at {}", file.display()),
-                Some(if available.is_empty() {
-                    format!("{} holds no profiles", self.profiles_dir.display())
-                } else {
-                    format!("available: {}", available.join(", "))
-                }),
+                not_found_message(&name, &file, &available),
+                None,
             );
             return None;
         }
@@ -332,21 +337,13 @@ fn unknown_override_key(parts: &[&str]) -> Option<String> {
         })
     };
     match parts {
-        [top]
-            if TOP_KEYS.contains(top)
-                && *top != "extends"
-                && section_keys(top).is_none()
-                && *top != "env" =>
-        {
-            None
-        }
-        [section, key] if section_keys(section).is_some_and(|k| k.contains(key)) => None,
-        [section, key] if section_keys(section).is_some() => did_you_mean(
-            key,
-            section_keys(section).unwrap_or_default(),
-            &format!("{section}."),
-        ),
+        ["extends"] => Some("`extends:` cannot be set; name another profile instead".into()),
         ["env", name] if is_env_name(name) => None,
+        ["env", _] => Some("not an environment variable name: use letters, digits and _".into()),
+        [top] if *top == "env" || section_keys(top).is_some() => Some(format!(
+            "`{top}` is a section: set one of its keys, e.g. `{top}.KEY=VALUE`"
+        )),
+        [top] if TOP_KEYS.contains(top) => None,
         [top] => {
             // A bare server key (`--set mem_fraction_static=0.8`) most likely meant server.KEY.
             if let Some(s) = suggest(top, SERVER_KEYS) {
@@ -354,6 +351,11 @@ fn unknown_override_key(parts: &[&str]) -> Option<String> {
             }
             did_you_mean(top, TOP_KEYS, "")
         }
+        [section, key] => match section_keys(section) {
+            Some(keys) if keys.contains(key) => None,
+            Some(keys) => did_you_mean(key, keys, &format!("{section}.")),
+            None => Some(SETTABLE.to_string()),
+        },
         _ => Some(SETTABLE.to_string()),
     }
 }
@@ -517,7 +519,7 @@ fn server(c: &mut Checker, node: Option<&Node>) -> ServerSettings {
                 c.report(
                     n.loc,
                     &field,
-                    format!("{x} is out of range"),
+                    format!("{x:?} is out of range"),
                     Some("must be between 0 and 1 (exclusive), e.g. 0.85".into()),
                 );
                 None
@@ -612,16 +614,33 @@ fn env(c: &mut Checker, node: Option<&Node>) -> std::collections::BTreeMap<Strin
 
 fn health(c: &mut Checker, node: Option<&Node>) -> HealthSettings {
     let f = node.and_then(|n| c.fields(n, "health", HEALTH_KEYS));
-    let mut duration = |name: &str, default: Duration| {
+    let node = |name: &str| {
         f.as_ref()
             .and_then(|f| f.get(name).map(|n| (n, f.field(name))))
-            .and_then(|(n, field)| c.duration(n, &field))
-            .unwrap_or(default)
     };
-    HealthSettings {
+    let mut duration = |name: &str, default: Duration| match node(name) {
+        Some((n, field)) => c.duration(n, &field).unwrap_or(default),
+        None => default,
+    };
+    let health = HealthSettings {
         startup_timeout: duration("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
         poll: duration("poll", DEFAULT_POLL),
+    };
+    if health.poll >= health.startup_timeout
+        && let Some((n, field)) = node("poll").or_else(|| node("startup_timeout"))
+    {
+        c.report(
+            n.loc,
+            &field,
+            "the poll interval must be shorter than startup_timeout",
+            Some(format!(
+                "startup_timeout is {}, poll is {}",
+                humantime::format_duration(health.startup_timeout),
+                humantime::format_duration(health.poll)
+            )),
+        );
     }
+    health
 }
 
 fn api_key_env(c: &mut Checker, node: &Node) -> Option<String> {
@@ -652,7 +671,7 @@ fn expected(c: &mut Checker, node: &Node) -> Option<Expected> {
             c.report(
                 n.loc,
                 &field,
-                format!("{x} is out of range"),
+                format!("{x:?} is out of range"),
                 Some("must be above 0".into()),
             );
             None
@@ -770,7 +789,7 @@ impl Profile {
             column: 0,
             field: "port_base".into(),
             message: format!(
-                "port_base {} + GPU {gpu} of host `{host}` = port {port}, above 65535",
+                "GPU {gpu} of host `{host}` would listen on port {port} ({} + {gpu}), above 65535",
                 self.port_base
             ),
             hint: Some(format!("use a port_base of at most {}", 65535 - gpu)),
@@ -962,7 +981,7 @@ api_key_env: FLEET_API_KEY
             shown,
             [
                 "--set server.mem_fraction_statc=0.9: server.mem_fraction_statc: unknown key (did you mean `server.mem_fraction_static`?)",
-                "--set server.mem_fraction_static=2: server.mem_fraction_static: 2 is out of range (must be between 0 and 1 (exclusive), e.g. 0.85)",
+                "--set server.mem_fraction_static=2: server.mem_fraction_static: 2.0 is out of range (must be between 0 and 1 (exclusive), e.g. 0.85)",
             ]
         );
     }
@@ -992,9 +1011,11 @@ api_key_env: FLEET_API_KEY
             Some(&expected),
             "winner of fleet sweep\n\nmeasured 2026-11-29",
         );
-        assert!(
-            text.starts_with("# winner of fleet sweep\n#\n# measured"),
-            "{text}"
+        assert_eq!(
+            text,
+            "# winner of fleet sweep\n#\n# measured 2026-11-29\nextends: base\nserver:\n  \
+             mamba_strategy: extra_buffer\nexpected:\n  output_tok_s_per_gpu: 1180.5\n  \
+             max_running_requests: 72\n"
         );
         fs::write(dir.path().join("won.yaml"), &text).unwrap();
         let p = load_profile("won", dir.path()).unwrap();
@@ -1031,7 +1052,7 @@ api_key_env: FLEET_API_KEY
         assert_eq!(p.port_for_gpu("h", 5).unwrap(), 65535);
         let e = p.port_for_gpu("h", 7).unwrap_err().to_string();
         assert!(
-            e.contains("port 65537, above 65535") && e.contains("at most 65528"),
+            e.contains("port 65537 (65530 + 7), above 65535") && e.contains("at most 65528"),
             "{e}"
         );
     }
@@ -1062,5 +1083,86 @@ api_key_env: FLEET_API_KEY
             ..extra
         };
         assert_eq!(same_otherwise, no);
+    }
+
+    #[test]
+    fn to_yaml_keeps_strings_that_look_like_other_things() {
+        let text = r#"model: "/models/a: b # c"
+launcher: ["python", "-c", "print('x'); $(id)", "yes", "no", "null", "~", "1.10", "multi
+  line"]
+env: {A: "true", B: "0x10", C: "-", D: ""}
+"#;
+        let dir = dir_with(&[]);
+        let p = profile_from_str(text, &dir.path().join("odd.yaml"), dir.path()).unwrap();
+        assert_eq!(p.launcher[2], "print('x'); $(id)");
+        assert_eq!(p.launcher[8], "multi line");
+        let again =
+            profile_from_str(&p.to_yaml(), &dir.path().join("odd.yaml"), dir.path()).unwrap();
+        assert_eq!(again, p, "{}", p.to_yaml());
+    }
+
+    #[test]
+    fn override_keys_outside_the_schema_are_named() {
+        let dir = dir_with(&[("base.yaml", BASE)]);
+        let hints: Vec<Option<String>> = [
+            "mem_fraction_static",
+            "server",
+            "extends",
+            "server.tp",
+            "gpu.x",
+            "env.1X",
+        ]
+        .iter()
+        .map(|k| {
+            let o = Override {
+                key: k.to_string(),
+                value: "1".into(),
+            };
+            let p = problems(load_profile_with("base", dir.path(), &[o]));
+            assert_eq!(
+                (p[0].field.as_str(), p[0].message.as_str(), p[0].line),
+                (*k, "unknown key", 0)
+            );
+            assert_eq!(p[0].file, PathBuf::from(format!("--set {k}=1")));
+            p[0].hint.clone()
+        })
+        .collect();
+        assert_eq!(
+            hints[0].as_deref(),
+            Some("did you mean `server.mem_fraction_static`?")
+        );
+        assert!(
+            hints[1]
+                .as_deref()
+                .unwrap()
+                .contains("`server` is a section")
+        );
+        assert!(hints[2].as_deref().unwrap().contains("cannot be set"));
+        assert!(hints[3].as_deref().unwrap().starts_with("settable:"));
+        assert!(hints[4].as_deref().unwrap().starts_with("settable:"));
+        assert!(
+            hints[5]
+                .as_deref()
+                .unwrap()
+                .contains("environment variable")
+        );
+    }
+
+    #[test]
+    fn poll_must_be_shorter_than_the_startup_timeout() {
+        let dir = dir_with(&[(
+            "p.yaml",
+            "model: m\nlauncher: [x]\nhealth: {startup_timeout: 30s, poll: 1m}\n",
+        )]);
+        let p = problems(load_profile("p", dir.path()));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(
+            (p[0].line, p[0].column, p[0].field.as_str()),
+            (3, 38, "health.poll")
+        );
+        assert_eq!(
+            p[0].hint.as_deref(),
+            Some("startup_timeout is 30s, poll is 1m")
+        );
     }
 }

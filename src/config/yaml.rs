@@ -127,6 +127,10 @@ fn parse_untagged(text: &str) -> Result<Node, SyntaxError> {
 
 /// serde-saphyr's message, without the location it appends (we print our own `path:line:col`).
 fn syntax_message(e: &serde_saphyr::Error) -> String {
+    if matches!(e, serde_saphyr::Error::MultipleDocuments { .. }) {
+        // Its own text points developers at another API.
+        return "more than one YAML document (a `---` line starts a second one; remove it)".into();
+    }
     let text = e.to_string();
     let first = text.lines().next().unwrap_or("").trim();
     let cut = first
@@ -369,5 +373,11 @@ mod tests {
         assert!(e.loc.line >= 2, "{e:?}");
         assert!(!e.message.is_empty());
         assert!(!e.message.contains(" at line "), "{e:?}");
+        let e = parse("a: 1\n---\nb: 2\n", 0).unwrap_err();
+        assert_eq!(e.loc.line, 3);
+        assert!(
+            e.message.starts_with("more than one YAML document"),
+            "{e:?}"
+        );
     }
 }
