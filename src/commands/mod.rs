@@ -8,8 +8,10 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Command, GlobalArgs};
 
 pub mod exec;
+pub mod generate;
 pub mod gpus;
 pub mod profile;
+pub mod progress;
 
 /// Exit codes (README "Exit codes").
 pub mod code {
@@ -95,6 +97,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Gpus => gpus::run(ctx).await,
         Command::Exec(args) => exec::run(ctx, &args).await,
         Command::Profile(cmd) => profile::run(ctx, &cmd),
+        Command::Generate(args) => generate::run(ctx, &args).await,
+        Command::Progress(args) => progress::run(ctx, &args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = crate::cli::Cli::command();
