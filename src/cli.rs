@@ -26,10 +26,20 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// Inventory file: where things run.
-    #[arg(long, global = true, env = "FLEET_CONFIG", default_value = "fleet.yaml")]
+    #[arg(
+        long,
+        global = true,
+        env = "FLEET_CONFIG",
+        default_value = "fleet.yaml"
+    )]
     pub config: PathBuf,
     /// Directory that `--profile NAME` resolves in.
-    #[arg(long, global = true, env = "FLEET_PROFILES_DIR", default_value = "profiles")]
+    #[arg(
+        long,
+        global = true,
+        env = "FLEET_PROFILES_DIR",
+        default_value = "profiles"
+    )]
     pub profiles_dir: PathBuf,
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long, global = true)]

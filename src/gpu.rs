@@ -1,1 +1,266 @@
-//! GPU readings: NVML on this machine, `nvidia-smi` CSV over a transport elsewhere.
+//! GPU readings behind one trait: NVML on this machine, `nvidia-smi` CSV over a transport on
+//! remote hosts (and locally when NVML cannot be loaded).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::remote::{RemoteError, Transport};
+
+/// The fields fleet asks `nvidia-smi` for, in this order.
+pub const NVIDIA_SMI_QUERY: &str = "index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,temperature.gpu,power.draw";
+
+/// One GPU as seen at one moment. Readings a driver does not support are `None`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuReading {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total_mib: u64,
+    pub memory_used_mib: u64,
+    pub memory_free_mib: u64,
+    pub utilization_pct: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "{host}: no NVIDIA driver found: NVML could not be loaded ({nvml}) and `nvidia-smi` is not on PATH (is the driver installed, and are the GPUs passed into this machine or container?)"
+    )]
+    NoDriver { host: String, nvml: String },
+    #[error(
+        "{host}: `nvidia-smi` is not on PATH there (install the NVIDIA driver utilities, or pass the GPUs into the container)"
+    )]
+    NoNvidiaSmi { host: String },
+    #[error("{host}: `nvidia-smi` failed with exit status {status}: {message}")]
+    NvidiaSmiFailed {
+        host: String,
+        status: String,
+        message: String,
+    },
+    #[error("{host}: cannot read `nvidia-smi` output line {line}: {message}: {text:?}")]
+    Parse {
+        host: String,
+        line: usize,
+        message: String,
+        text: String,
+    },
+    #[error("{host}: NVML: {message}")]
+    Nvml { host: String, message: String },
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+}
+
+/// A source of GPU readings for one host.
+#[async_trait]
+pub trait GpuProbe: Send + Sync {
+    async fn read(&self) -> Result<Vec<GpuReading>, GpuError>;
+}
+
+/// Reads GPUs with `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` over a transport.
+pub struct NvidiaSmi {
+    pub transport: Arc<dyn Transport>,
+}
+
+#[async_trait]
+impl GpuProbe for NvidiaSmi {
+    async fn read(&self) -> Result<Vec<GpuReading>, GpuError> {
+        let host = self.transport.host().to_string();
+        let argv = [
+            "nvidia-smi".to_string(),
+            format!("--query-gpu={NVIDIA_SMI_QUERY}"),
+            "--format=csv,noheader,nounits".to_string(),
+        ];
+        let out = self.transport.run(&argv).await?;
+        if !out.success() {
+            // 127: the shell (or pct's exec) could not find the program.
+            let stderr = out.stderr_lossy();
+            if out.status == Some(127)
+                || stderr.contains("No such file")
+                || stderr.contains("not found")
+            {
+                return Err(GpuError::NoNvidiaSmi { host });
+            }
+            let message = first_line(&stderr).or_else(|| first_line(&out.stdout_lossy()));
+            return Err(GpuError::NvidiaSmiFailed {
+                host,
+                status: out
+                    .status
+                    .map_or("unknown (killed?)".into(), |s| s.to_string()),
+                message: message.unwrap_or_else(|| "no output".into()),
+            });
+        }
+        parse_nvidia_smi_csv(&out.stdout_lossy()).map_err(|(line, message, text)| GpuError::Parse {
+            host,
+            line,
+            message,
+            text,
+        })
+    }
+}
+
+fn first_line(s: &str) -> Option<String> {
+    s.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+}
+
+/// Reads this machine's GPUs through NVML.
+pub struct Nvml {
+    nvml: Arc<nvml_wrapper::Nvml>,
+    host: String,
+}
+
+impl Nvml {
+    /// Loads libnvidia-ml; fails on machines without the NVIDIA driver.
+    pub fn init(host: &str) -> Result<Self, String> {
+        nvml_wrapper::Nvml::init()
+            .map(|nvml| Nvml {
+                nvml: Arc::new(nvml),
+                host: host.to_string(),
+            })
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait]
+impl GpuProbe for Nvml {
+    async fn read(&self) -> Result<Vec<GpuReading>, GpuError> {
+        let nvml = self.nvml.clone();
+        let host = self.host.clone();
+        // NVML calls block in the driver.
+        tokio::task::spawn_blocking(move || read_nvml(&nvml))
+            .await
+            .map_err(|e| GpuError::Nvml {
+                host: host.clone(),
+                message: e.to_string(),
+            })?
+            .map_err(|e| GpuError::Nvml {
+                host,
+                message: e.to_string(),
+            })
+    }
+}
+
+fn read_nvml(nvml: &nvml_wrapper::Nvml) -> Result<Vec<GpuReading>, nvml_wrapper::error::NvmlError> {
+    use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+    const MIB: u64 = 1024 * 1024;
+    let count = nvml.device_count()?;
+    let mut gpus = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let d = nvml.device_by_index(i)?;
+        let mem = d.memory_info()?;
+        gpus.push(GpuReading {
+            index: d.index().unwrap_or(i),
+            uuid: d.uuid()?,
+            name: d.name()?,
+            memory_total_mib: mem.total / MIB,
+            memory_used_mib: mem.used / MIB,
+            memory_free_mib: mem.free / MIB,
+            utilization_pct: d.utilization_rates().ok().map(|u| u.gpu),
+            temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+            power_w: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+        });
+    }
+    Ok(gpus)
+}
+
+/// Reads a host's GPUs: through NVML when the host is this machine and the driver loads,
+/// otherwise with `nvidia-smi` over the host's transport.
+pub async fn read_host(
+    transport: Arc<dyn Transport>,
+    is_local: bool,
+) -> Result<Vec<GpuReading>, GpuError> {
+    let mut nvml_error = None;
+    if is_local {
+        match Nvml::init(transport.host()) {
+            Ok(nvml) => return nvml.read().await,
+            Err(e) => nvml_error = Some(e),
+        }
+    }
+    match (NvidiaSmi { transport }).read().await {
+        Err(GpuError::NoNvidiaSmi { host }) if nvml_error.is_some() => Err(GpuError::NoDriver {
+            host,
+            nvml: nvml_error.unwrap_or_default(),
+        }),
+        other => other,
+    }
+}
+
+/// Parses `nvidia-smi --query-gpu=<NVIDIA_SMI_QUERY> --format=csv,noheader,nounits`.
+/// On error returns (1-based line, what is wrong, the line).
+pub fn parse_nvidia_smi_csv(text: &str) -> Result<Vec<GpuReading>, (usize, String, String)> {
+    let mut gpus = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |m: String| (i + 1, m, line.to_string());
+        if fields.len() != 9 {
+            return Err(bad(format!(
+                "expected 9 comma-separated fields, found {}",
+                fields.len()
+            )));
+        }
+        let num = |idx: usize, what: &str| -> Result<u64, (usize, String, String)> {
+            fields[idx]
+                .parse::<f64>()
+                .map(|v| v as u64)
+                .map_err(|_| bad(format!("{what} is not a number: {:?}", fields[idx])))
+        };
+        gpus.push(GpuReading {
+            index: num(0, "index")? as u32,
+            uuid: fields[1].to_string(),
+            name: fields[2].to_string(),
+            memory_total_mib: num(3, "memory.total")?,
+            memory_used_mib: num(4, "memory.used")?,
+            memory_free_mib: num(5, "memory.free")?,
+            utilization_pct: optional(fields[6]).map(|v| v as u32),
+            temperature_c: optional(fields[7]).map(|v| v as u32),
+            power_w: optional(fields[8]),
+        });
+    }
+    Ok(gpus)
+}
+
+/// nvidia-smi prints `[N/A]` or `[Not Supported]` for readings a GPU lacks.
+fn optional(field: &str) -> Option<f64> {
+    field.parse::<f64>().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_blackwell_rows_and_missing_readings() {
+        let text = "0, GPU-6c1f2a9e-0000-0000-0000-000000000000, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 84012, 13875, 97, 64, 583.21\n\
+                    1, GPU-6c1f2a9e-0000-0000-0000-000000000001, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 97887, [N/A], [Not Supported], [N/A]\n";
+        let gpus = parse_nvidia_smi_csv(text).unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].memory_used_mib, 84012);
+        assert_eq!(gpus[0].utilization_pct, Some(97));
+        assert_eq!(gpus[0].power_w, Some(583.21));
+        assert_eq!(gpus[1].index, 1);
+        assert_eq!(gpus[1].utilization_pct, None);
+        assert_eq!(gpus[1].temperature_c, None);
+    }
+
+    #[test]
+    fn rejects_a_short_line_with_its_number() {
+        let err = parse_nvidia_smi_csv("0, GPU-x, name, 1, 2, 3, 4, 5, 6\n0, GPU-y\n").unwrap_err();
+        assert_eq!(err.0, 2);
+        assert!(err.1.contains("expected 9"));
+    }
+
+    #[test]
+    fn rejects_a_non_numeric_memory_field() {
+        let err = parse_nvidia_smi_csv("0, GPU-x, name, lots, 2, 3, 4, 5, 6\n").unwrap_err();
+        assert!(err.1.contains("memory.total"), "{}", err.1);
+    }
+}

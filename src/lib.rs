@@ -6,9 +6,10 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod generate;
 pub mod gpu;
+pub mod launch;
 pub mod remote;
 pub mod report;
-pub mod generate;
-pub mod launch;
 pub mod sglang;
+pub mod sweep;

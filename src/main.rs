@@ -9,7 +9,10 @@ use fleet::commands::{self, Ctx};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     commands::init_logging(&cli.global);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

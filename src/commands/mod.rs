@@ -44,7 +44,10 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn new(global: GlobalArgs) -> Self {
-        Ctx { global: Arc::new(global), cancel: CancellationToken::new() }
+        Ctx {
+            global: Arc::new(global),
+            cancel: CancellationToken::new(),
+        }
     }
 
     /// First Ctrl-C cancels the token so commands wind down cleanly; a second one exits at once.
@@ -150,5 +153,6 @@ pub fn exit_code(ctx: &Ctx, result: anyhow::Result<Outcome>) -> u8 {
 }
 
 fn is_usage(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.is::<UsageError>() || c.is::<crate::config::ConfigError>())
+    e.chain()
+        .any(|c| c.is::<UsageError>() || c.is::<crate::config::ConfigError>())
 }

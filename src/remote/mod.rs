@@ -56,10 +56,16 @@ pub struct Tunnel {
 impl Tunnel {
     /// A "tunnel" that is just the address itself, for targets reachable directly.
     pub fn direct(addr: SocketAddr) -> Self {
-        Tunnel { local: addr, task: None }
+        Tunnel {
+            local: addr,
+            task: None,
+        }
     }
     pub fn forwarded(local: SocketAddr, cancel: CancellationToken, task: JoinHandle<()>) -> Self {
-        Tunnel { local, task: Some((cancel, task)) }
+        Tunnel {
+            local,
+            task: Some((cancel, task)),
+        }
     }
     pub fn local_addr(&self) -> SocketAddr {
         self.local
@@ -82,7 +88,9 @@ impl Drop for Tunnel {
 
 impl fmt::Debug for Tunnel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tunnel").field("local", &self.local).finish()
+        f.debug_struct("Tunnel")
+            .field("local", &self.local)
+            .finish()
     }
 }
 
@@ -94,7 +102,10 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        ConnectOptions { accept_new_host_key: false, connect_timeout: Duration::from_secs(10) }
+        ConnectOptions {
+            accept_new_host_key: false,
+            connect_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -123,7 +134,13 @@ pub trait Transport: Send + Sync + fmt::Debug {
 }
 
 /// Opens the transport for an inventory host: local or SSH, wrapped in `pct` for a container.
-pub async fn connect(host: &HostSpec, opts: &ConnectOptions) -> Result<Arc<dyn Transport>, RemoteError> {
+pub async fn connect(
+    host: &HostSpec,
+    opts: &ConnectOptions,
+) -> Result<Arc<dyn Transport>, RemoteError> {
     let _ = (host, opts);
-    Err(RemoteError::Other { host: host.name.clone(), message: "transports not built yet".into() })
+    Err(RemoteError::Other {
+        host: host.name.clone(),
+        message: "transports not built yet".into(),
+    })
 }

@@ -1,0 +1,204 @@
+//! The candidate space of a sweep: axes from `--strategies` and `--set server.KEY=V1,V2`, and
+//! their product.
+
+use serde::{Deserialize, Serialize};
+
+/// One axis: a dotted profile key and the values to try, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Axis {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+/// One point of the space: a value for every axis.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Stable across runs of the same sweep, so `--resume` can match finished trials.
+    pub id: String,
+    /// `(key, value)` per axis, in axis order.
+    pub settings: Vec<(String, String)>,
+}
+
+impl Candidate {
+    /// Short human label: the values joined, e.g. `no_buffer` or `no_buffer mfs=0.85`.
+    pub fn label(&self) -> String {
+        if self.settings.is_empty() {
+            return "base".into();
+        }
+        self.settings
+            .iter()
+            .map(|(k, v)| match short_key(k) {
+                "mamba_strategy" => v.clone(),
+                short => format!("{short}={v}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+fn short_key(key: &str) -> &str {
+    key.strip_prefix("server.").unwrap_or(key)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpaceError {
+    #[error("--set {0:?}: expected KEY=V1,V2,... (e.g. server.mem_fraction_static=0.80,0.85)")]
+    Syntax(String),
+    #[error("--set {0:?}: an axis needs at least one value")]
+    Empty(String),
+    #[error("axis {key:?} is given twice; list all its values in one flag")]
+    Duplicate { key: String },
+    #[error("axis {key:?}: value {value:?} is listed twice")]
+    DuplicateValue { key: String, value: String },
+}
+
+/// The mamba strategy axis key; `--strategies` is shorthand for `--set server.mamba_strategy=...`.
+pub const STRATEGY_KEY: &str = "server.mamba_strategy";
+
+/// Builds the axes from the command line.
+pub fn axes(strategies: &[String], sets: &[String]) -> Result<Vec<Axis>, SpaceError> {
+    let mut axes: Vec<Axis> = Vec::new();
+    let mut push = |axis: Axis, raw: &str| -> Result<(), SpaceError> {
+        if axis.values.is_empty() {
+            return Err(SpaceError::Empty(raw.to_string()));
+        }
+        if axes.iter().any(|a| a.key == axis.key) {
+            return Err(SpaceError::Duplicate { key: axis.key });
+        }
+        for (i, v) in axis.values.iter().enumerate() {
+            if axis.values[..i].contains(v) {
+                return Err(SpaceError::DuplicateValue {
+                    key: axis.key.clone(),
+                    value: v.clone(),
+                });
+            }
+        }
+        axes.push(axis);
+        Ok(())
+    };
+    if !strategies.is_empty() {
+        let values = strategies
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        push(
+            Axis {
+                key: STRATEGY_KEY.into(),
+                values,
+            },
+            "--strategies",
+        )?;
+    }
+    for raw in sets {
+        let (key, values) = raw
+            .split_once('=')
+            .ok_or_else(|| SpaceError::Syntax(raw.clone()))?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(SpaceError::Syntax(raw.clone()));
+        }
+        let values = values
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .collect();
+        push(
+            Axis {
+                key: key.to_string(),
+                values,
+            },
+            raw,
+        )?;
+    }
+    Ok(axes)
+}
+
+/// The product of the axes, first axis varying slowest. No axes: the base profile alone.
+pub fn candidates(axes: &[Axis]) -> Vec<Candidate> {
+    let mut points: Vec<Vec<(String, String)>> = vec![vec![]];
+    for axis in axes {
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                axis.values.iter().map(move |v| {
+                    let mut p = p.clone();
+                    p.push((axis.key.clone(), v.clone()));
+                    p
+                })
+            })
+            .collect();
+    }
+    points
+        .into_iter()
+        .map(|settings| {
+            let id = if settings.is_empty() {
+                "base".to_string()
+            } else {
+                settings
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(";")
+            };
+            Candidate { id, settings }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn product_of_strategies_and_a_set_axis() {
+        let a = axes(
+            &s(&["extra_buffer", "no_buffer"]),
+            &s(&["server.mem_fraction_static=0.80,0.85"]),
+        )
+        .unwrap();
+        let c = candidates(&a);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[0].label(), "extra_buffer mem_fraction_static=0.80");
+        assert_eq!(c[3].label(), "no_buffer mem_fraction_static=0.85");
+        assert_eq!(
+            c[1].id,
+            "server.mamba_strategy=extra_buffer;server.mem_fraction_static=0.85"
+        );
+    }
+
+    #[test]
+    fn no_axes_is_the_base_profile() {
+        let c = candidates(&[]);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].label(), "base");
+    }
+
+    #[test]
+    fn bad_axes_are_named() {
+        assert_eq!(
+            axes(&[], &s(&["server.x"])),
+            Err(SpaceError::Syntax("server.x".into()))
+        );
+        assert_eq!(
+            axes(&[], &s(&["server.x="])),
+            Err(SpaceError::Empty("server.x=".into()))
+        );
+        assert!(matches!(
+            axes(
+                &s(&["no_buffer"]),
+                &s(&["server.mamba_strategy=extra_buffer"])
+            ),
+            Err(SpaceError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            axes(&s(&["no_buffer", "no_buffer"]), &[]),
+            Err(SpaceError::DuplicateValue { .. })
+        ));
+    }
+}
