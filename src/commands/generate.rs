@@ -8,8 +8,12 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::GenerateArgs;
+use crate::generate::input::InputError;
+use crate::generate::journal::JournalError;
 use crate::generate::progress::Progress;
-use crate::generate::{self, ConcurrencyMode, Endpoint, Ended, Event, GenerateConfig};
+use crate::generate::{
+    self, ConcurrencyMode, Ended, Endpoint, Event, GenerateConfig, GenerateError,
+};
 use crate::sglang::client::Api;
 
 use super::{Ctx, Outcome, UsageError};
@@ -21,7 +25,16 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let endpoints = endpoints_from(args)?;
     let json = ctx.global.json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
-    let summary = generate::run(config, endpoints, |e| view.show(e), ctx.cancel.clone()).await?;
+    let summary = generate::run(config, endpoints, |e| view.show(e), ctx.cancel.clone())
+        .await
+        .map_err(|e| match e {
+            // The user's input or --out choice, not a failure of the fleet.
+            GenerateError::Journal(JournalError::NotEmpty { .. })
+            | GenerateError::Input(InputError::Duplicate { .. }) => {
+                UsageError(e.to_string()).into()
+            }
+            other => anyhow::Error::new(other),
+        })?;
     view.finish();
     let p = &summary.progress;
     if json {
@@ -32,7 +45,11 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     match summary.ended {
         Ended::Done if p.failed > 0 => {
-            eprintln!("{} prompts failed: see {}", p.failed, args.out.join("failed.jsonl").display());
+            eprintln!(
+                "{} prompts failed: see {}",
+                p.failed,
+                args.out.join("failed.jsonl").display()
+            );
             Ok(Outcome::Partial)
         }
         Ended::Done => Ok(Outcome::Ok),
@@ -45,7 +62,10 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             humantime::format_duration(args.stall_timeout)
         ),
         Ended::BelowExpected(f) => {
-            anyhow::bail!("stopped by --abort-below: {}; output so far is kept", f.message())
+            anyhow::bail!(
+                "stopped by --abort-below: {}; output so far is kept",
+                f.message()
+            )
         }
     }
 }
@@ -53,11 +73,18 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
 fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     let usage = |m: String| anyhow::Error::new(UsageError(m));
     let concurrency: ConcurrencyMode = args.concurrency.parse().map_err(usage)?;
-    let api = args.endpoint.as_deref().map(str::parse::<Api>).transpose().map_err(usage)?;
+    let api = args
+        .endpoint
+        .as_deref()
+        .map(str::parse::<Api>)
+        .transpose()
+        .map_err(usage)?;
     if let Some(f) = args.abort_below
         && !(f > 0.0 && f <= 1.0)
     {
-        return Err(usage(format!("--abort-below must be a fraction in (0, 1], got {f}")));
+        return Err(usage(format!(
+            "--abort-below must be a fraction in (0, 1], got {f}"
+        )));
     }
     if args.max_tokens == 0 {
         return Err(usage("--max-tokens must be at least 1".into()));
@@ -67,11 +94,15 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     }
     if args.profile.is_some() {
         return Err(usage(
-            "--profile (the watchdog's expected throughput) is not available in this build yet".into(),
+            "--profile (the watchdog's expected throughput) is not available in this build yet"
+                .into(),
         ));
     }
     if !args.prompts.is_file() {
-        return Err(usage(format!("--prompts {}: no such file", args.prompts.display())));
+        return Err(usage(format!(
+            "--prompts {}: no such file",
+            args.prompts.display()
+        )));
     }
     let mut c = GenerateConfig::new(args.prompts.clone(), args.out.clone());
     c.api = api;
@@ -98,7 +129,9 @@ fn endpoints_from(args: &GenerateArgs) -> anyhow::Result<Vec<Endpoint>> {
         )
         .into());
     }
-    let api_key = std::env::var("FLEET_API_KEY").ok().filter(|k| !k.is_empty());
+    let api_key = std::env::var("FLEET_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
     args.url
         .iter()
         .map(|u| {
@@ -114,7 +147,9 @@ fn endpoints_from(args: &GenerateArgs) -> anyhow::Result<Vec<Endpoint>> {
 }
 
 fn summary_line(p: &Progress) -> String {
-    let eta = p.eta_hours.map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    let eta = p
+        .eta_hours
+        .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
     format!(
         "{}: {}/{} completed, {} failed, {:.2} req/s, {} output tokens (avg {}), ETA {}, elapsed {:.2} h",
         p.status.as_str(),
@@ -140,7 +175,11 @@ const MALFORMED_SHOWN: u64 = 20;
 
 impl View {
     fn new(terminal: bool) -> Self {
-        View { bar: terminal.then(ProgressBar::hidden), last_log: Instant::now(), malformed: 0 }
+        View {
+            bar: terminal.then(ProgressBar::hidden),
+            last_log: Instant::now(),
+            malformed: 0,
+        }
     }
 
     fn say(&self, line: &str) {
@@ -152,12 +191,21 @@ impl View {
 
     fn show(&mut self, event: Event) {
         match event {
-            Event::Started { total, already_done, truncated_bytes, instances } => {
+            Event::Started {
+                total,
+                already_done,
+                truncated_bytes,
+                instances,
+            } => {
                 if truncated_bytes > 0 {
-                    self.say(&format!("resume: cut a torn final line ({truncated_bytes} bytes) left by a crash"));
+                    self.say(&format!(
+                        "resume: cut a torn final line ({truncated_bytes} bytes) left by a crash"
+                    ));
                 }
                 if already_done > 0 {
-                    self.say(&format!("resume: {already_done} of {total} prompts already done"));
+                    self.say(&format!(
+                        "resume: {already_done} of {total} prompts already done"
+                    ));
                 }
                 for i in &instances {
                     let line = match &i.unavailable {
@@ -178,21 +226,24 @@ impl View {
                     bar.set_length(total);
                     bar.set_position(already_done);
                     bar.set_style(
-                        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"),
+                        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                            .expect("valid template"),
                     );
                 }
             }
             Event::MalformedLine { line, error } => {
                 self.malformed += 1;
                 if self.malformed <= MALFORMED_SHOWN {
-                    self.say(&format!("warning: prompts line {line}: {error} (recorded in failed.jsonl)"));
+                    self.say(&format!(
+                        "warning: prompts line {line}: {error} (recorded in failed.jsonl)"
+                    ));
                 } else if self.malformed == MALFORMED_SHOWN + 1 {
                     self.say("warning: more malformed lines; see failed.jsonl");
                 }
             }
-            Event::InstanceDown { name, reason } => {
-                self.say(&format!("warning: {name} taken out: {reason}; its requests go elsewhere"))
-            }
+            Event::InstanceDown { name, reason } => self.say(&format!(
+                "warning: {name} taken out: {reason}; its requests go elsewhere"
+            )),
             Event::InstanceUp { name, server_cap } => self.say(&format!(
                 "{name} is healthy again (cap {})",
                 server_cap.map_or("?".into(), |c| c.to_string())
@@ -206,9 +257,9 @@ impl View {
                 let rule = "!".repeat(78);
                 self.say(&format!("{rule}\nWATCHDOG: {}\n{rule}", f.message()));
             }
-            Event::Stopping { reason, in_flight } => {
-                self.say(&format!("stopping ({reason}): waiting for {in_flight} requests in flight"))
-            }
+            Event::Stopping { reason, in_flight } => self.say(&format!(
+                "stopping ({reason}): waiting for {in_flight} requests in flight"
+            )),
             Event::Progress(p) => self.progress(&p),
         }
     }

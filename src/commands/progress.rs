@@ -11,7 +11,11 @@ use super::{Ctx, Outcome, UsageError};
 const STALE_AFTER_SECS: u64 = 30;
 
 pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
-    let file = if args.dir.is_dir() { args.dir.join(PROGRESS_FILE) } else { args.dir.clone() };
+    let file = if args.dir.is_dir() {
+        args.dir.join(PROGRESS_FILE)
+    } else {
+        args.dir.clone()
+    };
     if !file.exists() {
         return Err(UsageError(format!(
             "{}: no progress.json (is this a `fleet generate --out` directory?)",
@@ -29,10 +33,21 @@ pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         .ok()
         .and_then(|m| SystemTime::now().duration_since(m).ok())
         .map(|d| d.as_secs());
-    let pct = if p.total > 0 { 100.0 * (p.completed + p.failed) as f64 / p.total as f64 } else { 100.0 };
-    let eta = p.eta_hours.map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    let pct = if p.total > 0 {
+        100.0 * (p.completed + p.failed) as f64 / p.total as f64
+    } else {
+        100.0
+    };
+    let eta = p
+        .eta_hours
+        .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
     println!("status      {}", p.status.as_str());
-    println!("done        {}/{} ({pct:.1}%), {} failed", p.completed + p.failed, p.total, p.failed);
+    println!(
+        "done        {}/{} ({pct:.1}%), {} failed",
+        p.completed + p.failed,
+        p.total,
+        p.failed
+    );
     println!("rate        {:.2} req/s (recent window)", p.rate_per_sec);
     println!("eta         {eta}");
     println!(
@@ -47,7 +62,9 @@ pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         && p.status == Status::Running
         && age > STALE_AFTER_SECS
     {
-        println!("warning     last update {age}s ago: the job may have stopped (resume it with --resume)");
+        println!(
+            "warning     last update {age}s ago: the job may have stopped (resume it with --resume)"
+        );
     }
     if !p.instances.is_empty() {
         println!();

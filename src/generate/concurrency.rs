@@ -18,7 +18,9 @@ impl std::str::FromStr for ConcurrencyMode {
         }
         match s.parse::<u32>() {
             Ok(n) if n > 0 => Ok(ConcurrencyMode::Fixed(n)),
-            _ => Err(format!("--concurrency must be `auto` or a positive number, got {s:?}")),
+            _ => Err(format!(
+                "--concurrency must be `auto` or a positive number, got {s:?}"
+            )),
         }
     }
 }
@@ -84,7 +86,10 @@ mod tests {
         assert_eq!(Controller::new(ConcurrencyMode::Auto, Some(72)).limit(), 81);
         assert_eq!(Controller::new(ConcurrencyMode::Auto, Some(8)).limit(), 10);
         assert_eq!(Controller::new(ConcurrencyMode::Auto, None).limit(), 64);
-        assert_eq!(Controller::new(ConcurrencyMode::Fixed(32), Some(72)).limit(), 32);
+        assert_eq!(
+            Controller::new(ConcurrencyMode::Fixed(32), Some(72)).limit(),
+            32
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::input::{self, Id, Line};
 use super::journal::{self, CompletionRecord, Entry, FailureRecord, Journal};
 use super::progress::{self, InstanceProgress, Progress, RateWindow, Status};
 use super::watchdog::{self, Signals};
-use super::{Endpoint, Ended, Event, GenerateConfig, GenerateError, InstanceInfo, Summary};
+use super::{Ended, Endpoint, Event, GenerateConfig, GenerateError, InstanceInfo, Summary};
 use crate::sglang::client::{
     Api, ClientError, CompletionRequest, Health, Prompt, ServerInfo, SglangClient, http_client,
 };
@@ -36,7 +36,11 @@ struct Job {
 }
 
 enum Attempt {
-    Finished { record: Vec<u8>, prompt_tokens: u64, completion_tokens: u64 },
+    Finished {
+        record: Vec<u8>,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+    },
     Failed(ClientError),
     /// The instance was taken out (or the grace period ended) while the request was out.
     Aborted,
@@ -75,7 +79,6 @@ struct Inst {
     kv_tokens: Option<u64>,
     /// Cancelled when the instance is taken out; replaced when it comes back.
     abort: CancellationToken,
-    request_failures: u32,
     health_failures: u32,
     probing: bool,
     metrics_available: bool,
@@ -128,17 +131,26 @@ pub async fn run(
         return Err(GenerateError::NoEndpoints);
     }
     if !config.resume && journal::has_output(&config.out)? {
-        return Err(journal::JournalError::NotEmpty { dir: config.out.clone() }.into());
+        return Err(journal::JournalError::NotEmpty {
+            dir: config.out.clone(),
+        }
+        .into());
     }
-    std::fs::create_dir_all(&config.out)
-        .map_err(|source| journal::JournalError::Io { path: config.out.clone(), source })?;
+    std::fs::create_dir_all(&config.out).map_err(|source| journal::JournalError::Io {
+        path: config.out.clone(),
+        source,
+    })?;
 
     let (recovered, total) = {
         let out = config.out.clone();
         let prompts = config.prompts.clone();
         let (resume, limit) = (config.resume, config.limit);
         blocking(move || -> Result<_, GenerateError> {
-            let recovered = if resume { journal::recover(&out)? } else { journal::Recovered::default() };
+            let recovered = if resume {
+                journal::recover(&out)?
+            } else {
+                journal::Recovered::default()
+            };
             let total = input::check_ids(&prompts, limit)?;
             Ok((recovered, total))
         })
@@ -146,8 +158,10 @@ pub async fn run(
     };
 
     let http = http_client(config.http)?;
-    let clients: Vec<SglangClient> =
-        endpoints.into_iter().map(|e| SglangClient::new(http.clone(), e)).collect();
+    let clients: Vec<SglangClient> = endpoints
+        .into_iter()
+        .map(|e| SglangClient::new(http.clone(), e))
+        .collect();
     let infos = {
         let probes = clients.iter().map(|c| c.server_info());
         tokio::select! {
@@ -159,7 +173,11 @@ pub async fn run(
         }
     };
     if infos.iter().all(Result::is_err) {
-        let lines: Vec<String> = infos.iter().filter_map(|r| r.as_ref().err()).map(|e| format!("  {e}")).collect();
+        let lines: Vec<String> = infos
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .map(|e| format!("  {e}"))
+            .collect();
         return Err(GenerateError::NoInstances(lines.join("\n")));
     }
 
@@ -173,7 +191,13 @@ pub async fn run(
                 if model.is_none() {
                     model = i.served_model_name.clone().or_else(|| i.model_path.clone());
                 }
-                (i.effective_max_running_requests, i.max_total_num_tokens, i.context_length, i.version.clone(), None)
+                (
+                    i.effective_max_running_requests,
+                    i.max_total_num_tokens,
+                    i.context_length,
+                    i.version.clone(),
+                    None,
+                )
             }
             Err(e) => (None, None, None, None, Some(e.to_string())),
         };
@@ -198,7 +222,6 @@ pub async fn run(
             cap,
             kv_tokens: kv,
             abort: CancellationToken::new(),
-            request_failures: 0,
             health_failures: 0,
             probing: false,
             metrics_available: true,
@@ -251,7 +274,9 @@ pub async fn run(
     let loop_result = run.drive(line_rx, &mut on_event, &cancel).await;
 
     // Everything below runs however the loop ended, so the journal is flushed and joined.
-    let reader_result = reader.await.map_err(|e| GenerateError::Task(e.to_string()))?;
+    let reader_result = reader
+        .await
+        .map_err(|e| GenerateError::Task(e.to_string()))?;
     let journal_result = run.journal.close().await;
     let ended = loop_result?;
     let status = match (&ended, &reader_result, &journal_result) {
@@ -265,11 +290,18 @@ pub async fn run(
     on_event(Event::Progress(final_progress.clone()));
     reader_result?;
     journal_result?;
-    Ok(Summary { ended, progress: final_progress })
+    Ok(Summary {
+        ended,
+        progress: final_progress,
+    })
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, GenerateError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| GenerateError::Task(e.to_string()))
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, GenerateError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| GenerateError::Task(e.to_string()))
 }
 
 /// Streams lines not yet done into the run loop; stops early when the loop stops listening.
@@ -430,10 +462,11 @@ impl Run<'_> {
                         }
                         self.launch_probes(&mut probes, health);
                         self.record_rates(now);
-                        if stop.is_none() {
-                            if let Some(f) = self.watch(now, on_event) {
-                                self.begin_stop(Stop::BelowExpected(f), &mut stop, &mut lines, on_event, "throughput below --abort-below");
-                            }
+                        if stop.is_none()
+                            && let Some(f) = self.watch(now, on_event)
+                        {
+                            let why = "throughput below --abort-below";
+                            self.begin_stop(Stop::BelowExpected(f), &mut stop, &mut lines, on_event, why);
                         }
                     }
                     if let Some(since) = self.paused_since
@@ -469,7 +502,10 @@ impl Run<'_> {
             Stop::Stalled => Duration::ZERO,
         };
         let in_flight = self.insts.iter().map(|i| i.in_flight as u64).sum();
-        on_event(Event::Stopping { reason: reason.to_string(), in_flight });
+        on_event(Event::Stopping {
+            reason: reason.to_string(),
+            in_flight,
+        });
         *stop = Some((why, Instant::now() + grace));
     }
 
@@ -491,21 +527,38 @@ impl Run<'_> {
     }
 
     /// Turns an input line into a job, or records it as failed.
-    fn intake(&mut self, line: Line, on_event: &mut impl FnMut(Event)) -> Result<Option<Job>, GenerateError> {
+    fn intake(
+        &mut self,
+        line: Line,
+        on_event: &mut impl FnMut(Event),
+    ) -> Result<Option<Job>, GenerateError> {
         let parsed = match line.parsed {
             Ok(p) => p,
             Err(error) => {
-                on_event(Event::MalformedLine { line: line.number, error: error.clone() });
+                on_event(Event::MalformedLine {
+                    line: line.number,
+                    error: error.clone(),
+                });
                 self.fail(&line.id, line.number, "malformed_line", &error)?;
                 return Ok(None);
             }
         };
-        let api = self.config.api.or(parsed.api).unwrap_or(match parsed.prompt {
-            Prompt::Messages(_) => Api::Chat,
-            Prompt::Text(_) => Api::Generate,
-        });
-        if matches!((&parsed.prompt, api), (Prompt::Messages(_), Api::Generate | Api::Completions)) {
-            let error = format!("`messages` cannot be sent to {}; use --endpoint chat", api.path());
+        let api = self
+            .config
+            .api
+            .or(parsed.api)
+            .unwrap_or(match parsed.prompt {
+                Prompt::Messages(_) => Api::Chat,
+                Prompt::Text(_) => Api::Generate,
+            });
+        if matches!(
+            (&parsed.prompt, api),
+            (Prompt::Messages(_), Api::Generate | Api::Completions)
+        ) {
+            let error = format!(
+                "`messages` cannot be sent to {}; use --endpoint chat",
+                api.path()
+            );
             self.fail(&line.id, line.number, "unsupported_prompt", &error)?;
             return Ok(None);
         }
@@ -518,7 +571,14 @@ impl Run<'_> {
             model: self.model.clone(),
             extra: parsed.extra,
         };
-        Ok(Some(Job { line: line.number, id: line.id, req, attempts: 0, clamped: false, avoid: None }))
+        Ok(Some(Job {
+            line: line.number,
+            id: line.id,
+            req,
+            attempts: 0,
+            clamped: false,
+            avoid: None,
+        }))
     }
 
     fn spawn(&mut self, tasks: &mut JoinSet<TaskDone>, i: usize, job: Job) {
@@ -553,7 +613,13 @@ impl Run<'_> {
     }
 
     fn fail(&mut self, id: &Id, line: u64, reason: &str, error: &str) -> Result<(), GenerateError> {
-        self.journal.append(Entry::Failure(journal::encode(&FailureRecord { id, line, reason, error })))?;
+        self.journal
+            .append(Entry::Failure(journal::encode(&FailureRecord {
+                id,
+                line,
+                reason,
+                error,
+            })))?;
         self.failed += 1;
         Ok(())
     }
@@ -564,10 +630,18 @@ impl Run<'_> {
         stopping: bool,
         on_event: &mut impl FnMut(Event),
     ) -> Result<(), GenerateError> {
-        let TaskDone { inst: i, mut job, attempt } = done;
+        let TaskDone {
+            inst: i,
+            mut job,
+            attempt,
+        } = done;
         self.insts[i].in_flight -= 1;
         match attempt {
-            Attempt::Finished { record, prompt_tokens, completion_tokens } => {
+            Attempt::Finished {
+                record,
+                prompt_tokens,
+                completion_tokens,
+            } => {
                 self.journal.append(Entry::Completion(record))?;
                 self.completed += 1;
                 self.in_tokens += prompt_tokens;
@@ -575,36 +649,37 @@ impl Run<'_> {
                 let inst = &mut self.insts[i];
                 inst.completed += 1;
                 inst.out_tokens += completion_tokens;
-                inst.request_failures = 0;
             }
             Attempt::Aborted => {
                 if !stopping {
                     self.ready.push_front(job);
                 }
             }
-            Attempt::Failed(ClientError::ContextOverflow { overflow, .. }) => match overflow.fitting_max_tokens() {
-                None => {
-                    let error = format!(
-                        "the prompt alone is {} tokens; the context length is {}",
-                        overflow.prompt_tokens, overflow.context_len
-                    );
-                    self.fail(&job.id, job.line, "prompt_too_long", &error)?;
-                }
-                Some(fit) if !job.clamped && fit < job.req.max_tokens => {
-                    job.req.max_tokens = fit;
-                    job.clamped = true;
-                    if !stopping {
-                        self.ready.push_front(job);
+            Attempt::Failed(ClientError::ContextOverflow { overflow, .. }) => {
+                match overflow.fitting_max_tokens() {
+                    None => {
+                        let error = format!(
+                            "the prompt alone is {} tokens; the context length is {}",
+                            overflow.prompt_tokens, overflow.context_len
+                        );
+                        self.fail(&job.id, job.line, "prompt_too_long", &error)?;
+                    }
+                    Some(fit) if !job.clamped && fit < job.req.max_tokens => {
+                        job.req.max_tokens = fit;
+                        job.clamped = true;
+                        if !stopping {
+                            self.ready.push_front(job);
+                        }
+                    }
+                    Some(fit) => {
+                        let error = format!(
+                            "still over the context length ({}) with max_tokens {} (prompt {} tokens)",
+                            overflow.context_len, fit, overflow.prompt_tokens
+                        );
+                        self.fail(&job.id, job.line, "context_overflow", &error)?;
                     }
                 }
-                Some(fit) => {
-                    let error = format!(
-                        "still over the context length ({}) with max_tokens {} (prompt {} tokens)",
-                        overflow.context_len, fit, overflow.prompt_tokens
-                    );
-                    self.fail(&job.id, job.line, "context_overflow", &error)?;
-                }
-            },
+            }
             Attempt::Failed(e) if e.is_unreachable() => {
                 // The server is gone, not the request's fault: take the instance out and send
                 // the request elsewhere without spending one of its retries.
@@ -616,10 +691,6 @@ impl Run<'_> {
             }
             Attempt::Failed(e) if e.is_retryable() => {
                 job.attempts += 1;
-                self.insts[i].request_failures += 1;
-                if self.insts[i].request_failures >= 2 * self.config.timing.health_failures_to_down.max(1) {
-                    self.mark_down(i, &format!("{} failed requests in a row; last: {e}", self.insts[i].request_failures), on_event);
-                }
                 if job.attempts > self.config.max_retries {
                     let reason = "retries_exhausted";
                     self.fail(&job.id, job.line, reason, &e.to_string())?;
@@ -627,7 +698,11 @@ impl Run<'_> {
                     job.avoid = Some(i);
                     let due = Instant::now() + self.backoff(job.attempts);
                     self.seq += 1;
-                    self.delayed.push(Reverse(Delayed { due, seq: self.seq, job }));
+                    self.delayed.push(Reverse(Delayed {
+                        due,
+                        seq: self.seq,
+                        job,
+                    }));
                 }
             }
             Attempt::Failed(e) => {
@@ -644,7 +719,9 @@ impl Run<'_> {
     /// Capped exponential backoff with jitter in [50%, 100%] so retries do not arrive in waves.
     fn backoff(&self, attempt: u32) -> Duration {
         let t = self.config.timing;
-        let exp = t.backoff_base.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let exp = t
+            .backoff_base
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
         let capped = exp.min(t.backoff_cap);
         capped.mul_f64(rand::rng().random_range(0.5..=1.0))
     }
@@ -658,11 +735,15 @@ impl Run<'_> {
         inst.abort.cancel();
         inst.abort = CancellationToken::new();
         inst.health_failures = 0;
-        inst.request_failures = 0;
-        on_event(Event::InstanceDown { name: inst.client.endpoint().name.clone(), reason: reason.to_string() });
+        on_event(Event::InstanceDown {
+            name: inst.client.endpoint().name.clone(),
+            reason: reason.to_string(),
+        });
         if self.paused_since.is_none() && self.insts.iter().all(|i| !i.up) {
             self.paused_since = Some(Instant::now());
-            on_event(Event::Paused { stall_timeout: self.config.stall_timeout });
+            on_event(Event::Paused {
+                stall_timeout: self.config.stall_timeout,
+            });
         }
     }
 
@@ -676,18 +757,32 @@ impl Run<'_> {
                 inst.probing = true;
                 probes.spawn(async move {
                     let kind = match client.health().await {
-                        Ok(Health::Ready) => ProbeKind::Revive(client.server_info().await.map_err(|e| e.to_string())),
-                        Ok(Health::NotReady { status }) => ProbeKind::Revive(Err(format!("/health answered {status}"))),
+                        Ok(Health::Ready) => {
+                            ProbeKind::Revive(client.server_info().await.map_err(|e| e.to_string()))
+                        }
+                        Ok(Health::NotReady { status }) => {
+                            ProbeKind::Revive(Err(format!("/health answered {status}")))
+                        }
                         Err(e) => ProbeKind::Revive(Err(e.to_string())),
                     };
                     Probe { inst: i, kind }
                 });
             } else if health {
                 inst.probing = true;
-                probes.spawn(async move { Probe { inst: i, kind: ProbeKind::Health(client.health().await) } });
+                probes.spawn(async move {
+                    Probe {
+                        inst: i,
+                        kind: ProbeKind::Health(client.health().await),
+                    }
+                });
             } else if inst.metrics_available {
                 inst.probing = true;
-                probes.spawn(async move { Probe { inst: i, kind: ProbeKind::Metrics(client.metrics().await) } });
+                probes.spawn(async move {
+                    Probe {
+                        inst: i,
+                        kind: ProbeKind::Metrics(client.metrics().await),
+                    }
+                });
             }
         }
     }
@@ -713,12 +808,15 @@ impl Run<'_> {
                 }
                 inst.last = Some(m);
             }
-            ProbeKind::Metrics(Err(ClientError::Status { status: 404, .. })) => inst.metrics_available = false,
+            ProbeKind::Metrics(Err(ClientError::Status { status: 404, .. })) => {
+                inst.metrics_available = false
+            }
             ProbeKind::Metrics(Err(e)) | ProbeKind::Health(Err(e)) => {
                 if inst.up {
                     inst.health_failures += 1;
                     if inst.health_failures >= health_failures_to_down {
-                        let reason = format!("{} failed health checks; last: {e}", inst.health_failures);
+                        let reason =
+                            format!("{} failed health checks; last: {e}", inst.health_failures);
                         self.mark_down(p.inst, &reason, on_event);
                     }
                 }
@@ -727,7 +825,8 @@ impl Run<'_> {
                 if inst.up {
                     inst.health_failures += 1;
                     if inst.health_failures >= health_failures_to_down {
-                        let reason = format!("/health answered {status} {} times", inst.health_failures);
+                        let reason =
+                            format!("/health answered {status} {} times", inst.health_failures);
                         self.mark_down(p.inst, &reason, on_event);
                     }
                 }
@@ -742,7 +841,10 @@ impl Run<'_> {
                 inst.kv_tokens = info.max_total_num_tokens;
                 inst.ctl = Controller::new(self.config.concurrency, inst.cap);
                 inst.metrics_available = true;
-                on_event(Event::InstanceUp { name: inst.client.endpoint().name.clone(), server_cap: inst.cap });
+                on_event(Event::InstanceUp {
+                    name: inst.client.endpoint().name.clone(),
+                    server_cap: inst.cap,
+                });
                 if self.paused_since.take().is_some() {
                     on_event(Event::Resumed);
                 }
@@ -759,24 +861,47 @@ impl Run<'_> {
     }
 
     /// Runs the watchdog after warm-up; returns a finding that must stop the run.
-    fn watch(&mut self, now: Instant, on_event: &mut impl FnMut(Event)) -> Option<watchdog::Finding> {
+    fn watch(
+        &mut self,
+        now: Instant,
+        on_event: &mut impl FnMut(Event),
+    ) -> Option<watchdog::Finding> {
         if now.duration_since(self.started_at) < self.config.warmup {
             return None;
         }
-        let up: Vec<&Inst> = self.insts.iter().filter(|i| i.up && i.acc.readings > 0).collect();
+        let up: Vec<&Inst> = self
+            .insts
+            .iter()
+            .filter(|i| i.up && i.acc.readings > 0)
+            .collect();
         if up.is_empty() {
             return None;
         }
         let n = up.len() as f64;
         let caps: Vec<f64> = up.iter().filter_map(|i| i.cap).map(|c| c as f64).collect();
-        let avg_seq = (self.completed > 0).then(|| (self.in_tokens + self.out_tokens) as f64 / self.completed as f64);
-        let kv: Vec<f64> = up.iter().filter_map(|i| i.kv_tokens).map(|k| k as f64).collect();
+        let avg_seq = (self.completed > 0)
+            .then(|| (self.in_tokens + self.out_tokens) as f64 / self.completed as f64);
+        let kv: Vec<f64> = up
+            .iter()
+            .filter_map(|i| i.kv_tokens)
+            .map(|k| k as f64)
+            .collect();
         let signals = Signals {
-            running: up.iter().map(|i| i.acc.running / i.acc.readings as f64).sum::<f64>() / n,
-            queue_empty_share: up.iter().map(|i| i.acc.queue_empty as f64 / i.acc.readings as f64).sum::<f64>() / n,
+            running: up
+                .iter()
+                .map(|i| i.acc.running / i.acc.readings as f64)
+                .sum::<f64>()
+                / n,
+            queue_empty_share: up
+                .iter()
+                .map(|i| i.acc.queue_empty as f64 / i.acc.readings as f64)
+                .sum::<f64>()
+                / n,
             cap: (!caps.is_empty()).then(|| caps.iter().sum::<f64>() / caps.len() as f64),
             client_limit: up.iter().map(|i| i.ctl.limit() as f64).sum::<f64>() / n,
-            kv_fit: avg_seq.filter(|s| *s > 0.0 && !kv.is_empty()).map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
+            kv_fit: avg_seq
+                .filter(|s| *s > 0.0 && !kv.is_empty())
+                .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
         };
         let live = self.window.rates().1 / n;
         let finding = watchdog::assess(live, self.config.expected.as_ref(), &signals)?;
@@ -784,7 +909,10 @@ impl Run<'_> {
             self.warned = Some(finding.cause.clone());
             on_event(Event::Watchdog(finding.clone()));
         }
-        self.config.abort_below.filter(|f| finding.fraction < *f).map(|_| finding)
+        self.config
+            .abort_below
+            .filter(|f| finding.fraction < *f)
+            .map(|_| finding)
     }
 
     fn progress(&self, status: Status, now: Instant) -> Progress {
@@ -802,7 +930,10 @@ impl Run<'_> {
             total_input_tokens: self.base_in_tokens + self.in_tokens,
             total_output_tokens: out,
             avg_output_tokens: out.checked_div(completed).unwrap_or(0),
-            elapsed_hours: progress::round(now.duration_since(self.started_at).as_secs_f64() / 3600.0, 4),
+            elapsed_hours: progress::round(
+                now.duration_since(self.started_at).as_secs_f64() / 3600.0,
+                4,
+            ),
             s3_uploaded: 0,
             s3_bytes: 0,
             status,

@@ -24,7 +24,12 @@ pub enum InputError {
         "{}: duplicate id {id:?} on lines {first_line} and {line} (ids must be unique so that --resume can tell what is done)",
         path.display()
     )]
-    Duplicate { path: PathBuf, id: String, first_line: u64, line: u64 },
+    Duplicate {
+        path: PathBuf,
+        id: String,
+        first_line: u64,
+        line: u64,
+    },
 }
 
 /// A prompt's id as given (string or number) or, when missing, its 1-based line number.
@@ -36,7 +41,10 @@ pub struct Id {
 
 impl Id {
     pub fn line(number: u64) -> Self {
-        Id { text: number.to_string(), numeric: true }
+        Id {
+            text: number.to_string(),
+            numeric: true,
+        }
     }
 
     /// The key that `--resume` and the duplicate check compare: 128 bits of two SipHashes, so
@@ -75,8 +83,14 @@ pub enum RawId {
 impl RawId {
     pub fn into_id(self) -> Id {
         match self {
-            RawId::Str(text) => Id { text, numeric: false },
-            RawId::Num(n) => Id { text: n.to_string(), numeric: true },
+            RawId::Str(text) => Id {
+                text,
+                numeric: false,
+            },
+            RawId::Num(n) => Id {
+                text: n.to_string(),
+                numeric: true,
+            },
         }
     }
 }
@@ -126,7 +140,12 @@ pub fn parse_line(number: u64, text: &str) -> Line {
             };
         }
     };
-    let id = raw.id.take().or(raw.custom_id.take()).map(RawId::into_id).unwrap_or_else(|| Id::line(number));
+    let id = raw
+        .id
+        .take()
+        .or(raw.custom_id.take())
+        .map(RawId::into_id)
+        .unwrap_or_else(|| Id::line(number));
     let parsed = prompt_of(raw);
     Line { number, id, parsed }
 }
@@ -143,14 +162,16 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
                 ));
             }
         };
-        let max_tokens = match body.remove("max_tokens").or_else(|| body.remove("max_completion_tokens")) {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| format!("body.max_tokens must be a positive integer, got {v}"))?,
-            ),
-        };
+        let max_tokens =
+            match body
+                .remove("max_tokens")
+                .or_else(|| body.remove("max_completion_tokens"))
+            {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(
+                    || format!("body.max_tokens must be a positive integer, got {v}"),
+                )?),
+            };
         let prompt = if let Some(m) = body.remove("messages") {
             messages(m, "body.messages")?
         } else if let Some(p) = body.remove("prompt") {
@@ -159,15 +180,27 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
             return Err("Batch API body has neither `messages` nor `prompt`".into());
         };
         body.remove("stream");
-        return Ok(PromptLine { prompt, max_tokens, api, extra: Some(body) });
+        return Ok(PromptLine {
+            prompt,
+            max_tokens,
+            api,
+            extra: Some(body),
+        });
     }
     let prompt = match (raw.prompt, raw.messages) {
         (Some(p), None) => text(p, "prompt")?,
         (None, Some(m)) => messages(m, "messages")?,
         (Some(_), Some(_)) => return Err("has both `prompt` and `messages`; keep one".into()),
-        (None, None) => return Err("missing `prompt` (or `messages`, or a Batch API `body`)".into()),
+        (None, None) => {
+            return Err("missing `prompt` (or `messages`, or a Batch API `body`)".into());
+        }
     };
-    Ok(PromptLine { prompt, max_tokens: None, api: None, extra: None })
+    Ok(PromptLine {
+        prompt,
+        max_tokens: None,
+        api: None,
+        extra: None,
+    })
 }
 
 fn text(v: Value, field: &str) -> Result<Prompt, String> {
@@ -181,7 +214,10 @@ fn messages(v: Value, field: &str) -> Result<Prompt, String> {
     match &v {
         Value::Array(a) if !a.is_empty() => Ok(Prompt::Messages(v)),
         Value::Array(_) => Err(format!("`{field}` is empty")),
-        other => Err(format!("`{field}` must be an array of messages, got {}", kind(other))),
+        other => Err(format!(
+            "`{field}` must be an array of messages, got {}",
+            kind(other)
+        )),
     }
 }
 
@@ -208,7 +244,10 @@ pub struct Reader {
 
 impl Reader {
     pub fn open(path: &Path, limit: Option<u64>) -> Result<Self, InputError> {
-        let file = File::open(path).map_err(|source| InputError::Io { path: path.into(), source })?;
+        let file = File::open(path).map_err(|source| InputError::Io {
+            path: path.into(),
+            source,
+        })?;
         Ok(Reader {
             path: path.into(),
             inner: BufReader::with_capacity(256 * 1024, file),
@@ -229,7 +268,10 @@ impl Reader {
             let n = self
                 .inner
                 .read_line(&mut self.buf)
-                .map_err(|source| InputError::Io { path: self.path.clone(), source })?;
+                .map_err(|source| InputError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
             if n == 0 {
                 return Ok(None);
             }
@@ -293,7 +335,12 @@ pub fn check_ids(path: &Path, limit: Option<u64>) -> Result<u64, InputError> {
             continue;
         }
         if let Some(&first_line) = first.get(&id.text) {
-            return Err(InputError::Duplicate { path: path.into(), id: id.text, first_line, line: n });
+            return Err(InputError::Duplicate {
+                path: path.into(),
+                id: id.text,
+                first_line,
+                line: n,
+            });
         }
         first.insert(id.text, n);
     }
@@ -309,11 +356,23 @@ mod tests {
     #[test]
     fn plain_chat_and_batch_lines() {
         let l = parse_line(1, r#"{"id":"a","prompt":"hi"}"#);
-        assert_eq!(l.id, Id { text: "a".into(), numeric: false });
+        assert_eq!(
+            l.id,
+            Id {
+                text: "a".into(),
+                numeric: false
+            }
+        );
         assert_eq!(l.parsed.unwrap().prompt, Prompt::Text("hi".into()));
 
         let l = parse_line(2, r#"{"id":7,"messages":[{"role":"user","content":"x"}]}"#);
-        assert_eq!(l.id, Id { text: "7".into(), numeric: true });
+        assert_eq!(
+            l.id,
+            Id {
+                text: "7".into(),
+                numeric: true
+            }
+        );
         assert!(matches!(l.parsed.unwrap().prompt, Prompt::Messages(_)));
 
         let l = parse_line(
@@ -339,7 +398,10 @@ mod tests {
         assert!(l.parsed.unwrap_err().contains("not a JSON object"));
         let l = parse_line(14, r#"{"id":"y","prompt":5}"#);
         assert_eq!(l.id.text, "y");
-        assert_eq!(l.parsed.unwrap_err(), "`prompt` must be a string, got a number");
+        assert_eq!(
+            l.parsed.unwrap_err(),
+            "`prompt` must be a string, got a number"
+        );
         let l = parse_line(15, r#"{"id":"z"}"#);
         assert!(l.parsed.unwrap_err().contains("missing `prompt`"));
     }
@@ -347,7 +409,14 @@ mod tests {
     #[test]
     fn ids_serialize_as_given() {
         assert_eq!(serde_json::to_value(Id::line(3)).unwrap(), json!(3));
-        assert_eq!(serde_json::to_value(Id { text: "3".into(), numeric: false }).unwrap(), json!("3"));
+        assert_eq!(
+            serde_json::to_value(Id {
+                text: "3".into(),
+                numeric: false
+            })
+            .unwrap(),
+            json!("3")
+        );
     }
 
     fn file(lines: &[&str]) -> tempfile::NamedTempFile {
@@ -360,9 +429,19 @@ mod tests {
 
     #[test]
     fn duplicate_ids_are_found_with_both_lines() {
-        let f = file(&[r#"{"id":"a","prompt":"1"}"#, "", r#"{"id":"b","prompt":"2"}"#, r#"{"id":"a","prompt":"3"}"#]);
+        let f = file(&[
+            r#"{"id":"a","prompt":"1"}"#,
+            "",
+            r#"{"id":"b","prompt":"2"}"#,
+            r#"{"id":"a","prompt":"3"}"#,
+        ]);
         match check_ids(f.path(), None) {
-            Err(InputError::Duplicate { id, first_line, line, .. }) => {
+            Err(InputError::Duplicate {
+                id,
+                first_line,
+                line,
+                ..
+            }) => {
                 assert_eq!((id.as_str(), first_line, line), ("a", 1, 4));
             }
             other => panic!("expected a duplicate, got {other:?}"),
@@ -372,7 +451,12 @@ mod tests {
 
     #[test]
     fn reader_skips_blank_lines_and_honours_limit() {
-        let f = file(&[r#"{"prompt":"1"}"#, "   ", r#"{"prompt":"2"}"#, r#"{"prompt":"3"}"#]);
+        let f = file(&[
+            r#"{"prompt":"1"}"#,
+            "   ",
+            r#"{"prompt":"2"}"#,
+            r#"{"prompt":"3"}"#,
+        ]);
         let mut r = Reader::open(f.path(), Some(2)).unwrap();
         assert_eq!(r.next_line().unwrap().unwrap().number, 1);
         assert_eq!(r.next_line().unwrap().unwrap().number, 3);

@@ -26,7 +26,11 @@ pub enum JournalError {
         source: std::io::Error,
     },
     #[error("{}:{line}: not a journal line ({reason}); was this file written by fleet generate?", path.display())]
-    Corrupt { path: PathBuf, line: u64, reason: String },
+    Corrupt {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
     #[error(
         "{} already holds output of a generate run; pass --resume to continue it, or choose another --out",
         dir.display()
@@ -37,7 +41,10 @@ pub enum JournalError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
-    move |source| JournalError::Io { path: path.to_path_buf(), source }
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 pub fn shard_name(index: u32) -> String {
@@ -45,7 +52,10 @@ pub fn shard_name(index: u32) -> String {
 }
 
 fn shard_index(name: &str) -> Option<u32> {
-    name.strip_prefix(SHARD_PREFIX)?.strip_suffix(SHARD_SUFFIX)?.parse().ok()
+    name.strip_prefix(SHARD_PREFIX)?
+        .strip_suffix(SHARD_SUFFIX)?
+        .parse()
+        .ok()
 }
 
 /// One line of a completion shard.
@@ -131,7 +141,11 @@ fn list_shards(dir: &Path) -> Result<Vec<(u32, PathBuf)>, JournalError> {
 
 /// Cuts a final line that has no newline: the writer was killed in the middle of a write.
 fn truncate_torn_tail(path: &Path) -> Result<u64, JournalError> {
-    let mut f = OpenOptions::new().read(true).write(true).open(path).map_err(io(path))?;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io(path))?;
     let len = f.metadata().map_err(io(path))?.len();
     if len == 0 {
         return Ok(0);
@@ -209,7 +223,11 @@ pub struct SyncPolicy {
 
 impl Default for SyncPolicy {
     fn default() -> Self {
-        SyncPolicy { lines: 64, interval: Duration::from_millis(200), shard_lines: 100_000 }
+        SyncPolicy {
+            lines: 64,
+            interval: Duration::from_millis(200),
+            shard_lines: 100_000,
+        }
     }
 }
 
@@ -234,11 +252,18 @@ impl Journal {
         let (tx, rx) = mpsc::channel();
         let mut writer = Writer::new(dir.to_path_buf(), next_shard, policy);
         let handle = tokio::task::spawn_blocking(move || writer.run(rx));
-        Ok(Journal { tx: Some(tx), handle: Some(handle) })
+        Ok(Journal {
+            tx: Some(tx),
+            handle: Some(handle),
+        })
     }
 
     pub fn append(&self, entry: Entry) -> Result<(), JournalError> {
-        self.tx.as_ref().ok_or(JournalError::WriterGone)?.send(entry).map_err(|_| JournalError::WriterGone)
+        self.tx
+            .as_ref()
+            .ok_or(JournalError::WriterGone)?
+            .send(entry)
+            .map_err(|_| JournalError::WriterGone)
     }
 
     /// Flushes, syncs and joins the writer, returning its first error.
@@ -297,7 +322,9 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if self.pending_lines >= self.policy.lines || last_sync.elapsed() >= self.policy.interval {
+            if self.pending_lines >= self.policy.lines
+                || last_sync.elapsed() >= self.policy.interval
+            {
                 self.flush()?;
                 last_sync = Instant::now();
             }
@@ -307,7 +334,10 @@ impl Writer {
     fn take(&mut self, entry: Entry) -> Result<(), JournalError> {
         match entry {
             Entry::Completion(line) => {
-                let full = self.shard.as_ref().is_some_and(|(_, _, n)| *n >= self.policy.shard_lines);
+                let full = self
+                    .shard
+                    .as_ref()
+                    .is_some_and(|(_, _, n)| *n >= self.policy.shard_lines);
                 if full {
                     self.flush()?;
                     self.shard = None;
@@ -315,7 +345,11 @@ impl Writer {
                 if self.shard.is_none() {
                     let path = self.dir.join(shard_name(self.next_shard));
                     self.next_shard += 1;
-                    let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .map_err(io(&path))?;
                     self.stats.shards_written += 1;
                     self.shard = Some((file, path, 0));
                 }
@@ -346,7 +380,11 @@ impl Writer {
         if !self.failed_buf.is_empty() {
             if self.failed.is_none() {
                 let path = self.dir.join(FAILED_FILE);
-                let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(io(&path))?;
                 self.failed = Some((file, path));
             }
             let (file, path) = self.failed.as_mut().expect("opened above");
@@ -365,7 +403,10 @@ mod tests {
     use super::*;
 
     fn id(s: &str) -> Id {
-        Id { text: s.into(), numeric: false }
+        Id {
+            text: s.into(),
+            numeric: false,
+        }
     }
 
     fn completion(i: &Id, out_tokens: u64) -> Entry {
@@ -383,14 +424,23 @@ mod tests {
     #[tokio::test]
     async fn writes_rotates_and_recovers() {
         let dir = tempfile::tempdir().unwrap();
-        let policy = SyncPolicy { lines: 2, interval: Duration::from_millis(10), shard_lines: 3 };
+        let policy = SyncPolicy {
+            lines: 2,
+            interval: Duration::from_millis(10),
+            shard_lines: 3,
+        };
         let mut j = Journal::start(dir.path(), 0, policy).unwrap();
         for i in 0..7 {
             j.append(completion(&id(&format!("c{i}")), 5)).unwrap();
         }
         let f = id("bad");
-        j.append(Entry::Failure(encode(&FailureRecord { id: &f, line: 9, reason: "malformed_line", error: "x" })))
-            .unwrap();
+        j.append(Entry::Failure(encode(&FailureRecord {
+            id: &f,
+            line: 9,
+            reason: "malformed_line",
+            error: "x",
+        })))
+        .unwrap();
         let stats = j.close().await.unwrap();
         assert_eq!(stats.shards_written, 3);
         assert!(dir.path().join("completions-00002.jsonl").exists());
@@ -406,7 +456,11 @@ mod tests {
     fn torn_tail_is_cut_and_not_counted() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join(shard_name(0));
-        std::fs::write(&p, "{\"id\":\"a\",\"prompt_tokens\":1,\"completion_tokens\":2}\n{\"id\":\"b\",\"outp").unwrap();
+        std::fs::write(
+            &p,
+            "{\"id\":\"a\",\"prompt_tokens\":1,\"completion_tokens\":2}\n{\"id\":\"b\",\"outp",
+        )
+        .unwrap();
         let r = recover(dir.path()).unwrap();
         assert_eq!(r.completed, 1);
         assert_eq!(r.truncated_bytes, "{\"id\":\"b\",\"outp".len() as u64);

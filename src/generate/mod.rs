@@ -18,9 +18,9 @@ pub mod journal;
 pub mod progress;
 pub mod watchdog;
 
+pub use crate::sglang::client::Endpoint;
 pub use concurrency::ConcurrencyMode;
 pub use dispatch::run;
-pub use crate::sglang::client::Endpoint;
 
 /// Everything a run needs besides its endpoints.
 #[derive(Debug, Clone)]
@@ -125,15 +125,29 @@ pub enum Event {
         truncated_bytes: u64,
         instances: Vec<InstanceInfo>,
     },
-    MalformedLine { line: u64, error: String },
-    InstanceDown { name: String, reason: String },
-    InstanceUp { name: String, server_cap: Option<u64> },
+    MalformedLine {
+        line: u64,
+        error: String,
+    },
+    InstanceDown {
+        name: String,
+        reason: String,
+    },
+    InstanceUp {
+        name: String,
+        server_cap: Option<u64>,
+    },
     /// No instance is healthy: dispatching waits up to the stall timeout.
-    Paused { stall_timeout: Duration },
+    Paused {
+        stall_timeout: Duration,
+    },
     Resumed,
     Progress(progress::Progress),
     Watchdog(watchdog::Finding),
-    Stopping { reason: String, in_flight: u64 },
+    Stopping {
+        reason: String,
+        in_flight: u64,
+    },
 }
 
 /// How a run ended.

@@ -107,7 +107,10 @@ pub struct RateWindow {
 
 impl RateWindow {
     pub fn new(window: Duration) -> Self {
-        RateWindow { window, samples: VecDeque::new() }
+        RateWindow {
+            window,
+            samples: VecDeque::new(),
+        }
     }
 
     /// Records the running totals at `now`.
@@ -128,7 +131,10 @@ impl RateWindow {
         if dt <= 0.0 {
             return (0.0, 0.0);
         }
-        ((last.1 - first.1) as f64 / dt, (last.2 - first.2) as f64 / dt)
+        (
+            (last.1 - first.1) as f64 / dt,
+            (last.2 - first.2) as f64 / dt,
+        )
     }
 }
 
@@ -163,7 +169,10 @@ pub enum ProgressError {
 pub fn write_atomic(dir: &Path, p: &Progress) -> Result<(), ProgressError> {
     let path = dir.join(PROGRESS_FILE);
     let tmp = dir.join(".progress.json.tmp");
-    let err = |source| ProgressError::Io { path: path.clone(), source };
+    let err = |source| ProgressError::Io {
+        path: path.clone(),
+        source,
+    };
     let body = serde_json::to_vec_pretty(p).expect("progress always serializes");
     std::fs::write(&tmp, body).map_err(err)?;
     std::fs::rename(&tmp, &path).map_err(err)
@@ -171,8 +180,15 @@ pub fn write_atomic(dir: &Path, p: &Progress) -> Result<(), ProgressError> {
 
 /// Reads a progress file (a directory means its `progress.json`).
 pub fn read(path: &Path) -> Result<Progress, ProgressError> {
-    let path = if path.is_dir() { path.join(PROGRESS_FILE) } else { path.to_path_buf() };
-    let text = std::fs::read_to_string(&path).map_err(|source| ProgressError::Io { path: path.clone(), source })?;
+    let path = if path.is_dir() {
+        path.join(PROGRESS_FILE)
+    } else {
+        path.to_path_buf()
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ProgressError::Io {
+        path: path.clone(),
+        source,
+    })?;
     serde_json::from_str(&text).map_err(|source| ProgressError::Parse { path, source })
 }
 
@@ -227,8 +243,18 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "avg_output_tokens", "completed", "elapsed_hours", "eta_hours", "failed", "instances",
-                "rate_per_sec", "s3_bytes", "s3_uploaded", "status", "total", "total_input_tokens",
+                "avg_output_tokens",
+                "completed",
+                "elapsed_hours",
+                "eta_hours",
+                "failed",
+                "instances",
+                "rate_per_sec",
+                "s3_bytes",
+                "s3_uploaded",
+                "status",
+                "total",
+                "total_input_tokens",
                 "total_output_tokens"
             ]
         );

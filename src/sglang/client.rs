@@ -25,8 +25,16 @@ impl Endpoint {
     /// An endpoint named after its URL's authority (`host:port`).
     pub fn from_url(url: &str) -> Self {
         let base_url = url.trim_end_matches('/').to_string();
-        let name = base_url.split("://").nth(1).unwrap_or(&base_url).to_string();
-        Endpoint { name, base_url, api_key: None }
+        let name = base_url
+            .split("://")
+            .nth(1)
+            .unwrap_or(&base_url)
+            .to_string();
+        Endpoint {
+            name,
+            base_url,
+            api_key: None,
+        }
     }
 }
 
@@ -49,7 +57,11 @@ pub enum ClientError {
         source: reqwest::Error,
     },
     #[error("{url}: HTTP {status}: {body}")]
-    Status { url: String, status: u16, body: String },
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
     #[error(
         "{url}: context overflow: prompt is {} tokens, context length {}",
         overflow.prompt_tokens, overflow.context_len
@@ -67,15 +79,18 @@ impl ClientError {
             | ClientError::Timeout { .. }
             | ClientError::Transport { .. } => true,
             ClientError::Status { status, .. } => *status >= 500 || *status == 429,
-            ClientError::Build(_) | ClientError::ContextOverflow { .. } | ClientError::Decode { .. } => {
-                false
-            }
+            ClientError::Build(_)
+            | ClientError::ContextOverflow { .. }
+            | ClientError::Decode { .. } => false,
         }
     }
 
     /// The server could not be reached at all (as opposed to answering badly).
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, ClientError::Connect { .. } | ClientError::Transport { .. })
+        matches!(
+            self,
+            ClientError::Connect { .. } | ClientError::Transport { .. }
+        )
     }
 
     fn from_reqwest(url: &str, e: reqwest::Error) -> Self {
@@ -102,7 +117,11 @@ impl Overflow {
     /// leaves no room for a single output token.
     pub fn fitting_max_tokens(&self) -> Option<u32> {
         let room = self.context_len.checked_sub(self.prompt_tokens + 1)?;
-        if room == 0 { None } else { Some(room.min(u32::MAX as u64) as u32) }
+        if room == 0 {
+            None
+        } else {
+            Some(room.min(u32::MAX as u64) as u32)
+        }
     }
 }
 
@@ -112,20 +131,29 @@ pub fn parse_overflow(body: &str) -> Option<Overflow> {
         let s = &body[at..];
         let prompt_tokens = number_after(s, "The input (")?;
         let context_len = number_after(s, "context length (")?;
-        return Some(Overflow { prompt_tokens, context_len });
+        return Some(Overflow {
+            prompt_tokens,
+            context_len,
+        });
     }
     if let Some(at) = body.find("maximum context length of ") {
         let s = &body[at..];
         let context_len = number_after(s, "maximum context length of ")?;
         let prompt_tokens = number_after(s, "tokens: ")?;
-        return Some(Overflow { prompt_tokens, context_len });
+        return Some(Overflow {
+            prompt_tokens,
+            context_len,
+        });
     }
     None
 }
 
 fn number_after(s: &str, prefix: &str) -> Option<u64> {
     let start = s.find(prefix)? + prefix.len();
-    let digits: String = s[start..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let digits: String = s[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     digits.parse().ok()
 }
 
@@ -158,7 +186,9 @@ impl std::str::FromStr for Api {
             "generate" => Ok(Api::Generate),
             "chat" => Ok(Api::Chat),
             "completions" => Ok(Api::Completions),
-            other => Err(format!("unknown endpoint `{other}` (use generate, chat or completions)")),
+            other => Err(format!(
+                "unknown endpoint `{other}` (use generate, chat or completions)"
+            )),
         }
     }
 }
@@ -191,7 +221,9 @@ impl CompletionRequest {
     pub fn body(&self) -> Option<Value> {
         match self.api {
             Api::Generate => {
-                let Prompt::Text(text) = &self.prompt else { return None };
+                let Prompt::Text(text) = &self.prompt else {
+                    return None;
+                };
                 let mut sp = Map::new();
                 sp.insert("max_new_tokens".into(), json!(self.max_tokens));
                 if let Some(t) = self.temperature {
@@ -206,10 +238,9 @@ impl CompletionRequest {
                 let mut body = self.extra.clone().unwrap_or_default();
                 match (&self.prompt, self.api) {
                     (Prompt::Messages(m), Api::Chat) => body.insert("messages".into(), m.clone()),
-                    (Prompt::Text(t), Api::Chat) => body.insert(
-                        "messages".into(),
-                        json!([{ "role": "user", "content": t }]),
-                    ),
+                    (Prompt::Text(t), Api::Chat) => {
+                        body.insert("messages".into(), json!([{ "role": "user", "content": t }]))
+                    }
                     (Prompt::Text(t), Api::Completions) => body.insert("prompt".into(), json!(t)),
                     _ => return None,
                 };
@@ -265,7 +296,7 @@ impl ServerInfo {
             max_total_num_tokens: u(raw.get("max_total_num_tokens"))
                 .or_else(|| u(state0.and_then(|st| st.get("max_total_num_tokens")))),
             effective_max_running_requests: u(
-                state0.and_then(|st| st.get("effective_max_running_requests_per_dp")),
+                state0.and_then(|st| st.get("effective_max_running_requests_per_dp"))
             ),
             max_running_requests: u(raw.get("max_running_requests")),
             context_length: u(raw.get("context_length"))
@@ -283,7 +314,9 @@ impl ServerInfo {
 pub enum Health {
     Ready,
     /// Answered, but not ready yet (SGLang says 503 while loading).
-    NotReady { status: u16 },
+    NotReady {
+        status: u16,
+    },
 }
 
 /// Timeouts for [`http_client`].
@@ -296,7 +329,10 @@ pub struct HttpOptions {
 
 impl Default for HttpOptions {
     fn default() -> Self {
-        HttpOptions { connect_timeout: Duration::from_secs(5), request_timeout: Duration::from_secs(1800) }
+        HttpOptions {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1800),
+        }
     }
 }
 
@@ -343,15 +379,26 @@ impl SglangClient {
 
     async fn get_text(&self, path: &str) -> Result<(u16, String), ClientError> {
         let (url, rb) = self.request(reqwest::Method::GET, path);
-        let resp = rb.timeout(PROBE_TIMEOUT).send().await.map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let resp = rb
+            .timeout(PROBE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
         let status = resp.status().as_u16();
-        let body = resp.text().await.map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
         Ok((status, body))
     }
 
     pub async fn health(&self) -> Result<Health, ClientError> {
         let (status, _) = self.get_text("/health").await?;
-        Ok(if status == 200 { Health::Ready } else { Health::NotReady { status } })
+        Ok(if status == 200 {
+            Health::Ready
+        } else {
+            Health::NotReady { status }
+        })
     }
 
     /// `/server_info`, falling back to the older `/get_server_info`.
@@ -361,14 +408,24 @@ impl SglangClient {
             let (status, body) = self.get_text(path).await?;
             let url = format!("{}{}", self.endpoint.base_url, path);
             if status == 404 {
-                last = Some(ClientError::Status { url, status, body: snippet(&body) });
+                last = Some(ClientError::Status {
+                    url,
+                    status,
+                    body: snippet(&body),
+                });
                 continue;
             }
             if status != 200 {
-                return Err(ClientError::Status { url, status, body: snippet(&body) });
+                return Err(ClientError::Status {
+                    url,
+                    status,
+                    body: snippet(&body),
+                });
             }
-            let raw: Value = serde_json::from_str(&body)
-                .map_err(|e| ClientError::Decode { url, reason: e.to_string() })?;
+            let raw: Value = serde_json::from_str(&body).map_err(|e| ClientError::Decode {
+                url,
+                reason: e.to_string(),
+            })?;
             return Ok(ServerInfo::from_json(raw));
         }
         Err(last.expect("at least one path was tried"))
@@ -379,7 +436,11 @@ impl SglangClient {
         let (status, body) = self.get_text("/metrics").await?;
         if status != 200 {
             let url = format!("{}/metrics", self.endpoint.base_url);
-            return Err(ClientError::Status { url, status, body: snippet(&body) });
+            return Err(ClientError::Status {
+                url,
+                status,
+                body: snippet(&body),
+            });
         }
         Ok(metrics::parse(&body))
     }
@@ -391,9 +452,16 @@ impl SglangClient {
             url: url.clone(),
             reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
         })?;
-        let resp = rb.json(&body).send().await.map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let resp = rb
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
         let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
         if status != 200 {
             let text = String::from_utf8_lossy(&bytes);
             if status == 400
@@ -401,7 +469,11 @@ impl SglangClient {
             {
                 return Err(ClientError::ContextOverflow { url, overflow });
             }
-            return Err(ClientError::Status { url, status, body: snippet(&text) });
+            return Err(ClientError::Status {
+                url,
+                status,
+                body: snippet(&text),
+            });
         }
         parse_completion(req.api, &bytes).map_err(|reason| ClientError::Decode { url, reason })
     }
@@ -482,7 +554,11 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, String> {
         }
         Api::Chat | Api::Completions => {
             let r: OpenAiResponse = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-            let choice = r.choices.into_iter().next().ok_or("no choices in the response")?;
+            let choice = r
+                .choices
+                .into_iter()
+                .next()
+                .ok_or("no choices in the response")?;
             let text = match api {
                 Api::Chat => choice.message.and_then(|m| m.content),
                 _ => choice.text,
@@ -506,7 +582,13 @@ mod tests {
     fn parses_input_longer_than_context() {
         let body = r#"{"object":"error","message":"The input (9000 tokens) is longer than the model's context length (8192 tokens).","code":400}"#;
         let o = parse_overflow(body).unwrap();
-        assert_eq!(o, Overflow { prompt_tokens: 9000, context_len: 8192 });
+        assert_eq!(
+            o,
+            Overflow {
+                prompt_tokens: 9000,
+                context_len: 8192
+            }
+        );
         assert_eq!(o.fitting_max_tokens(), None);
     }
 
@@ -516,17 +598,32 @@ mod tests {
                     You requested a total of 9096 tokens: 1000 tokens from the input messages and \
                     8096 tokens for the completion. Please reduce the number of tokens.";
         let o = parse_overflow(body).unwrap();
-        assert_eq!(o, Overflow { prompt_tokens: 1000, context_len: 8192 });
+        assert_eq!(
+            o,
+            Overflow {
+                prompt_tokens: 1000,
+                context_len: 8192
+            }
+        );
         assert_eq!(o.fitting_max_tokens(), Some(7191));
-        let tight = Overflow { prompt_tokens: 8191, context_len: 8192 };
+        let tight = Overflow {
+            prompt_tokens: 8191,
+            context_len: 8192,
+        };
         assert_eq!(tight.fitting_max_tokens(), None);
-        let one = Overflow { prompt_tokens: 8190, context_len: 8192 };
+        let one = Overflow {
+            prompt_tokens: 8190,
+            context_len: 8192,
+        };
         assert_eq!(one.fitting_max_tokens(), Some(1));
     }
 
     #[test]
     fn other_400s_are_not_overflow() {
-        assert_eq!(parse_overflow("bad request: temperature must be >= 0"), None);
+        assert_eq!(
+            parse_overflow("bad request: temperature must be >= 0"),
+            None
+        );
     }
 
     #[test]
@@ -584,17 +681,27 @@ mod tests {
     fn parses_responses() {
         let g = br#"{"text":"out","meta_info":{"prompt_tokens":5,"completion_tokens":3,"finish_reason":{"type":"length","length":3},"e2e_latency":0.1}}"#;
         let c = parse_completion(Api::Generate, g).unwrap();
-        assert_eq!((c.text.as_str(), c.prompt_tokens, c.completion_tokens), ("out", 5, 3));
+        assert_eq!(
+            (c.text.as_str(), c.prompt_tokens, c.completion_tokens),
+            ("out", 5, 3)
+        );
         assert_eq!(c.finish_reason.as_deref(), Some("length"));
         let chat = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hey"},"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}"#;
         let c = parse_completion(Api::Chat, chat).unwrap();
-        assert_eq!((c.text.as_str(), c.finish_reason.as_deref()), ("hey", Some("stop")));
+        assert_eq!(
+            (c.text.as_str(), c.finish_reason.as_deref()),
+            ("hey", Some("stop"))
+        );
         assert!(parse_completion(Api::Chat, b"{}").is_err());
     }
 
     #[test]
     fn retryable_statuses() {
-        let st = |status| ClientError::Status { url: "u".into(), status, body: String::new() };
+        let st = |status| ClientError::Status {
+            url: "u".into(),
+            status,
+            body: String::new(),
+        };
         assert!(st(503).is_retryable());
         assert!(st(429).is_retryable());
         assert!(!st(400).is_retryable());

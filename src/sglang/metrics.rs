@@ -19,8 +19,12 @@ pub fn parse(text: &str) -> Metrics {
     let mut m = Metrics::default();
     for line in text.lines() {
         let line = line.trim();
-        let Some(rest) = line.strip_prefix("sglang:") else { continue };
-        let name_end = rest.find(|c: char| c == '{' || c.is_whitespace()).unwrap_or(rest.len());
+        let Some(rest) = line.strip_prefix("sglang:") else {
+            continue;
+        };
+        let name_end = rest
+            .find(|c: char| c == '{' || c.is_whitespace())
+            .unwrap_or(rest.len());
         let name = &rest[..name_end];
         let slot = match name {
             "num_running_reqs" => &mut m.num_running_reqs,
@@ -40,7 +44,10 @@ pub fn parse(text: &str) -> Metrics {
             },
             None => after,
         };
-        let Some(value) = value_part.split_whitespace().next().and_then(|v| v.parse::<f64>().ok())
+        let Some(value) = value_part
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
         else {
             continue;
         };
