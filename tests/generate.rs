@@ -475,3 +475,101 @@ fn bad_arguments_are_usage_errors() {
         "{stderr}"
     );
 }
+
+#[test]
+fn ctrl_c_finishes_in_flight_writes_everything_and_exits_130() {
+    let stub = start_stub(StubSpec {
+        latency: Duration::from_millis(300),
+        cap: 4,
+        ..StubSpec::default()
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, 200);
+    let out = tmp.path().join("out");
+    let child = generate(&out, &prompts, &[&stub.url])
+        .args(["--concurrency", "4", "--grace", "10s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let sent_before = stub
+        .state
+        .requests
+        .load(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: signalling the child this test spawned, by its pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("--resume"), "{stderr}");
+    let p = progress(&out);
+    assert_eq!(p["status"], "interrupted");
+    // Requests already sent were waited for and written; none were started after Ctrl-C.
+    let written = completions(&out).len() as u64;
+    let sent = stub
+        .state
+        .requests
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        sent <= sent_before + 4,
+        "dispatching went on after Ctrl-C: {sent_before} then {sent}"
+    );
+    assert_eq!(
+        written, sent,
+        "every request in flight at Ctrl-C was written"
+    );
+    assert_eq!(p["completed"].as_u64(), Some(written));
+    assert!(written < 200);
+
+    let o = generate(&out, &prompts, &[&stub.url])
+        .args(["--resume", "--concurrency", "64"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_exactly_once(&out, 200);
+}
+
+#[test]
+fn watchdog_names_a_client_that_is_too_slow_and_abort_below_stops_the_run() {
+    let stub = start_stub(StubSpec {
+        latency: Duration::from_millis(20),
+        cap: 64,
+        ..StubSpec::default()
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, 2000);
+    let out = tmp.path().join("out");
+    let o = generate(&out, &prompts, &[&stub.url])
+        .args([
+            "--concurrency",
+            "2",
+            "--warmup",
+            "2s",
+            "--abort-below",
+            "0.5",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("WATCHDOG"), "{stderr}");
+    assert!(
+        stderr.contains("running 2/instance") && stderr.contains("client is too slow"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("stopped by --abort-below"), "{stderr}");
+    let p = progress(&out);
+    assert_eq!(p["status"], "failed");
+    let done = completions(&out).len();
+    assert!(done > 0 && done < 2000, "{done}");
+    // What was written stays valid and the job resumes to completion.
+    let o = generate(&out, &prompts, &[&stub.url])
+        .arg("--resume")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_exactly_once(&out, 2000);
+}

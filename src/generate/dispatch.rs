@@ -278,18 +278,23 @@ pub async fn run(
         .await
         .map_err(|e| GenerateError::Task(e.to_string()))?;
     let journal_result = run.journal.close().await;
-    let ended = loop_result?;
-    let status = match (&ended, &reader_result, &journal_result) {
-        (_, Err(_), _) | (_, _, Err(_)) => Status::Failed,
-        (Ended::Done, _, _) => Status::Done,
-        (Ended::Interrupted, _, _) => Status::Interrupted,
-        (Ended::Stalled | Ended::BelowExpected(_), _, _) => Status::Failed,
+    let outcome = match (loop_result, journal_result) {
+        // The loop only sees that the writer is gone; the writer knows why.
+        (Err(GenerateError::Journal(journal::JournalError::WriterGone)), Err(e)) => Err(e.into()),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e.into()),
+        (Ok(ended), Ok(_)) => reader_result.map(|()| ended).map_err(GenerateError::from),
+    };
+    let status = match &outcome {
+        Ok(Ended::Done) => Status::Done,
+        Ok(Ended::Interrupted) => Status::Interrupted,
+        Ok(Ended::Stalled | Ended::BelowExpected(_)) | Err(_) => Status::Failed,
     };
     let final_progress = run.progress(status, Instant::now());
-    progress::write_atomic(&config.out, &final_progress)?;
+    let written = progress::write_atomic(&config.out, &final_progress);
     on_event(Event::Progress(final_progress.clone()));
-    reader_result?;
-    journal_result?;
+    let ended = outcome?;
+    written?;
     Ok(Summary {
         ended,
         progress: final_progress,
@@ -651,6 +656,7 @@ impl Run<'_> {
                 inst.out_tokens += completion_tokens;
             }
             Attempt::Aborted => {
+                job.avoid = Some(i);
                 if !stopping {
                     self.ready.push_front(job);
                 }
