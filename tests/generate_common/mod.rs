@@ -27,6 +27,8 @@ pub struct StubSpec {
     pub latency: Duration,
     /// Every n-th generation answers 503.
     pub fail_every: Option<u64>,
+    /// Keep `seen` (off for benchmarks that send millions of requests).
+    pub record: bool,
 }
 
 impl Default for StubSpec {
@@ -36,6 +38,7 @@ impl Default for StubSpec {
             context_len: 8192,
             latency: Duration::from_millis(2),
             fail_every: None,
+            record: true,
         }
     }
 }
@@ -87,16 +90,20 @@ async fn admit(s: &StubState, p: u64, m: u64) -> Result<u64, Response> {
         return Err((StatusCode::SERVICE_UNAVAILABLE, "down").into_response());
     }
     let n = s.requests.fetch_add(1, Ordering::SeqCst) + 1;
-    s.seen.lock().unwrap().push((p, m));
+    if s.spec.record {
+        s.seen.lock().unwrap().push((p, m));
+    }
     if let Some(r) = overflow(p, m, s.spec.context_len) {
         return Err(r);
     }
     if s.spec.fail_every.is_some_and(|k| n.is_multiple_of(k)) {
         return Err((StatusCode::SERVICE_UNAVAILABLE, "injected failure").into_response());
     }
-    s.in_flight.fetch_add(1, Ordering::SeqCst);
-    tokio::time::sleep(s.spec.latency).await;
-    s.in_flight.fetch_sub(1, Ordering::SeqCst);
+    if !s.spec.latency.is_zero() {
+        s.in_flight.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(s.spec.latency).await;
+        s.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
     Ok(m.min(7))
 }
 
