@@ -82,6 +82,7 @@ fn generate_uses_every_instance_that_up_started() {
         c
     };
 
+    let _down = Down(fleet);
     let up = fleet()
         .args(["-q", "up", "--profile", "sim"])
         .output()
