@@ -68,7 +68,10 @@ impl OptSpec {
     /// The `--no-x` alias of a BooleanOptionalAction, if this option has one.
     fn negation(&self) -> Option<&str> {
         let negated = format!("--no-{}", self.names[0].trim_start_matches("--"));
-        self.names.iter().find(|n| **n == negated).map(String::as_str)
+        self.names
+            .iter()
+            .find(|n| **n == negated)
+            .map(String::as_str)
     }
 
     fn value_part(&self) -> String {
@@ -200,9 +203,15 @@ fn modeled(dest: &str) -> Option<(Kind, &'static str)> {
              model's config.json instead).",
         ),
         "max_running_requests" => (Kind::Int, "The maximum number of running requests."),
-        "max_total_tokens" => (Kind::Int, "The maximum number of tokens in the memory pool."),
+        "max_total_tokens" => (
+            Kind::Int,
+            "The maximum number of tokens in the memory pool.",
+        ),
         "chunked_prefill_size" => (Kind::Int, "The maximum number of tokens in a chunk."),
-        "max_prefill_tokens" => (Kind::Int, "The maximum number of tokens in a prefill batch."),
+        "max_prefill_tokens" => (
+            Kind::Int,
+            "The maximum number of tokens in a prefill batch.",
+        ),
         "max_mamba_cache_size" => (Kind::Int, "The maximum size of the mamba cache."),
         "mamba_full_memory_ratio" => (
             Kind::Float,
@@ -383,7 +392,11 @@ impl Parser {
             [(Some(spec), n)] => Ok(Found::Opt(spec, n.to_string())),
             _ => Err(format!(
                 "ambiguous option: {word} could match {}",
-                matches.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
+                matches
+                    .iter()
+                    .map(|(_, n)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
         }
     }
@@ -632,8 +645,10 @@ mod tests {
                 .is_ok()
         );
         assert!(
-            mid.parse(&args("--model /m --mamba-radix-cache-strategy extra_buffer_lazy"))
-                .is_ok()
+            mid.parse(&args(
+                "--model /m --mamba-radix-cache-strategy extra_buffer_lazy"
+            ))
+            .is_ok()
         );
         let old = parser((0, 5, 10));
         assert_eq!(
@@ -641,7 +656,10 @@ mod tests {
             "unrecognized arguments: --mamba-radix-cache-strategy no_buffer"
         );
         assert_eq!(
-            err(&old, "--model /m --mamba-scheduler-strategy extra_buffer_lazy"),
+            err(
+                &old,
+                "--model /m --mamba-scheduler-strategy extra_buffer_lazy"
+            ),
             "argument --mamba-scheduler-strategy: invalid choice: 'extra_buffer_lazy' \
              (choose from 'auto', 'no_buffer', 'extra_buffer')"
         );

@@ -39,37 +39,156 @@ const fn switch(name: &'static str, help: &'static str) -> SimOpt {
 }
 
 const SIM_OPTS: &[SimOpt] = &[
-    knob("--sim-version", Kind::Str, DEFAULT_VERSION, "SGLang version to emulate: picks the accepted options, what `auto` resolves to and the reported version."),
-    knob("--sim-time-scale", Kind::Float, "1", "Run this many times faster than real time (startup, prefill and decode alike)."),
-    knob("--sim-startup-secs", Kind::Float, "30", "Simulated model load time in seconds before the server is ready."),
-    knob("--sim-gpu-mem-gib", Kind::Float, "95.59", "Simulated GPU memory in GiB (default 97887 MiB: RTX PRO 6000 Blackwell Server Edition)."),
-    knob("--sim-weights-gib", Kind::Float, "49", "Model weights in GiB (27B parameters in bf16)."),
-    knob("--sim-model-context-length", Kind::Int, "262144", "The model's own context length (config.json), used without --context-length."),
-    knob("--sim-mamba-slot-mib", Kind::Float, "72", "Memory of one mamba state slot (conv + ssm state of all linear-attention layers), MiB."),
-    knob("--sim-kv-kib-per-token", Kind::Float, "64", "KV cache per token over the full-attention layers, KiB."),
-    knob("--sim-overlap-reserve-gib", Kind::Float, "4.5", "Memory extra_buffer strategies reserve for overlapped state copies before the mamba/KV split, GiB."),
-    knob("--sim-cuda-graph-gib", Kind::Float, "5", "Memory CUDA graph capture and activations need outside the static pool, GiB."),
-    knob("--sim-decode-base-ms", Kind::Float, "24.5", "Fixed cost of one decode step, ms."),
-    knob("--sim-decode-per-req-ms", Kind::Float, "0.5", "Cost of one decode step per running request, ms."),
-    knob("--sim-overlap-speedup", Kind::Float, "1.15", "Decode speedup from overlap scheduling (extra_buffer strategies only)."),
-    knob("--sim-extra-buffer-copy-ms", Kind::Float, "8.34", "Per-request mamba state copy cost per decode step under extra_buffer on this hardware, ms (calibrated to the seed's 107 tok/s)."),
-    knob("--sim-prefill-base-ms", Kind::Float, "3", "Fixed cost of one prefill batch, ms."),
-    knob("--sim-prefill-per-token-ms", Kind::Float, "0.05", "Prefill cost per prompt token, ms."),
-    knob("--sim-mean-output-tokens", Kind::Int, "988", "Mean natural output length (before max tokens and context caps)."),
-    knob("--sim-mean-prompt-tokens", Kind::Int, "96", "Prompt length of the default workload behind ideal_output_tok_s."),
-    knob("--sim-die-after", Kind::Int, "None", "Crash abruptly after N completed requests; 0 crashes during model load."),
-    knob("--sim-fail-rate", Kind::Float, "0", "Fraction of generation requests answered with HTTP 500."),
-    knob("--sim-seed", Kind::Int, "0", "Seed of the fault injection draws."),
-    switch("--sim-instant", "Answer generation requests at once with realistic bodies, without scheduling (client benchmarks)."),
-    switch("--sim-ignore-sigterm", "Ignore SIGTERM (to test SIGKILL escalation); SIGINT still stops the server."),
-    knob("--sim-gpu-state-dir", Kind::Str, "/tmp/sglang-sim-gpus", "Where the fake GPU state file gpu<N>-<pid>.json is written (N: first CUDA_VISIBLE_DEVICES entry)."),
+    knob(
+        "--sim-version",
+        Kind::Str,
+        DEFAULT_VERSION,
+        "SGLang version to emulate: picks the accepted options, what `auto` resolves to and the reported version.",
+    ),
+    knob(
+        "--sim-time-scale",
+        Kind::Float,
+        "1",
+        "Run this many times faster than real time (startup, prefill and decode alike).",
+    ),
+    knob(
+        "--sim-startup-secs",
+        Kind::Float,
+        "30",
+        "Simulated model load time in seconds before the server is ready.",
+    ),
+    knob(
+        "--sim-gpu-mem-gib",
+        Kind::Float,
+        "95.59",
+        "Simulated GPU memory in GiB (default 97887 MiB: RTX PRO 6000 Blackwell Server Edition).",
+    ),
+    knob(
+        "--sim-weights-gib",
+        Kind::Float,
+        "49",
+        "Model weights in GiB (27B parameters in bf16).",
+    ),
+    knob(
+        "--sim-model-context-length",
+        Kind::Int,
+        "262144",
+        "The model's own context length (config.json), used without --context-length.",
+    ),
+    knob(
+        "--sim-mamba-slot-mib",
+        Kind::Float,
+        "72",
+        "Memory of one mamba state slot (conv + ssm state of all linear-attention layers), MiB.",
+    ),
+    knob(
+        "--sim-kv-kib-per-token",
+        Kind::Float,
+        "64",
+        "KV cache per token over the full-attention layers, KiB.",
+    ),
+    knob(
+        "--sim-overlap-reserve-gib",
+        Kind::Float,
+        "4.5",
+        "Memory extra_buffer strategies reserve for overlapped state copies before the mamba/KV split, GiB.",
+    ),
+    knob(
+        "--sim-cuda-graph-gib",
+        Kind::Float,
+        "5",
+        "Memory CUDA graph capture and activations need outside the static pool, GiB.",
+    ),
+    knob(
+        "--sim-decode-base-ms",
+        Kind::Float,
+        "24.5",
+        "Fixed cost of one decode step, ms.",
+    ),
+    knob(
+        "--sim-decode-per-req-ms",
+        Kind::Float,
+        "0.5",
+        "Cost of one decode step per running request, ms.",
+    ),
+    knob(
+        "--sim-overlap-speedup",
+        Kind::Float,
+        "1.15",
+        "Decode speedup from overlap scheduling (extra_buffer strategies only).",
+    ),
+    knob(
+        "--sim-extra-buffer-copy-ms",
+        Kind::Float,
+        "8.34",
+        "Per-request mamba state copy cost per decode step under extra_buffer on this hardware, ms (calibrated to the seed's 107 tok/s).",
+    ),
+    knob(
+        "--sim-prefill-base-ms",
+        Kind::Float,
+        "3",
+        "Fixed cost of one prefill batch, ms.",
+    ),
+    knob(
+        "--sim-prefill-per-token-ms",
+        Kind::Float,
+        "0.05",
+        "Prefill cost per prompt token, ms.",
+    ),
+    knob(
+        "--sim-mean-output-tokens",
+        Kind::Int,
+        "988",
+        "Mean natural output length (before max tokens and context caps).",
+    ),
+    knob(
+        "--sim-mean-prompt-tokens",
+        Kind::Int,
+        "96",
+        "Prompt length of the default workload behind ideal_output_tok_s.",
+    ),
+    knob(
+        "--sim-die-after",
+        Kind::Int,
+        "None",
+        "Crash abruptly after N completed requests; 0 crashes during model load.",
+    ),
+    knob(
+        "--sim-fail-rate",
+        Kind::Float,
+        "0",
+        "Fraction of generation requests answered with HTTP 500.",
+    ),
+    knob(
+        "--sim-seed",
+        Kind::Int,
+        "0",
+        "Seed of the fault injection draws.",
+    ),
+    switch(
+        "--sim-instant",
+        "Answer generation requests at once with realistic bodies, without scheduling (client benchmarks).",
+    ),
+    switch(
+        "--sim-ignore-sigterm",
+        "Ignore SIGTERM (to test SIGKILL escalation); SIGINT still stops the server.",
+    ),
+    knob(
+        "--sim-gpu-state-dir",
+        Kind::Str,
+        "/tmp/sglang-sim-gpus",
+        "Where the fake GPU state file gpu<N>-<pid>.json is written (N: first CUDA_VISIBLE_DEVICES entry).",
+    ),
 ];
 
 /// The environment variable that sets a `--sim-*` option.
 pub fn env_name(option: &str) -> String {
     format!(
         "SGLANG_{}",
-        option.trim_start_matches("--").replace('-', "_").to_uppercase()
+        option
+            .trim_start_matches("--")
+            .replace('-', "_")
+            .to_uppercase()
     )
 }
 
@@ -83,7 +202,12 @@ fn sim_specs() -> Vec<OptSpec> {
             default: o.default.to_string(),
             kind: o.kind,
             required: false,
-            help: format!("{} Env: {}. (default: {})", o.help, env_name(o.name), o.default),
+            help: format!(
+                "{} Env: {}. (default: {})",
+                o.help,
+                env_name(o.name),
+                o.default
+            ),
         })
         .collect()
 }
@@ -166,7 +290,9 @@ fn sim_raw(parsed: &Parsed, name: &str) -> Result<Option<(String, String)>, Stri
     match std::env::var(&env) {
         Ok(v) => Ok(Some((format!("environment variable {env}"), v))),
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(format!("environment variable {env}: not UTF-8")),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(format!("environment variable {env}: not UTF-8"))
+        }
     }
 }
 
@@ -233,8 +359,16 @@ fn default_json(default: &str) -> Json {
 
 fn given_json(spec: &OptSpec, v: &Value) -> Json {
     let one = |s: &str| match spec.kind {
-        Kind::Int => s.trim().parse::<i64>().map(Json::from).unwrap_or(Json::Null),
-        Kind::Float => s.trim().parse::<f64>().map(Json::from).unwrap_or(Json::Null),
+        Kind::Int => s
+            .trim()
+            .parse::<i64>()
+            .map(Json::from)
+            .unwrap_or(Json::Null),
+        Kind::Float => s
+            .trim()
+            .parse::<f64>()
+            .map(Json::from)
+            .unwrap_or(Json::Null),
         Kind::Str => Json::String(s.to_string()),
     };
     match v {
@@ -346,10 +480,22 @@ fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, 
     }
     let resolved: [(&str, Json); 7] = [
         ("served_model_name", Json::from(served_model_name.clone())),
-        ("mem_fraction_static", Json::from(settings.mem_fraction_static)),
-        ("chunked_prefill_size", Json::from(settings.chunked_prefill_size)),
-        ("max_prefill_tokens", Json::from(settings.max_prefill_tokens)),
-        ("mamba_full_memory_ratio", Json::from(settings.mamba_full_memory_ratio)),
+        (
+            "mem_fraction_static",
+            Json::from(settings.mem_fraction_static),
+        ),
+        (
+            "chunked_prefill_size",
+            Json::from(settings.chunked_prefill_size),
+        ),
+        (
+            "max_prefill_tokens",
+            Json::from(settings.max_prefill_tokens),
+        ),
+        (
+            "mamba_full_memory_ratio",
+            Json::from(settings.mamba_full_memory_ratio),
+        ),
         ("port", Json::from(port)),
         (
             if v >= (0, 5, 15) {
@@ -411,7 +557,10 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.settings.strategy, Strategy::NoBuffer);
-        assert_eq!((c.port, c.time_scale, c.enable_metrics), (31001, 50.0, true));
+        assert_eq!(
+            (c.port, c.time_scale, c.enable_metrics),
+            (31001, 50.0, true)
+        );
         assert_eq!(c.server_args["port"], 31001);
         assert_eq!(c.server_args["max_running_requests"], Json::Null);
         assert_eq!(c.served_model_name, "q");

@@ -53,7 +53,12 @@ impl Prepared {
 
 /// SGLang's TokenizerManager checks, in its order and words, then the output length: the
 /// prompt's natural length capped by max tokens and by the room left in the context.
-fn prepare(app: &Shared, prompt_tokens: u64, prompt_hash: u64, max_new: Option<u64>) -> Result<Prepared, String> {
+fn prepare(
+    app: &Shared,
+    prompt_tokens: u64,
+    prompt_hash: u64,
+    max_new: Option<u64>,
+) -> Result<Prepared, String> {
     let ctx = app.plan().context_len;
     if prompt_tokens >= ctx {
         return Err(format!(
@@ -119,7 +124,10 @@ async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Failure> {
         counts: true,
         reply: Reply::Once(tx),
     };
-    app.jobs.send(job).await.map_err(|_| Failure::ShuttingDown)?;
+    app.jobs
+        .send(job)
+        .await
+        .map_err(|_| Failure::ShuttingDown)?;
     rx.await.map_err(|_| Failure::ShuttingDown)
 }
 
@@ -140,7 +148,10 @@ async fn run_streamed(app: &Shared, p: &Prepared) -> Result<watch::Receiver<Prog
         counts: true,
         reply: Reply::Stream(tx),
     };
-    app.jobs.send(job).await.map_err(|_| Failure::ShuttingDown)?;
+    app.jobs
+        .send(job)
+        .await
+        .map_err(|_| Failure::ShuttingDown)?;
     Ok(rx)
 }
 
@@ -227,10 +238,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
     };
     let (prompt_tokens, prompt_hash) = match (&req.text, &req.input_ids) {
         (Some(Json::String(t)), _) => (text::count_tokens(t), text::hash(t.as_bytes())),
-        (None, Some(ids)) => (
-            ids.len() as u64,
-            text::hash(format!("{ids:?}").as_bytes()),
-        ),
+        (None, Some(ids)) => (ids.len() as u64, text::hash(format!("{ids:?}").as_bytes())),
         (Some(Json::Array(_)), _) => {
             return native_error(
                 StatusCode::BAD_REQUEST,
@@ -306,7 +314,10 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
 }
 
 fn shutting_down_native() -> Response {
-    native_error(StatusCode::SERVICE_UNAVAILABLE, "The server is shutting down.")
+    native_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The server is shutting down.",
+    )
 }
 
 fn shutting_down_openai() -> Response {
@@ -390,7 +401,11 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return bad_request(&format!("Invalid request: {e}")),
     };
-    let texts: Vec<String> = req.messages.iter().map(|m| message_text(&m.content)).collect();
+    let texts: Vec<String> = req
+        .messages
+        .iter()
+        .map(|m| message_text(&m.content))
+        .collect();
     let prompt_tokens = text::chat_tokens(texts.iter().map(String::as_str));
     let prompt_hash = text::hash(texts.join("\u{1f}").as_bytes());
     let (n, fail) = admit(&app);
@@ -405,7 +420,10 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
     }
     let id = request_id(&app, n);
     let created = unix_now();
-    let model = req.model.clone().unwrap_or_else(|| app.cfg.served_model_name.clone());
+    let model = req
+        .model
+        .clone()
+        .unwrap_or_else(|| app.cfg.served_model_name.clone());
     if req.stream {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let rx = match run_streamed(&app, &p).await {
@@ -503,7 +521,10 @@ pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
     }
     let id = request_id(&app, n);
     let created = unix_now();
-    let model = req.model.clone().unwrap_or_else(|| app.cfg.served_model_name.clone());
+    let model = req
+        .model
+        .clone()
+        .unwrap_or_else(|| app.cfg.served_model_name.clone());
     if req.stream {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let rx = match run_streamed(&app, &p).await {

@@ -3,8 +3,8 @@
 //! readiness gate. Generation routes live in `generate`.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::body::Body;

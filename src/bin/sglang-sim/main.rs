@@ -14,8 +14,8 @@ mod text;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -444,7 +444,11 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-async fn shutdown(server: JoinHandle<()>, signals: JoinHandle<anyhow::Result<()>>, state: &StateFile) {
+async fn shutdown(
+    server: JoinHandle<()>,
+    signals: JoinHandle<anyhow::Result<()>>,
+    state: &StateFile,
+) {
     if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
         log::server("WARNING sglang-sim: HTTP connections still open at shutdown; closing them.");
     }

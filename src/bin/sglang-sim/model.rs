@@ -149,7 +149,10 @@ impl fmt::Display for LoadError {
                 f,
                 "Not enough memory. Please try to increase --mem-fraction-static."
             ),
-            LoadError::CudaGraphOom { needed_mib, free_mib } => write!(
+            LoadError::CudaGraphOom {
+                needed_mib,
+                free_mib,
+            } => write!(
                 f,
                 "CUDA out of memory. Tried to allocate {:.2} GiB. GPU 0 has {:.2} GiB free.",
                 needed_mib / 1024.0,
@@ -251,7 +254,9 @@ impl Plan {
     /// The batch size the default workload sustains: the cap, unless KV tokens bind first.
     pub fn saturated_batch(&self) -> u64 {
         let per_req = self.params.mean_prompt_tokens + self.params.mean_output_tokens;
-        self.cap.min(self.max_total_num_tokens / per_req.max(1)).max(1)
+        self.cap
+            .min(self.max_total_num_tokens / per_req.max(1))
+            .max(1)
     }
 
     /// Saturated output tokens per simulated second for the default workload: the batch holds

@@ -54,7 +54,8 @@ impl Metrics {
 
     /// Counts a finished request (SGLang counts tokens when a request finishes).
     pub fn finished(&self, prompt: u64, completion: u64) {
-        self.prompt_tokens_total.fetch_add(prompt, Ordering::Relaxed);
+        self.prompt_tokens_total
+            .fetch_add(prompt, Ordering::Relaxed);
         self.generation_tokens_total
             .fetch_add(completion, Ordering::Relaxed);
         self.requests_total.fetch_add(1, Ordering::Relaxed);
@@ -132,7 +133,12 @@ enum Work {
 }
 
 impl Scheduler {
-    pub fn new(plan: Arc<Plan>, time_scale: f64, metrics: Arc<Metrics>, die_after: Option<u64>) -> Self {
+    pub fn new(
+        plan: Arc<Plan>,
+        time_scale: f64,
+        metrics: Arc<Metrics>,
+        die_after: Option<u64>,
+    ) -> Self {
         Scheduler {
             plan,
             time_scale,
@@ -156,7 +162,8 @@ impl Scheduler {
 
     fn publish(&self) {
         let m = &self.metrics;
-        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.running
+            .store(self.running.len() as u64, Ordering::Relaxed);
         m.queued.store(self.queue.len() as u64, Ordering::Relaxed);
         m.kv_used.store(self.kv_used(), Ordering::Relaxed);
     }
@@ -176,8 +183,8 @@ impl Scheduler {
             }
             let need = job.prompt_tokens + job.output_tokens;
             let fits_kv = self.kv_reserved + need <= self.plan.max_total_num_tokens;
-            let fits_batch =
-                ids.is_empty() || tokens + job.prompt_tokens <= self.plan.settings.max_prefill_tokens;
+            let fits_batch = ids.is_empty()
+                || tokens + job.prompt_tokens <= self.plan.settings.max_prefill_tokens;
             if self.running.len() as u64 >= self.plan.cap
                 || !fits_batch
                 || !(fits_kv || self.running.is_empty())
@@ -317,7 +324,7 @@ impl Scheduler {
             } else {
                 clock = clock.max(now - MAX_DEBT);
                 back_to_back += 1;
-                if back_to_back % 64 == 0 {
+                if back_to_back.is_multiple_of(64) {
                     tokio::task::yield_now().await;
                 }
             }
@@ -347,7 +354,7 @@ impl Scheduler {
                     let (running, kv, usage) =
                         (self.running.len(), self.kv_used(), self.token_usage());
                     self.finish_due();
-                    if self.steps % ABORT_CHECK_STEPS == 0 {
+                    if self.steps.is_multiple_of(ABORT_CHECK_STEPS) {
                         self.abort_disconnected();
                     }
                     if decode_steps_since_log >= DECODE_LOG_STEPS
