@@ -395,6 +395,18 @@ async fn capacity_by_strategy_and_version() {
         assert_eq!(models["data"][0]["max_model_len"], 8192);
         assert_eq!(models["data"][0]["id"], "/models/test");
     }
+    let info = sims[0].get_json("/model_info").await;
+    assert_eq!(info["model_path"], "/models/test");
+    assert_eq!(info["is_generation"], true);
+    assert_eq!(sims[0].get_json("/get_model_info").await, info);
+    let (code, body) = sims[0].post("/flush_cache", json!({})).await;
+    assert_eq!((code, body.lines().next()), (200, Some("Cache flushed.")));
+    let r = sims[0].http.get(sims[0].url("/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"detail": "Not Found"})
+    );
     assert_eq!(sims[0].get_json("/server_info").await["version"], "0.5.23");
     assert_eq!(sims[4].get_json("/server_info").await["version"], "0.5.10");
     // The calibration story, in wall-clock terms at this time scale.
@@ -820,13 +832,15 @@ async fn measured_throughput_matches_the_reported_ideal() {
         .text()
         .await
         .unwrap();
+    let labels =
+        "{model_name=\"/models/test\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}";
     assert!(
-        metrics.contains("sglang:num_running_reqs{model_name=\"/models/test\"} 72.0"),
+        metrics.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")),
         "{metrics}"
     );
     let queued: f64 = metrics
         .lines()
-        .find_map(|l| l.strip_prefix("sglang:num_queue_reqs{model_name=\"/models/test\"} "))
+        .find_map(|l| l.strip_prefix(&format!("sglang:num_queue_reqs{labels} ")))
         .unwrap()
         .parse()
         .unwrap();

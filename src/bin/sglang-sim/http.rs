@@ -254,7 +254,11 @@ fn prom_label(s: &str) -> String {
 
 /// Prometheus text exposition of SGLang's scheduler and tokenizer metrics.
 pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
-    let label = format!("{{model_name=\"{}\"}}", prom_label(model_name));
+    // Scheduler gauges carry SGLang's rank labels; tokenizer counters only the model name.
+    let name = prom_label(model_name);
+    let gauge_labels =
+        format!("{{model_name=\"{name}\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}}");
+    let counter_labels = format!("{{model_name=\"{name}\"}}");
     let kv = m.kv_used.load(Ordering::Relaxed) as f64;
     let gauges: [(&str, &str, f64); 5] = [
         (
@@ -297,14 +301,14 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
         ),
     ];
     let mut out = String::new();
-    for (name, help, v) in gauges {
+    for (metric, help, v) in gauges {
         out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{label} {v:?}\n"
+            "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric}{gauge_labels} {v:?}\n"
         ));
     }
-    for (name, help, v) in counters {
+    for (metric, help, v) in counters {
         out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{label} {:?}\n",
+            "# HELP {metric} {help}\n# TYPE {metric} counter\n{metric}{counter_labels} {:?}\n",
             v as f64
         ));
     }
