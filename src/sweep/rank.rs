@@ -28,8 +28,14 @@ pub struct Measured {
     pub itl_s: Percentiles,
     /// Effective max running requests per server (`internal_states`), lowest over replicas.
     pub cap: u32,
+    /// In-flight requests the load kept on each server (about 1.25x the cap).
+    pub in_flight: u32,
     pub kv_tokens: u64,
-    pub startup_s: f64,
+    /// Seconds from start to ready, slowest replica; `None` when the server was already up.
+    pub startup_s: Option<f64>,
+    /// Output tokens of the requests that finished in the window, per second: what
+    /// `sglang:generation_tokens_total` counts (SGLang adds a request's tokens when it finishes).
+    pub completed_output_tok_s: f64,
     /// Output tok/s from the servers' `sglang:generation_tokens_total` over the same window.
     pub metrics_output_tok_s: Option<f64>,
 }
@@ -38,10 +44,11 @@ impl Measured {
     /// The servers' own count disagrees with the client's by more than 5%.
     pub fn metrics_disagree(&self) -> bool {
         match self.metrics_output_tok_s {
-            Some(m) if self.output_tok_s > 0.0 => {
-                ((m - self.output_tok_s) / self.output_tok_s).abs() > 0.05
+            Some(m) if self.completed_output_tok_s > 0.0 => {
+                ((m - self.completed_output_tok_s) / self.completed_output_tok_s).abs() > 0.05
             }
-            _ => false,
+            Some(m) => m > 0.0,
+            None => false,
         }
     }
 }
@@ -187,8 +194,10 @@ mod tests {
                     p99: itl * 2.0,
                 },
                 cap,
+                in_flight: cap * 5 / 4,
                 kv_tokens: 100_000,
-                startup_s: 5.0,
+                startup_s: Some(5.0),
+                completed_output_tok_s: tok_s_per_gpu * 4.0,
                 metrics_output_tok_s: Some(tok_s_per_gpu * 4.0 * 1.01),
             }),
         }
@@ -267,8 +276,10 @@ mod tests {
             unreachable!()
         };
         assert!(!m.metrics_disagree());
-        m.metrics_output_tok_s = Some(m.output_tok_s * 0.9);
+        m.metrics_output_tok_s = Some(m.completed_output_tok_s * 0.9);
         assert!(m.metrics_disagree());
+        m.metrics_output_tok_s = None;
+        assert!(!m.metrics_disagree(), "no /metrics: nothing to compare");
     }
 
     #[test]
