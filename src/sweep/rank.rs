@@ -24,8 +24,9 @@ pub struct Measured {
     pub completed: u64,
     pub errors: u64,
     pub mean_output_tokens: f64,
-    pub ttft_s: Percentiles,
-    pub itl_s: Percentiles,
+    /// `None` when no request's first token (no chunk, for ITL) arrived in the window.
+    pub ttft_s: Option<Percentiles>,
+    pub itl_s: Option<Percentiles>,
     /// Effective max running requests per server (`internal_states`), lowest over replicas.
     pub cap: u32,
     /// In-flight requests the load kept on each server (about 1.25x the cap).
@@ -157,12 +158,16 @@ pub fn deciding_factor(rows: &[Ranked]) -> Option<String> {
             w.label, wm.cap, rm.cap, r.label
         ));
     }
-    if rm.itl_s.p50 > 0.0 && wm.itl_s.p50 > 0.0 && rm.itl_s.p50 >= wm.itl_s.p50 * 1.15 {
+    if let (Some(wi), Some(ri)) = (wm.itl_s, rm.itl_s)
+        && ri.p50 > 0.0
+        && wi.p50 > 0.0
+        && ri.p50 >= wi.p50 * 1.15
+    {
         return Some(format!(
             "{}: inter-token latency p50 {:.0} ms vs {:.0} ms ({}) at similar caps",
             w.label,
-            wm.itl_s.p50 * 1000.0,
-            rm.itl_s.p50 * 1000.0,
+            wi.p50 * 1000.0,
+            ri.p50 * 1000.0,
             r.label
         ));
     }
@@ -188,11 +193,11 @@ mod tests {
                 completed: 10,
                 errors: 0,
                 mean_output_tokens: 988.0,
-                ttft_s: Percentiles::default(),
-                itl_s: Percentiles {
+                ttft_s: None,
+                itl_s: Some(Percentiles {
                     p50: itl,
                     p99: itl * 2.0,
-                },
+                }),
                 cap,
                 in_flight: cap * 5 / 4,
                 kv_tokens: 100_000,

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::assign::{Mode, Slot};
 use super::load::WorkloadSpec;
-use super::rank::{self, Dataset, Outcome, Ranked, Trial};
+use super::rank::{self, Dataset, Outcome, Percentiles, Ranked, Trial};
 use super::space::Candidate;
 use crate::report::table;
 
@@ -87,15 +87,21 @@ impl Report {
     }
 }
 
-fn ms(s: f64) -> String {
-    format!("{:.0}", s * 1000.0)
+fn latency(p: Option<Percentiles>) -> String {
+    p.map_or("-".into(), |p| {
+        format!("{:.0}/{:.0}", p.p50 * 1000.0, p.p99 * 1000.0)
+    })
 }
 
 fn hours(h: f64) -> String {
     if h >= 10.0 {
         format!("{h:.0} h")
-    } else {
+    } else if h >= 1.0 {
         format!("{h:.1} h")
+    } else if h * 60.0 >= 1.0 {
+        format!("{:.0} min", h * 60.0)
+    } else {
+        format!("{:.0} s", h * 3600.0)
     }
 }
 
@@ -132,8 +138,8 @@ pub fn text(r: &Report) -> String {
                     format!("{:.1}", m.output_tok_s_per_gpu),
                     row.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
                     format!("{:.2}", m.req_s),
-                    format!("{}/{}", ms(m.ttft_s.p50), ms(m.ttft_s.p99)),
-                    format!("{}/{}", ms(m.itl_s.p50), ms(m.itl_s.p99)),
+                    latency(m.ttft_s),
+                    latency(m.itl_s),
                     m.cap.to_string(),
                     m.in_flight.to_string(),
                     m.kv_tokens.to_string(),
@@ -265,7 +271,7 @@ pub fn plan_text(mode: Mode, planned: &[PlannedCandidate]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::rank::{Measured, Percentiles};
+    use crate::sweep::rank::Measured;
 
     fn slot(gpu: u32) -> Slot {
         Slot {
@@ -293,11 +299,11 @@ mod tests {
                 completed: 10,
                 errors: 0,
                 mean_output_tokens: 988.0,
-                ttft_s: Percentiles { p50: 0.2, p99: 0.9 },
-                itl_s: Percentiles {
+                ttft_s: Some(Percentiles { p50: 0.2, p99: 0.9 }),
+                itl_s: Some(Percentiles {
                     p50: 0.061,
                     p99: 0.08,
-                },
+                }),
                 cap,
                 in_flight: cap * 5 / 4,
                 kv_tokens: 278_118,
@@ -351,6 +357,10 @@ mod tests {
         assert!(t.contains("deciding factor: no_buffer: cap 72 vs 37"), "{t}");
         assert!(t.contains("ETA for 654676 prompts x 988 output tokens on 8 GPUs: no_buffer: 19 h, extra_buffer: 210 h"), "{t}");
         assert!(t.contains("0.09x"), "{t}");
+        assert!(t.contains("200/900"), "TTFT p50/p99 in ms: {t}");
+        assert_eq!(hours(0.5), "30 min");
+        assert_eq!(hours(0.001), "4 s");
+        assert_eq!(hours(2.25), "2.2 h");
         assert!(t.contains("failed: extra_buffer_lazy: local gpu1 :30001: the server process exited"), "{t}");
         assert!(t.contains("    | CUDA out of memory."), "{t}");
         assert!(t.contains("warning: no_buffer: the servers' sglang:generation_tokens_total says 1200.0"), "{t}");

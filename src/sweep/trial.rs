@@ -115,11 +115,11 @@ pub fn weighted_quantile(values: &mut [(f64, u64)], q: f64) -> f64 {
     values.last().map_or(0.0, |v| v.0)
 }
 
-fn percentiles(values: &mut [(f64, u64)]) -> Percentiles {
-    Percentiles {
+fn percentiles(values: &mut [(f64, u64)]) -> Option<Percentiles> {
+    (!values.is_empty()).then(|| Percentiles {
         p50: weighted_quantile(values, 0.50),
         p99: weighted_quantile(values, 0.99),
-    }
+    })
 }
 
 /// What a server's `/metrics` counter and health said around the window.
@@ -432,9 +432,9 @@ mod tests {
         assert_eq!(m.metrics_output_tok_s, Some(500.0));
         assert!(!m.metrics_disagree());
         assert_eq!((m.cap, m.in_flight, m.kv_tokens), (72, 90, 1000));
-        assert_eq!(m.itl_s.p50, 0.01);
-        assert_eq!(m.itl_s.p99, 0.05);
-        assert_eq!(m.ttft_s.p50, 0.2);
+        let (itl, ttft) = (m.itl_s.unwrap(), m.ttft_s.unwrap());
+        assert_eq!((itl.p50, itl.p99), (0.01, 0.05));
+        assert_eq!(ttft.p50, 0.2);
         assert_eq!(m.startup_s, Some(1.5));
     }
 
