@@ -16,7 +16,7 @@ use crate::sglang::client::Api;
 use crate::sweep::assign;
 use crate::sweep::file::{FileError, Store, SweepSpec};
 use crate::sweep::load::{self, WorkloadSpec};
-use crate::sweep::rank::{Dataset, Outcome, Trial};
+use crate::sweep::rank::{self, Dataset, Outcome, Trial};
 use crate::sweep::report::{self, PlannedCandidate};
 use crate::sweep::run::{self, Event, Setup};
 use crate::sweep::space::{self, Candidate};
@@ -205,9 +205,10 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let (events, receiver) = mpsc::unbounded_channel();
     let shown = tokio::spawn(show(receiver, args.warmup, args.duration));
     let winner = |trials: &[Trial]| {
-        report::build("", mode, workload_spec.clone(), 0.0, 0.0, &candidates, trials, None)
-            .winning()
-            .map(|r| r.trial.candidate.id.clone())
+        rank::rank(trials, None)
+            .into_iter()
+            .find(|r| r.winner)
+            .map(|r| r.trial.candidate.id)
     };
     let ended = run::run(&setup, &mut store, args.apply, winner, &events, &ctx.cancel).await;
     drop(events);
