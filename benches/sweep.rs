@@ -48,7 +48,9 @@ fn get(port: u16, path: &str) -> String {
     write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
 }
 
 /// The sim's ideal output tok/s for a candidate: start it on GPU 0, ask, stop it.
@@ -63,11 +65,16 @@ fn ideal(dir: &Path, strategy: &str, port_base: u16) -> f64 {
     let info: Value = serde_json::from_str(&get(port_base, "/server_info")).unwrap();
     let (ok, _, err) = fleet(dir, &["down", "--grace", "2s"]);
     assert!(ok, "{err}");
-    info["sim"]["ideal_output_tok_s"].as_f64().expect("sim.ideal_output_tok_s")
+    info["sim"]["ideal_output_tok_s"]
+        .as_f64()
+        .expect("sim.ideal_output_tok_s")
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let num = |i: usize, d: u32| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     let (runs, warmup, duration) = (num(0, 3), num(1, 3), num(2, 10));
     let tmp = tempfile::tempdir().unwrap();
@@ -89,7 +96,10 @@ fn main() {
     )
     .unwrap();
     let prompts: Vec<String> = (0..2000)
-        .map(|i| serde_json::json!({"id": i, "prompt": format!("q{i} {}", "word ".repeat(20 + i % 80))}).to_string())
+        .map(|i| {
+            serde_json::json!({"id": i, "prompt": format!("q{i} {}", "word ".repeat(20 + i % 80))})
+                .to_string()
+        })
         .collect();
     std::fs::write(dir.join("prompts.jsonl"), prompts.join("\n") + "\n").unwrap();
 
@@ -97,9 +107,16 @@ fn main() {
     let ideal_order = order(&CANDIDATES, &ideals);
     println!(
         "ideal output tok/s per GPU: {}",
-        CANDIDATES.iter().zip(&ideals).map(|(c, t)| format!("{c} {t:.0}")).collect::<Vec<_>>().join(", ")
+        CANDIDATES
+            .iter()
+            .zip(&ideals)
+            .map(|(c, t)| format!("{c} {t:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
-    println!("run  1-candidate s  2-candidate s  ratio  measured tok/s/GPU (eb, nb)  ranking agrees");
+    println!(
+        "run  1-candidate s  2-candidate s  ratio  measured tok/s/GPU (eb, nb)  ranking agrees"
+    );
     let (w, d) = (format!("{warmup}s"), format!("{duration}s"));
     let mut worst: f64 = 0.0;
     let mut all_agree = true;
@@ -110,13 +127,28 @@ fn main() {
             let (ok, out, err) = fleet(
                 dir,
                 &[
-                    "--json", "sweep", "--profile", "base", "--strategies", strategies,
-                    "--prompts", "prompts.jsonl", "--sample", "200", "--warmup", &w,
-                    "--duration", &d, "--parallel",
+                    "--json",
+                    "sweep",
+                    "--profile",
+                    "base",
+                    "--strategies",
+                    strategies,
+                    "--prompts",
+                    "prompts.jsonl",
+                    "--sample",
+                    "200",
+                    "--warmup",
+                    &w,
+                    "--duration",
+                    &d,
+                    "--parallel",
                 ],
             );
             assert!(ok, "{err}");
-            (t.elapsed().as_secs_f64(), serde_json::from_str::<Value>(&out).unwrap())
+            (
+                t.elapsed().as_secs_f64(),
+                serde_json::from_str::<Value>(&out).unwrap(),
+            )
         };
         let (one, _) = sweep("no_buffer");
         let (two, report) = sweep(&CANDIDATES.join(","));

@@ -53,7 +53,10 @@ impl Fleet {
         )
         .unwrap();
         let fleet = Fleet { dir, gpus };
-        fleet.write_profile("base", &fleet.profile_yaml(server, env, free_port_base(gpus as u16)));
+        fleet.write_profile(
+            "base",
+            &fleet.profile_yaml(server, env, free_port_base(gpus as u16)),
+        );
         fleet
     }
 
@@ -138,7 +141,11 @@ impl Fleet {
     /// The instance records left on the (local) target: what still runs.
     fn records(&self) -> Vec<Value> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(self.path().join("run")).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(self.path().join("run"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if let Ok(text) = std::fs::read_to_string(e.path().join("instance.json")) {
                 out.push(serde_json::from_str(&text).unwrap());
             }
@@ -174,17 +181,33 @@ fn row<'a>(report: &'a Value, label: &str) -> &'a Value {
 }
 
 fn tok_per_gpu(row: &Value) -> f64 {
-    row["trial"]["outcome"]["output_tok_s_per_gpu"].as_f64().unwrap()
+    row["trial"]["outcome"]["output_tok_s_per_gpu"]
+        .as_f64()
+        .unwrap()
 }
 
 #[test]
 fn seed_scenario_no_buffer_wins_by_far_and_the_winner_round_trips_as_a_profile() {
     let _g = serial();
-    let f = Fleet::new(2, &["mem_fraction_static: 0.85", "mamba_strategy: extra_buffer"], &[]);
+    let f = Fleet::new(
+        2,
+        &["mem_fraction_static: 0.85", "mamba_strategy: extra_buffer"],
+        &[],
+    );
     f.prompts(500);
     let (code, r, err) = f.sweep_json(&[
-        "--strategies", "extra_buffer,no_buffer", "--prompts", "prompts.jsonl", "--sample", "100",
-        "--warmup", "2s", "--duration", "4s", "--write-profile", "profiles/winner.yaml",
+        "--strategies",
+        "extra_buffer,no_buffer",
+        "--prompts",
+        "prompts.jsonl",
+        "--sample",
+        "100",
+        "--warmup",
+        "2s",
+        "--duration",
+        "4s",
+        "--write-profile",
+        "profiles/winner.yaml",
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(r["mode"], "parallel");
@@ -194,16 +217,25 @@ fn seed_scenario_no_buffer_wins_by_far_and_the_winner_round_trips_as_a_profile()
     assert_eq!(nb["trial"]["outcome"]["cap"], 72);
     assert_eq!(eb["trial"]["outcome"]["cap"], 37);
     let ratio = tok_per_gpu(nb) / tok_per_gpu(eb);
-    assert!(ratio > 5.0, "no_buffer should win by a wide margin, got {ratio:.2}x");
+    assert!(
+        ratio > 5.0,
+        "no_buffer should win by a wide margin, got {ratio:.2}x"
+    );
     assert!(eb["ratio"].as_f64().unwrap() < 0.2);
     assert!(
-        r["deciding_factor"].as_str().unwrap().starts_with("no_buffer: cap 72 vs 37"),
+        r["deciding_factor"]
+            .as_str()
+            .unwrap()
+            .starts_with("no_buffer: cap 72 vs 37"),
         "{r:#}"
     );
     // The ETA is for every line of --prompts on every GPU, at the measured mean output.
     assert_eq!(r["dataset"]["prompts"], 500);
     assert_eq!(r["dataset"]["gpus"], 2);
-    let (eta_nb, eta_eb) = (nb["eta_hours"].as_f64().unwrap(), eb["eta_hours"].as_f64().unwrap());
+    let (eta_nb, eta_eb) = (
+        nb["eta_hours"].as_f64().unwrap(),
+        eb["eta_hours"].as_f64().unwrap(),
+    );
     assert!(eta_eb > 5.0 * eta_nb, "{eta_eb} vs {eta_nb}");
     // Each candidate ran on its own GPU; the servers are gone afterwards.
     assert_ne!(nb["trial"]["gpus"], eb["trial"]["gpus"]);
@@ -235,8 +267,19 @@ fn extra_buffer_wins_when_state_copies_are_free_and_apply_runs_it_everywhere() {
         ],
     );
     let (code, r, err) = f.sweep_json(&[
-        "--strategies", "no_buffer,extra_buffer", "--input-len", "32", "--output-len", "24",
-        "--warmup", "2s", "--duration", "4s", "--total", "100000", "--apply",
+        "--strategies",
+        "no_buffer,extra_buffer",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "2s",
+        "--duration",
+        "4s",
+        "--total",
+        "100000",
+        "--apply",
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(r["winner"], "extra_buffer", "{r:#}");
@@ -246,7 +289,10 @@ fn extra_buffer_wins_when_state_copies_are_free_and_apply_runs_it_everywhere() {
     let ratio = tok_per_gpu(eb) / tok_per_gpu(nb);
     assert!(ratio > 1.25, "expected about 1.6x, got {ratio:.2}x");
     assert!(
-        r["deciding_factor"].as_str().unwrap_or("").contains("inter-token latency"),
+        r["deciding_factor"]
+            .as_str()
+            .unwrap_or("")
+            .contains("inter-token latency"),
         "{r:#}"
     );
     assert_eq!(r["dataset"]["prompts"], 100000);
@@ -254,8 +300,16 @@ fn extra_buffer_wins_when_state_copies_are_free_and_apply_runs_it_everywhere() {
     let records = f.records();
     assert_eq!(records.len(), 2, "{records:?}");
     for rec in &records {
-        let argv: Vec<&str> = rec["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-        let i = argv.iter().position(|a| a.starts_with("--mamba-")).expect("a strategy flag");
+        let argv: Vec<&str> = rec["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let i = argv
+            .iter()
+            .position(|a| a.starts_with("--mamba-"))
+            .expect("a strategy flag");
         assert_eq!(argv[i + 1], "extra_buffer", "{argv:?}");
     }
     let (code, _, err) = f.fleet(&["down", "--grace", "2s"]);
@@ -268,15 +322,26 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
     let (code, r, err) = f.sweep_json(&[
-        "--set", "server.mem_fraction_static=0.30,0.85", "--input-len", "32", "--output-len", "24",
-        "--warmup", "1s", "--duration", "2s",
+        "--set",
+        "server.mem_fraction_static=0.30,0.85",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
     ]);
     assert_eq!(code, 1, "a failed trial makes the exit code 1: {err}");
     assert_eq!(r["winner"], "mem_fraction_static=0.85");
     let bad = row(&r, "mem_fraction_static=0.30");
     assert_eq!(bad["trial"]["outcome"]["state"], "failed");
     assert!(
-        bad["trial"]["outcome"]["reason"].as_str().unwrap().contains("exited during startup"),
+        bad["trial"]["outcome"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("exited during startup"),
         "{bad:#}"
     );
     let tail: Vec<&str> = bad["trial"]["outcome"]["log_tail"]
@@ -285,12 +350,27 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         .iter()
         .map(|l| l.as_str().unwrap())
         .collect();
-    assert!(tail.iter().any(|l| l.contains("Not enough memory")), "{tail:?}");
+    assert!(
+        tail.iter().any(|l| l.contains("Not enough memory")),
+        "{tail:?}"
+    );
     assert!(tok_per_gpu(row(&r, "mem_fraction_static=0.85")) > 100.0);
     // The text report shows the failure and its log.
     let (_, text, _) = f.fleet(&[
-        "sweep", "--profile", "base", "--set", "server.mem_fraction_static=0.30,0.85",
-        "--input-len", "32", "--output-len", "24", "--warmup", "1s", "--duration", "2s", "--resume",
+        "sweep",
+        "--profile",
+        "base",
+        "--set",
+        "server.mem_fraction_static=0.30,0.85",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+        "--resume",
     ]);
     assert!(text.contains("failed: mem_fraction_static=0.30:"), "{text}");
     assert!(text.contains("    | "), "{text}");
@@ -302,10 +382,27 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
     let _g = serial();
     let f = Fleet::new(1, &["mem_fraction_static: 0.85"], &[]);
     let args = [
-        "sweep", "--profile", "base", "--strategies", "no_buffer,extra_buffer_lazy,extra_buffer",
-        "--input-len", "32", "--output-len", "24", "--warmup", "1s", "--duration", "2s", "--json",
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "no_buffer,extra_buffer_lazy,extra_buffer",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+        "--json",
     ];
-    let child = f.command(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = f
+        .command(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let done = std::fs::read_to_string(f.path().join("sweep.json"))
@@ -325,17 +422,30 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("--resume"), "{err}");
-    assert!(f.records().is_empty(), "the interrupted sweep left servers: {:?}", f.records());
+    assert!(
+        f.records().is_empty(),
+        "the interrupted sweep left servers: {:?}",
+        f.records()
+    );
     let before = f.file();
     let finished = before["trials"].as_array().unwrap().clone();
     assert!((1..3).contains(&finished.len()), "{before:#}");
-    assert_eq!(finished[0]["candidate"]["id"], "server.mamba_strategy=no_buffer");
+    assert_eq!(
+        finished[0]["candidate"]["id"],
+        "server.mamba_strategy=no_buffer"
+    );
 
     let mut resumed: Vec<&str> = args.to_vec();
     resumed.push("--resume");
     let (code, out, err) = f.fleet(&resumed);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains(&format!("resuming: {} of 3 trials already finished", finished.len())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "resuming: {} of 3 trials already finished",
+            finished.len()
+        )),
+        "{err}"
+    );
     let r: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["rows"].as_array().unwrap().len(), 3);
     assert!(r["pending"].as_array().unwrap().is_empty());
@@ -354,7 +464,12 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
 fn dry_run_lists_candidates_and_their_gpus_and_bad_axes_are_usage_errors() {
     let f = Fleet::new(8, &["mem_fraction_static: 0.85"], &[]);
     let (code, out, err) = f.fleet(&[
-        "sweep", "--profile", "base", "--strategies", "extra_buffer,no_buffer", "--dry-run",
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "extra_buffer,no_buffer",
+        "--dry-run",
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("2 candidates, parallel"), "{out}");
@@ -362,18 +477,33 @@ fn dry_run_lists_candidates_and_their_gpus_and_bad_axes_are_usage_errors() {
     assert!(out.contains("local:1,3,5,7"), "{out}");
     assert_eq!(f.busy_gpus(), 0);
     let (code, out, err) = f.fleet(&[
-        "--json", "sweep", "--profile", "base", "--strategies", "no_buffer", "--sequential",
+        "--json",
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "no_buffer",
+        "--sequential",
         "--dry-run",
     ]);
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["mode"], "sequential");
-    assert_eq!(v["candidates"][0]["gpus"].as_array().unwrap().len(), f.gpus as usize);
+    assert_eq!(
+        v["candidates"][0]["gpus"].as_array().unwrap().len(),
+        f.gpus as usize
+    );
 
     let (code, _, err) = f.fleet(&["sweep", "--profile", "base", "--strategies", "no_bufer"]);
     assert_eq!(code, 2);
     assert!(err.contains("no_bufer"), "{err}");
-    let (code, _, err) = f.fleet(&["sweep", "--profile", "base", "--set", "server.mem_fraction_static"]);
+    let (code, _, err) = f.fleet(&[
+        "sweep",
+        "--profile",
+        "base",
+        "--set",
+        "server.mem_fraction_static",
+    ]);
     assert_eq!(code, 2);
     assert!(err.contains("expected KEY=V1,V2"), "{err}");
 }
@@ -395,8 +525,20 @@ fn a_sweep_through_ssh_and_pct() {
         .arg("--profiles-dir")
         .arg(&profiles)
         .args([
-            "--json", "sweep", "--profile", "base", "--strategies", "extra_buffer,no_buffer",
-            "--input-len", "32", "--output-len", "24", "--warmup", "1s", "--duration", "2s",
+            "--json",
+            "sweep",
+            "--profile",
+            "base",
+            "--strategies",
+            "extra_buffer,no_buffer",
+            "--input-len",
+            "32",
+            "--output-len",
+            "24",
+            "--warmup",
+            "1s",
+            "--duration",
+            "2s",
         ])
         .env("FLEET_RUN_DIR", f.path().join("run"))
         .timeout(Duration::from_secs(120))

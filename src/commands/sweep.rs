@@ -72,7 +72,7 @@ fn check_args(args: &SweepArgs) -> anyhow::Result<()> {
         ));
     }
     if let Some(e) = args.expected_output_tokens
-        && !(e > 0.0)
+        && (e.is_nan() || e <= 0.0)
     {
         return Err(usage("--expected-output-tokens must be positive"));
     }
@@ -219,7 +219,10 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let dataset = args
         .total
         .or(workload.total_lines)
-        .zip(report::output_tokens_per_prompt(trials, args.expected_output_tokens))
+        .zip(report::output_tokens_per_prompt(
+            trials,
+            args.expected_output_tokens,
+        ))
         .map(|(prompts, tokens)| Dataset {
             prompts,
             output_tokens_per_prompt: tokens,
@@ -343,7 +346,10 @@ fn dry_run(
 /// name when the new file sits in the profiles directory, else by absolute path.
 fn base_reference(args: &SweepArgs, base: &Profile, path: &Path, dir: &Path) -> String {
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let same_dir = match (parent.map(std::fs::canonicalize), std::fs::canonicalize(dir)) {
+    let same_dir = match (
+        parent.map(std::fs::canonicalize),
+        std::fs::canonicalize(dir),
+    ) {
         (Some(Ok(a)), Ok(b)) => a == b,
         _ => false,
     };

@@ -148,7 +148,9 @@ impl Store {
 
     /// Records a finished trial and rewrites the file (temp file, fsync, rename).
     pub fn record(&mut self, trial: Trial) -> Result<(), FileError> {
-        self.file.trials.retain(|t| t.candidate.id != trial.candidate.id);
+        self.file
+            .trials
+            .retain(|t| t.candidate.id != trial.candidate.id);
         self.file.trials.push(trial);
         self.save()
     }

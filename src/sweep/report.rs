@@ -184,7 +184,10 @@ pub fn text(r: &Report) -> String {
         let etas: Vec<String> = r
             .rows
             .iter()
-            .filter_map(|row| row.eta_hours.map(|h| format!("{}: {}", row.label, hours(h))))
+            .filter_map(|row| {
+                row.eta_hours
+                    .map(|h| format!("{}: {}", row.label, hours(h)))
+            })
             .collect();
         if !etas.is_empty() {
             out.push_str(&format!(
@@ -328,7 +331,12 @@ mod tests {
             },
             ok("no_buffer", 1180.0, 72, 1200.0),
         ];
-        let all = [cand("extra_buffer"), cand("no_buffer"), cand("extra_buffer_lazy"), cand("auto")];
+        let all = [
+            cand("extra_buffer"),
+            cand("no_buffer"),
+            cand("extra_buffer_lazy"),
+            cand("auto"),
+        ];
         let tokens = output_tokens_per_prompt(&trials, None).unwrap();
         assert_eq!(tokens, 988.0);
         let d = Dataset {
@@ -353,17 +361,31 @@ mod tests {
         assert_eq!(r.pending, vec!["auto".to_string()]);
         let t = text(&r);
         assert!(t.contains("no_buffer *"), "{t}");
-        assert!(t.contains("winner: no_buffer (1180.0 output tok/s per GPU, 11.03x extra_buffer)"), "{t}");
-        assert!(t.contains("deciding factor: no_buffer: cap 72 vs 37"), "{t}");
+        assert!(
+            t.contains("winner: no_buffer (1180.0 output tok/s per GPU, 11.03x extra_buffer)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("deciding factor: no_buffer: cap 72 vs 37"),
+            "{t}"
+        );
         assert!(t.contains("ETA for 654676 prompts x 988 output tokens on 8 GPUs: no_buffer: 19 h, extra_buffer: 210 h"), "{t}");
         assert!(t.contains("0.09x"), "{t}");
         assert!(t.contains("200/900"), "TTFT p50/p99 in ms: {t}");
         assert_eq!(hours(0.5), "30 min");
         assert_eq!(hours(0.001), "4 s");
         assert_eq!(hours(2.25), "2.2 h");
-        assert!(t.contains("failed: extra_buffer_lazy: local gpu1 :30001: the server process exited"), "{t}");
+        assert!(
+            t.contains("failed: extra_buffer_lazy: local gpu1 :30001: the server process exited"),
+            "{t}"
+        );
         assert!(t.contains("    | CUDA out of memory."), "{t}");
-        assert!(t.contains("warning: no_buffer: the servers' sglang:generation_tokens_total says 1200.0"), "{t}");
+        assert!(
+            t.contains(
+                "warning: no_buffer: the servers' sglang:generation_tokens_total says 1200.0"
+            ),
+            "{t}"
+        );
         assert!(!t.contains("warning: extra_buffer:"), "{t}");
         assert!(t.contains("not measured yet: auto"));
         let json = serde_json::to_value(&r).unwrap();
@@ -377,7 +399,14 @@ mod tests {
         let p = vec![PlannedCandidate {
             id: "x".into(),
             label: "no_buffer".into(),
-            gpus: vec![slot(0), slot(2), Slot { host: "b".into(), gpu: 1 }],
+            gpus: vec![
+                slot(0),
+                slot(2),
+                Slot {
+                    host: "b".into(),
+                    gpu: 1,
+                },
+            ],
             argv: vec![],
             problem: None,
         }];

@@ -142,9 +142,13 @@ impl Setup<'_> {
     }
 
     async fn stop(&self, running: Vec<Running>) {
-        let stops = running
-            .iter()
-            .map(|r| down::stop(self.transports[&r.record.host].as_ref(), &r.record, self.grace));
+        let stops = running.iter().map(|r| {
+            down::stop(
+                self.transports[&r.record.host].as_ref(),
+                &r.record,
+                self.grace,
+            )
+        });
         for s in futures::future::join_all(stops).await {
             if s.state == StopState::Failed || !s.port_closed {
                 tracing::warn!(
@@ -159,14 +163,12 @@ impl Setup<'_> {
     }
 
     /// The records of the started instances that are still running.
-    async fn records(
-        &self,
-        started: &[(usize, &Instance)],
-    ) -> Result<Vec<Running>, StateError> {
+    async fn records(&self, started: &[(usize, &Instance)]) -> Result<Vec<Running>, StateError> {
         let hosts: BTreeSet<&str> = started.iter().map(|(_, i)| i.host.as_str()).collect();
         let mut out = Vec::new();
         for host in hosts {
-            let records = state::read_records(self.transports[host].as_ref(), self.run_root).await?;
+            let records =
+                state::read_records(self.transports[host].as_ref(), self.run_root).await?;
             for (candidate, inst) in started.iter().filter(|(_, i)| i.host == host) {
                 if let Some(r) = records.iter().find(|r| r.port == inst.port) {
                     out.push(Running {
@@ -209,9 +211,19 @@ impl Setup<'_> {
         for &c in round {
             let profile = &self.candidates[c].1;
             let gpus = &self.assignment.gpus[c];
-            let checked = plan_on(profile, self.hosts, gpus, self.api_key.as_deref(), self.run_root)
-                .map_err(|e| e.to_string())
-                .and_then(|i| preflight::preflight(&i, &facts).map(|()| i).map_err(|e| e.to_string()));
+            let checked = plan_on(
+                profile,
+                self.hosts,
+                gpus,
+                self.api_key.as_deref(),
+                self.run_root,
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|i| {
+                preflight::preflight(&i, &facts)
+                    .map(|()| i)
+                    .map_err(|e| e.to_string())
+            });
             match checked {
                 Ok(instances) => planned.push((c, instances)),
                 Err(reason) => {
@@ -224,13 +236,19 @@ impl Setup<'_> {
         if planned.is_empty() {
             return Ok((Vec::new(), false));
         }
-        let all: Vec<Instance> = planned.iter().flat_map(|(_, i)| i.iter().cloned()).collect();
+        let all: Vec<Instance> = planned
+            .iter()
+            .flat_map(|(_, i)| i.iter().cloned())
+            .collect();
         let owner: Vec<usize> = planned
             .iter()
             .flat_map(|(c, i)| std::iter::repeat_n(*c, i.len()))
             .collect();
         let _ = events.send(Event::Starting {
-            labels: planned.iter().map(|(c, _)| self.candidates[*c].0.label()).collect(),
+            labels: planned
+                .iter()
+                .map(|(c, _)| self.candidates[*c].0.label())
+                .collect(),
             servers: all.len(),
         });
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
@@ -333,10 +351,14 @@ impl Setup<'_> {
             });
         }
         let _ = events.send(Event::Measuring {
-            labels: measured.iter().map(|(c, _)| self.candidates[*c].0.label()).collect(),
+            labels: measured
+                .iter()
+                .map(|(c, _)| self.candidates[*c].0.label())
+                .collect(),
         });
         let http = http_client(HttpOptions::default())?;
-        let results = trial::measure(&groups, self.workload.clone(), http, self.timing, cancel).await;
+        let results =
+            trial::measure(&groups, self.workload.clone(), http, self.timing, cancel).await;
         for t in tunnels {
             t.close().await;
         }
@@ -374,7 +396,13 @@ impl Setup<'_> {
         profile: &Profile,
         cancel: &CancellationToken,
     ) -> Result<Vec<UpOutcome>, SweepError> {
-        let instances = plan::plan(profile, self.hosts, None, self.api_key.as_deref(), self.run_root)?;
+        let instances = plan::plan(
+            profile,
+            self.hosts,
+            None,
+            self.api_key.as_deref(),
+            self.run_root,
+        )?;
         preflight::preflight(&instances, &facts_by_host(self.hosts))?;
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
         let probe = self.probe();
@@ -449,7 +477,8 @@ pub async fn run(
     let losers = running.into_iter().filter(|r| r.candidate != w).collect();
     setup.stop(losers).await;
     let profile = &setup.candidates[w].1;
-    let servers = plan::plan(profile, setup.hosts, None, None, setup.run_root).map_or(0, |i| i.len());
+    let servers =
+        plan::plan(profile, setup.hosts, None, None, setup.run_root).map_or(0, |i| i.len());
     let _ = events.send(Event::Applying {
         label: setup.candidates[w].0.label(),
         servers,

@@ -140,7 +140,10 @@ pub fn summarize(
     for (i, (stats, reading)) in per_server.iter().enumerate() {
         if let Err(why) = &reading.health {
             return Err(TrialFailure {
-                reason: format!("{} stopped answering mid-trial: {why}", group.servers[i].label),
+                reason: format!(
+                    "{} stopped answering mid-trial: {why}",
+                    group.servers[i].label
+                ),
                 server: Some(i),
             });
         }
@@ -325,7 +328,13 @@ pub async fn measure(
     let servers: Vec<(usize, usize, &Server)> = groups
         .iter()
         .enumerate()
-        .flat_map(|(g, group)| group.servers.iter().enumerate().map(move |(i, s)| (g, i, s)))
+        .flat_map(|(g, group)| {
+            group
+                .servers
+                .iter()
+                .enumerate()
+                .map(move |(i, s)| (g, i, s))
+        })
         .collect();
     let mut tasks = JoinSet::new();
     for (k, (_, _, server)) in servers.iter().enumerate() {
@@ -356,11 +365,15 @@ pub async fn measure(
     }
     let (before, after) = counters?;
     let health = read_health(&http, &flat).await;
-    let readings = health.into_iter().enumerate().map(|(k, health)| ServerReading {
-        generation_tokens: (before[k], after[k]),
-        health,
-    });
-    let mut per_group: Vec<Vec<(Stats, ServerReading)>> = groups.iter().map(|_| Vec::new()).collect();
+    let readings = health
+        .into_iter()
+        .enumerate()
+        .map(|(k, health)| ServerReading {
+            generation_tokens: (before[k], after[k]),
+            health,
+        });
+    let mut per_group: Vec<Vec<(Stats, ServerReading)>> =
+        groups.iter().map(|_| Vec::new()).collect();
     for ((g, _, _), (s, r)) in servers.iter().zip(stats.into_iter().zip(readings)) {
         per_group[*g].push((s, r));
     }
@@ -444,12 +457,20 @@ mod tests {
         dead.unreachable = true;
         let f = summarize(
             &group(2, 8),
-            vec![(stats(100, 5, 0), ok_reading(0.0, 1.0)), (dead, ok_reading(0.0, 1.0))],
+            vec![
+                (stats(100, 5, 0), ok_reading(0.0, 1.0)),
+                (dead, ok_reading(0.0, 1.0)),
+            ],
             Duration::from_secs(1),
         )
         .unwrap_err();
         assert_eq!(f.server, Some(1));
-        assert!(f.reason.starts_with("local gpu1 :30001 stopped answering mid-trial"), "{}", f.reason);
+        assert!(
+            f.reason
+                .starts_with("local gpu1 :30001 stopped answering mid-trial"),
+            "{}",
+            f.reason
+        );
         let f = summarize(
             &group(1, 8),
             vec![(
@@ -463,12 +484,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(f.reason.contains("connection refused"));
-        let f = summarize(&group(1, 8), vec![(stats(100, 10, 2), ok_reading(0.0, 1.0))], Duration::from_secs(1))
-            .unwrap_err();
-        assert!(f.reason.starts_with("2 requests failed (10 finished in the window); first: HTTP 500"), "{}", f.reason);
-        let m = summarize(&group(1, 8), vec![(stats(100, 100, 2), (ServerReading { generation_tokens: (Some(1.0), None), health: Ok(()) }))], Duration::from_secs(1)).unwrap();
+        let f = summarize(
+            &group(1, 8),
+            vec![(stats(100, 10, 2), ok_reading(0.0, 1.0))],
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(
+            f.reason
+                .starts_with("2 requests failed (10 finished in the window); first: HTTP 500"),
+            "{}",
+            f.reason
+        );
+        let m = summarize(
+            &group(1, 8),
+            vec![(
+                stats(100, 100, 2),
+                (ServerReading {
+                    generation_tokens: (Some(1.0), None),
+                    health: Ok(()),
+                }),
+            )],
+            Duration::from_secs(1),
+        )
+        .unwrap();
         assert_eq!(m.errors, 2, "a few errors are counted, not fatal");
-        assert_eq!(m.metrics_output_tok_s, None, "a missing scrape gives no cross-check");
+        assert_eq!(
+            m.metrics_output_tok_s, None,
+            "a missing scrape gives no cross-check"
+        );
     }
 
     #[test]
