@@ -123,7 +123,13 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             },
         ),
         None => (
-            load::synthetic(args.input_len, args.output_len, SYNTHETIC_PROMPTS),
+            load::synthetic(
+                args.input_len,
+                args.output_len,
+                SYNTHETIC_PROMPTS,
+                endpoint,
+                Some(&model),
+            ),
             WorkloadSpec::Synthetic {
                 input_len: args.input_len,
                 output_len: args.output_len,

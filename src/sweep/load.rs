@@ -151,8 +151,14 @@ const WORDS: [&str; 16] = [
 
 /// `count` synthetic prompts of about `input_len` tokens, each different from its first word
 /// on (so that no server-side prefix cache makes one cheaper than another), asking for exactly
-/// `output_len` tokens on the native `/generate` endpoint.
-pub fn synthetic(input_len: u32, output_len: u32, count: usize) -> Workload {
+/// `output_len` tokens on `endpoint` (default: `/generate`, what `generate` uses for text).
+pub fn synthetic(
+    input_len: u32,
+    output_len: u32,
+    count: usize,
+    endpoint: Option<Api>,
+    model: Option<&str>,
+) -> Workload {
     let requests = (0..count)
         .map(|i| {
             let mut rng = SplitMix(i as u64);
@@ -162,12 +168,12 @@ pub fn synthetic(input_len: u32, output_len: u32, count: usize) -> Workload {
                 text.push(' ');
             }
             CompletionRequest {
-                api: Api::Generate,
+                api: endpoint.unwrap_or(Api::Generate),
                 prompt: Prompt::Text(text.trim_end().to_string()),
                 max_tokens: output_len.max(1),
                 temperature: None,
                 top_p: None,
-                model: None,
+                model: model.map(str::to_string),
                 extra: None,
             }
         })
@@ -249,12 +255,20 @@ mod tests {
 
     #[test]
     fn synthetic_prompts_have_the_asked_lengths_and_differ() {
-        let w = synthetic(100, 64, 3);
+        let w = synthetic(100, 64, 3, None, None);
         let t = texts(&w);
         assert_eq!(t[0].split(' ').count(), 100);
         assert_eq!(t[0].len().div_ceil(4), 100, "about 4 characters a token");
         assert_ne!(t[0], t[1]);
         assert!(w.ignore_eos);
-        assert!(w.requests.iter().all(|r| r.max_tokens == 64));
+        assert!(
+            w.requests
+                .iter()
+                .all(|r| r.max_tokens == 64 && r.api == Api::Generate)
+        );
+        assert_eq!(
+            synthetic(4, 4, 1, Some(Api::Chat), None).requests[0].api,
+            Api::Chat
+        );
     }
 }
