@@ -16,6 +16,7 @@ pub mod logs;
 pub mod profile;
 pub mod progress;
 pub mod status;
+pub mod sweep;
 pub mod up;
 
 /// Exit codes (README "Exit codes").
@@ -110,6 +111,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Exec(args) => exec::run(ctx, &args).await,
         Command::Profile(cmd) => profile::run(ctx, &cmd),
         Command::Generate(args) => generate::run(ctx, &args).await,
+        Command::Sweep(args) => sweep::run(ctx, &args).await,
         Command::Progress(args) => progress::run(ctx, &args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
