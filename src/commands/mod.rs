@@ -7,11 +7,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Command, GlobalArgs};
 
+pub mod down;
 pub mod exec;
 pub mod generate;
 pub mod gpus;
+pub mod instances;
+pub mod logs;
 pub mod profile;
 pub mod progress;
+pub mod status;
+pub mod sweep;
+pub mod up;
 
 /// Exit codes (README "Exit codes").
 pub mod code {
@@ -97,10 +103,15 @@ pub fn init_logging(global: &GlobalArgs) {
 
 pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
     match command {
+        Command::Up(args) => up::run(ctx, &args).await,
+        Command::Status(args) => status::run(ctx, &args).await,
+        Command::Down(args) => down::run(ctx, &args).await,
+        Command::Logs(args) => logs::run(ctx, &args).await,
         Command::Gpus => gpus::run(ctx).await,
         Command::Exec(args) => exec::run(ctx, &args).await,
         Command::Profile(cmd) => profile::run(ctx, &cmd),
         Command::Generate(args) => generate::run(ctx, &args).await,
+        Command::Sweep(args) => sweep::run(ctx, &args).await,
         Command::Progress(args) => progress::run(ctx, &args),
         Command::Completions { shell } => {
             use clap::CommandFactory;

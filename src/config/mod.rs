@@ -1,9 +1,21 @@
 //! Profiles (what runs) and the inventory (where it runs): YAML schema, validation into typed
 //! values with every problem reported at once, and `extends:` resolution.
 
+mod check;
+mod inventory;
+mod profile;
+mod yaml;
+
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+
+pub use inventory::{SSH_OPTIONS, inventory_from_str, load_inventory, parse_ssh_target};
+pub use profile::{
+    Override, derived_profile_yaml, load_profile, load_profile_file, load_profile_with,
+    profile_files, profile_from_str, resolve_profile_path,
+};
 
 use serde::Serialize;
 
@@ -87,6 +99,18 @@ pub enum MambaStrategy {
 }
 
 impl MambaStrategy {
+    pub const ALL: [MambaStrategy; 4] = [
+        MambaStrategy::Auto,
+        MambaStrategy::NoBuffer,
+        MambaStrategy::ExtraBuffer,
+        MambaStrategy::ExtraBufferLazy,
+    ];
+
+    /// The strategy named as in SGLang's `{auto,no_buffer,extra_buffer,extra_buffer_lazy}`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             MambaStrategy::Auto => "auto",
@@ -115,18 +139,96 @@ pub struct Expected {
 /// A problem in a profile or inventory, with its place in the file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
+    /// The file the problem is in (for a `--set` override: the override as written).
+    pub file: PathBuf,
+    /// 1-based; 0 when the problem has no place in a file (e.g. the file is missing).
     pub line: usize,
     pub column: usize,
-    /// Dotted path of the field, e.g. `server.mem_fraction_static`.
+    /// Dotted path of the field, e.g. `server.mem_fraction_static`; empty for the whole file.
     pub field: String,
     pub message: String,
     pub hint: Option<String>,
 }
 
+impl fmt::Display for Problem {
+    /// `path:line:col: field: message (hint)`, the shape editors and terminals link to.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.column)?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)?;
+        if let Some(hint) = &self.hint {
+            write!(f, " ({hint})")?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("placeholder")]
-    Placeholder,
+    /// Everything wrong with a profile or inventory, found in one pass.
+    #[error("{}", render_problems(.0))]
+    Invalid(Vec<Problem>),
+    #[error(
+        "no inventory at {} (create it or pass --config PATH); a minimal fleet.yaml:\n{}",
+        .path.display(),
+        inventory::MINIMAL_EXAMPLE
+    )]
+    MissingInventory { path: PathBuf },
+    #[error("{}", profile::not_found_message(.wanted, .looked, .available))]
+    ProfileNotFound {
+        wanted: String,
+        looked: PathBuf,
+        available: Vec<String>,
+    },
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// The same error as data, for `--json`.
+    pub fn problems(&self) -> Vec<Problem> {
+        let whole_file = |file: &PathBuf, message: String, hint: Option<String>| Problem {
+            file: file.clone(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message,
+            hint,
+        };
+        match self {
+            ConfigError::Invalid(problems) => problems.clone(),
+            ConfigError::MissingInventory { path } => vec![whole_file(
+                path,
+                "no inventory file here".into(),
+                Some(format!(
+                    "a minimal fleet.yaml:\n{}",
+                    inventory::MINIMAL_EXAMPLE
+                )),
+            )],
+            ConfigError::ProfileNotFound { looked, .. } => {
+                vec![whole_file(looked, self.to_string(), None)]
+            }
+            ConfigError::Read { path, source } => {
+                vec![whole_file(path, format!("cannot read: {source}"), None)]
+            }
+        }
+    }
+}
+
+fn render_problems(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(Problem::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 mod humantime_serde_compat {
@@ -135,10 +237,4 @@ mod humantime_serde_compat {
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&humantime::format_duration(*d).to_string())
     }
-}
-
-/// Loads and validates `fleet.yaml`.
-pub fn load_inventory(path: &std::path::Path) -> Result<Inventory, ConfigError> {
-    let _ = path;
-    Err(ConfigError::Placeholder)
 }

@@ -1,10 +1,15 @@
 //! Reaching hosts: the one `Transport` trait (run an argv, start a detached process, forward a
 //! TCP port) and its implementations: `local`, `ssh` (one multiplexed russh connection per host)
 //! and `pct` (wraps another transport as `pct exec <CT> -- bash -c <quoted script>`).
+//!
+//! A command is always an argv. Where a shell must parse it (the SSH exec request, `bash -c`
+//! inside a container), every word is POSIX-quoted by [`quote_argv`], so values reach the
+//! program as literal data.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +18,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HostSpec;
+
+mod detach;
+mod local;
+mod pct;
+mod secrets;
+mod ssh;
+mod ssh_config;
+
+pub use local::LocalTransport;
+pub use pct::PctTransport;
+pub use secrets::{add_secret, mask};
+pub use ssh::SshTransport;
 
 /// What a finished command left behind. Each stream was read until its channel closed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -112,8 +129,120 @@ impl Default for ConnectOptions {
 /// Errors reaching or using a host. Each names the host and says what to check.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    #[error("{host}: {message}")]
-    Other { host: String, message: String },
+    #[error(
+        "{host}: cannot connect to {target}: {source}\n  hint: check that the host is up and that \
+         sshd listens on that port (HostName/Port in fleet.yaml, its ssh_options or ~/.ssh/config)"
+    )]
+    Unreachable {
+        host: String,
+        target: String,
+        source: std::io::Error,
+    },
+
+    #[error(
+        "{host}: no SSH session with {target} within {after:?}\n  hint: check that the address \
+         and port are right and reach an SSH server (firewall, VPN); for slow links raise \
+         --connect-timeout or the host's ConnectTimeout"
+    )]
+    Timeout {
+        host: String,
+        target: String,
+        after: Duration,
+    },
+
+    #[error(
+        "{host}: the host key of {target} is unknown ({fingerprint}), refusing to connect\n  \
+         hint: verify the fingerprint out of band (e.g. `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` \
+         on the host), then rerun with --accept-new-host-key to record it in {}",
+        .known_hosts.display()
+    )]
+    UnknownHostKey {
+        host: String,
+        target: String,
+        fingerprint: String,
+        known_hosts: PathBuf,
+    },
+
+    #[error(
+        "{host}: the host key of {target} has CHANGED ({fingerprint}) and does not match {}:{line}; \
+         refusing to connect (possible man-in-the-middle)\n  hint: if the host was reinstalled, \
+         remove that line (`ssh-keygen -R '{target}' -f {}`) and connect again",
+        .known_hosts.display(), .known_hosts.display()
+    )]
+    HostKeyChanged {
+        host: String,
+        target: String,
+        fingerprint: String,
+        known_hosts: PathBuf,
+        line: usize,
+    },
+
+    #[error(
+        "{host}: {user}@{target} refused authentication; tried: {}\n  hint: check that one of these \
+         keys is authorized for {user} on the host (~{user}/.ssh/authorized_keys), and the User and \
+         IdentityFile in ~/.ssh/config or the host's ssh_options",
+        tried_list(.tried)
+    )]
+    AuthRefused {
+        host: String,
+        user: String,
+        target: String,
+        tried: Vec<String>,
+    },
+
+    #[error(
+        "{host}: container {container} is not running or does not exist: {detail}\n  hint: check \
+         `pct status {container}` on the host and the `container:` id in fleet.yaml"
+    )]
+    ContainerNotRunning {
+        host: String,
+        container: u32,
+        detail: String,
+    },
+
+    #[error("{host}: SSH configuration: {message}")]
+    Config { host: String, message: String },
+
+    #[error("{host}: SSH connection to {target} failed: {message}")]
+    Ssh {
+        host: String,
+        target: String,
+        message: String,
+    },
+
+    #[error("{host}: cannot start `{program}`: {source}")]
+    Spawn {
+        host: String,
+        program: String,
+        source: std::io::Error,
+    },
+
+    #[error("{host}: argument {arg:?} contains a NUL byte and cannot be passed to a remote shell")]
+    Quote { host: String, arg: String },
+
+    #[error("{host}: `{command}` failed ({status}): {stderr}")]
+    Command {
+        host: String,
+        command: String,
+        status: String,
+        stderr: String,
+    },
+
+    #[error("{host}: cannot forward a local port to {addr}:{port}: {message}")]
+    Forward {
+        host: String,
+        addr: String,
+        port: u16,
+        message: String,
+    },
+}
+
+fn tried_list(tried: &[String]) -> String {
+    if tried.is_empty() {
+        "no keys (no ssh-agent and none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa)".to_string()
+    } else {
+        tried.join(", ")
+    }
 }
 
 /// One way of running things on a target. Every fleet operation goes through this trait.
@@ -127,10 +256,38 @@ pub trait Transport: Send + Sync + fmt::Debug {
 
     /// Starts a process detached in its own session (`setsid`), with its output in `log`,
     /// and returns its pid (also its process group id), which is written to `pidfile`.
-    async fn spawn_detached(&self, d: &Detached) -> Result<u32, RemoteError>;
+    ///
+    /// Built on [`Transport::run`] once for every transport, so a `pct` target starts it
+    /// inside the container and an SSH target on the host; it outlives the SSH session.
+    async fn spawn_detached(&self, d: &Detached) -> Result<u32, RemoteError> {
+        let argv = detach::spawn_argv(self.host(), d)?;
+        let out = self.run(&argv).await?;
+        detach::parse_pid(self.host(), d, &out)
+    }
 
     /// Opens a local TCP port forwarded to `addr:port` as seen from the target.
     async fn forward(&self, addr: &str, port: u16) -> Result<Tunnel, RemoteError>;
+
+    /// The address at which servers on this target are reached, as seen from the machine the
+    /// transport connects through (for `forward`): loopback for a host, the container's address
+    /// for a `pct` target.
+    async fn server_address(&self) -> Result<String, RemoteError> {
+        Ok("127.0.0.1".to_string())
+    }
+}
+
+/// POSIX-quotes each word and joins them with spaces: the one way an argv becomes a string
+/// for a remote shell. A NUL byte cannot be expressed in a shell word and is refused.
+pub fn quote_argv(host: &str, argv: &[String]) -> Result<String, RemoteError> {
+    let mut words = Vec::with_capacity(argv.len());
+    for arg in argv {
+        let quoted = shlex::try_quote(arg).map_err(|_| RemoteError::Quote {
+            host: host.to_string(),
+            arg: mask(arg),
+        })?;
+        words.push(quoted);
+    }
+    Ok(words.join(" "))
 }
 
 /// Opens the transport for an inventory host: local or SSH, wrapped in `pct` for a container.
@@ -138,9 +295,33 @@ pub async fn connect(
     host: &HostSpec,
     opts: &ConnectOptions,
 ) -> Result<Arc<dyn Transport>, RemoteError> {
-    let _ = (host, opts);
-    Err(RemoteError::Other {
-        host: host.name.clone(),
-        message: "transports not built yet".into(),
+    let base: Arc<dyn Transport> = match &host.ssh {
+        None => Arc::new(LocalTransport::new(&host.name)),
+        Some(target) => Arc::new(SshTransport::connect(host, target, opts).await?),
+    };
+    Ok(match host.container {
+        None => base,
+        Some(ct) => Arc::new(PctTransport::new(base, ct, host.address.clone())),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_keeps_shell_syntax_literal() {
+        let argv: Vec<String> = ["echo", "x; touch /tmp/p", "$(id)", "it's", "a\nb", "*", ""]
+            .map(String::from)
+            .into();
+        let q = quote_argv("h", &argv).unwrap();
+        assert_eq!(shlex::split(&q).unwrap(), argv);
+        assert!(!q.contains(" x; "), "{q}");
+    }
+
+    #[test]
+    fn nul_is_refused_with_the_host() {
+        let err = quote_argv("gpu1", &["a\0b".to_string()]).unwrap_err();
+        assert!(err.to_string().starts_with("gpu1: argument"), "{err}");
+    }
 }

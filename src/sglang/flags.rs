@@ -1,1 +1,467 @@
-//! SGLang: flags (being built).
+//! Rendering a profile's logical server settings into `launch_server` arguments for the SGLang
+//! a host has installed, checking an argument list against that host's `--help`, and masking
+//! secrets for display.
+
+use std::fmt;
+
+use crate::config::Profile;
+use crate::sglang::help::{Arity, HelpSpec};
+
+/// The mamba strategy flag from SGLang 0.5.15 on (the only one from 0.5.20).
+pub const MAMBA_RADIX_CACHE_STRATEGY: &str = "--mamba-radix-cache-strategy";
+/// The mamba strategy flag of SGLang 0.5.10 to 0.5.18.
+pub const MAMBA_SCHEDULER_STRATEGY: &str = "--mamba-scheduler-strategy";
+
+/// Flags whose value is a secret: masked wherever an argv is shown or stored.
+const SECRET_FLAGS: &[&str] = &["--api-key", "--admin-api-key"];
+pub const MASK: &str = "********";
+
+/// Where one server listens, and the secret it needs; the rest comes from the profile.
+#[derive(Debug, Clone, Copy)]
+pub struct Render<'a> {
+    /// The target's `--help`; `None` when preflight is skipped (newest flag names are used).
+    pub help: Option<&'a HelpSpec>,
+    pub bind_host: &'a str,
+    pub port: u16,
+    /// The API key's value, read from the environment variable the profile names.
+    pub api_key: Option<&'a str>,
+}
+
+/// The arguments after the launcher for one server.
+pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
+    let s = &profile.server;
+    let mut args: Vec<String> = Vec::new();
+    let mut push = |flag: &str, value: String| {
+        args.push(flag.to_string());
+        args.push(value);
+    };
+    push("--model-path", profile.model.clone());
+    if let Some(name) = &profile.served_model_name {
+        push("--served-model-name", name.clone());
+    }
+    push("--host", r.bind_host.to_string());
+    push("--port", r.port.to_string());
+    if let Some(v) = s.mem_fraction_static {
+        push("--mem-fraction-static", v.to_string());
+    }
+    if let Some(v) = s.context_length {
+        push("--context-length", v.to_string());
+    }
+    if let Some(v) = &s.attention_backend {
+        push("--attention-backend", v.clone());
+    }
+    if let Some(v) = s.mamba_strategy {
+        push(mamba_strategy_flag(r.help), v.as_str().to_string());
+    }
+    if let Some(v) = s.max_running_requests {
+        push("--max-running-requests", v.to_string());
+    }
+    if let Some(key) = r.api_key {
+        push("--api-key", key.to_string());
+    }
+    if s.enable_metrics {
+        args.push("--enable-metrics".to_string());
+    }
+    args.extend(s.extra_args.iter().cloned());
+    args
+}
+
+/// The name the host's SGLang accepts for the logical `mamba_strategy` (DESIGN §6): the new
+/// name when `--help` lists it, else the old one when listed, else the new one (preflight then
+/// reports it on a host that lists neither).
+pub fn mamba_strategy_flag(help: Option<&HelpSpec>) -> &'static str {
+    match help {
+        Some(h) if !h.has(MAMBA_RADIX_CACHE_STRATEGY) && h.has(MAMBA_SCHEDULER_STRATEGY) => {
+            MAMBA_SCHEDULER_STRATEGY
+        }
+        _ => MAMBA_RADIX_CACHE_STRATEGY,
+    }
+}
+
+/// A copy of `argv` with secret values replaced by [`MASK`], for logs, tables, JSON and files.
+pub fn masked(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut hide_next = false;
+    for arg in argv {
+        if hide_next {
+            out.push(MASK.to_string());
+            hide_next = false;
+            continue;
+        }
+        match arg.split_once('=') {
+            Some((flag, _)) if SECRET_FLAGS.contains(&flag) => out.push(format!("{flag}={MASK}")),
+            _ => {
+                hide_next = SECRET_FLAGS.contains(&arg.as_str());
+                out.push(arg.clone());
+            }
+        }
+    }
+    out
+}
+
+/// One argument the target's SGLang would reject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mismatch {
+    Unknown {
+        flag: String,
+        nearest: Option<String>,
+    },
+    InvalidChoice {
+        flag: String,
+        value: String,
+        choices: Vec<String>,
+    },
+    MissingValue {
+        flag: String,
+    },
+    UnexpectedValue {
+        flag: String,
+        value: String,
+    },
+    Stray {
+        value: String,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mismatch::Unknown {
+                flag,
+                nearest: Some(n),
+            } => {
+                write!(f, "unrecognized argument {flag} (did you mean {n}?)")
+            }
+            Mismatch::Unknown {
+                flag,
+                nearest: None,
+            } => write!(f, "unrecognized argument {flag}"),
+            Mismatch::InvalidChoice {
+                flag,
+                value,
+                choices,
+            } => {
+                write!(
+                    f,
+                    "{flag}: invalid choice '{value}' (choose from {})",
+                    choices.join(", ")
+                )
+            }
+            Mismatch::MissingValue { flag } => write!(f, "{flag}: expected a value"),
+            Mismatch::UnexpectedValue { flag, value } => {
+                write!(f, "{flag} takes no value, got '{value}'")
+            }
+            Mismatch::Stray { value } => write!(f, "unexpected argument '{value}'"),
+        }
+    }
+}
+
+/// Every argument of `args` (what follows the launcher) that `help` does not accept, in order.
+pub fn check(args: &[String], help: &HelpSpec) -> Vec<Mismatch> {
+    let mut problems = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if !looks_like_option(arg) {
+            problems.push(Mismatch::Stray {
+                value: masked_value(args, i - 1),
+            });
+            continue;
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let Some(option) = help.get(flag) else {
+            problems.push(Mismatch::Unknown {
+                flag: flag.to_string(),
+                nearest: help.nearest(flag).map(str::to_string),
+            });
+            // Skip what is plainly this unknown flag's value, so it is not reported twice.
+            while i < args.len() && !looks_like_option(&args[i]) {
+                i += 1;
+            }
+            continue;
+        };
+        let mut values: Vec<String> = inline.into_iter().collect();
+        let inline_given = !values.is_empty();
+        if !inline_given {
+            let max = match option.arity {
+                Arity::Flag => 0,
+                Arity::One | Arity::Optional => 1,
+                Arity::ZeroOrMore | Arity::OneOrMore => usize::MAX,
+            };
+            while values.len() < max && i < args.len() && !looks_like_option(&args[i]) {
+                values.push(args[i].clone());
+                i += 1;
+            }
+        }
+        match option.arity {
+            Arity::Flag if inline_given => problems.push(Mismatch::UnexpectedValue {
+                flag: flag.to_string(),
+                value: values.remove(0),
+            }),
+            Arity::One | Arity::OneOrMore if values.is_empty() => {
+                problems.push(Mismatch::MissingValue {
+                    flag: flag.to_string(),
+                })
+            }
+            _ => {}
+        }
+        if let Some(choices) = &option.choices {
+            for value in values.iter().filter(|v| !choices.contains(v)) {
+                problems.push(Mismatch::InvalidChoice {
+                    flag: flag.to_string(),
+                    value: value.clone(),
+                    choices: choices.clone(),
+                });
+            }
+        }
+    }
+    problems
+}
+
+/// argparse's rule: a dash-led token is an option unless it reads as a negative number.
+fn looks_like_option(arg: &str) -> bool {
+    arg.starts_with('-') && arg.len() > 1 && arg.parse::<f64>().is_err()
+}
+
+fn masked_value(args: &[String], index: usize) -> String {
+    masked(&args[..=index]).pop().unwrap_or_default()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{HealthSettings, MambaStrategy, ServerSettings};
+
+    const HELP_0_5_23: &str = include_str!("../../tests/fixtures/sglang/help-0.5.23.txt");
+    const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
+
+    pub(crate) fn profile() -> Profile {
+        Profile {
+            name: "p".into(),
+            path: "profiles/p.yaml".into(),
+            model: "/models/Qwen3.6-27B".into(),
+            served_model_name: Some("qwen3.6-27b".into()),
+            launcher: vec![
+                "/venv/bin/python".into(),
+                "-m".into(),
+                "sglang.launch_server".into(),
+            ],
+            port_base: 30000,
+            server: ServerSettings {
+                mem_fraction_static: Some(0.85),
+                context_length: Some(8192),
+                attention_backend: Some("flashinfer".into()),
+                mamba_strategy: Some(MambaStrategy::NoBuffer),
+                max_running_requests: None,
+                enable_metrics: true,
+                host: None,
+                extra_args: vec!["--trust-remote-code".into()],
+            },
+            env: BTreeMap::new(),
+            health: HealthSettings {
+                startup_timeout: Duration::from_secs(1200),
+                poll: Duration::from_secs(1),
+            },
+            api_key_env: None,
+            expected: None,
+        }
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    fn render(profile: &Profile, help: &HelpSpec, api_key: Option<&str>) -> Vec<String> {
+        server_args(
+            profile,
+            &Render {
+                help: Some(help),
+                bind_host: "127.0.0.1",
+                port: 30005,
+                api_key,
+            },
+        )
+    }
+
+    #[test]
+    fn renders_the_seed_profile_for_both_versions() {
+        let p = profile();
+        let new = render(&p, &HelpSpec::parse(HELP_0_5_23), None);
+        assert_eq!(
+            new,
+            s(&[
+                "--model-path",
+                "/models/Qwen3.6-27B",
+                "--served-model-name",
+                "qwen3.6-27b",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "30005",
+                "--mem-fraction-static",
+                "0.85",
+                "--context-length",
+                "8192",
+                "--attention-backend",
+                "flashinfer",
+                "--mamba-radix-cache-strategy",
+                "no_buffer",
+                "--enable-metrics",
+                "--trust-remote-code",
+            ])
+        );
+        let old = render(&p, &HelpSpec::parse(HELP_0_5_10), None);
+        assert_eq!(old[14], "--mamba-scheduler-strategy");
+        assert!(check(&new, &HelpSpec::parse(HELP_0_5_23)).is_empty());
+        assert!(check(&old, &HelpSpec::parse(HELP_0_5_10)).is_empty());
+    }
+
+    #[test]
+    fn optional_settings_and_metrics_off() {
+        let mut p = profile();
+        p.served_model_name = None;
+        p.server = ServerSettings {
+            mem_fraction_static: None,
+            context_length: None,
+            attention_backend: None,
+            mamba_strategy: None,
+            max_running_requests: Some(72),
+            enable_metrics: false,
+            host: None,
+            extra_args: vec![],
+        };
+        let args = render(&p, &HelpSpec::parse(HELP_0_5_23), Some("sk-secret"));
+        assert_eq!(
+            args,
+            s(&[
+                "--model-path",
+                "/models/Qwen3.6-27B",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "30005",
+                "--max-running-requests",
+                "72",
+                "--api-key",
+                "sk-secret",
+            ])
+        );
+        assert_eq!(masked(&args)[9], MASK);
+        assert!(!masked(&args).iter().any(|a| a.contains("sk-secret")));
+    }
+
+    #[test]
+    fn masks_secret_values_in_every_spelling() {
+        let argv = s(&[
+            "--api-key",
+            "k1",
+            "--admin-api-key=k2",
+            "--port",
+            "1",
+            "--api-key",
+        ]);
+        assert_eq!(
+            masked(&argv),
+            s(&[
+                "--api-key",
+                MASK,
+                "--admin-api-key=********",
+                "--port",
+                "1",
+                "--api-key"
+            ])
+        );
+    }
+
+    #[test]
+    fn lazy_strategy_on_an_old_host_lists_the_choices() {
+        let mut p = profile();
+        p.server.mamba_strategy = Some(MambaStrategy::ExtraBufferLazy);
+        let help = HelpSpec::parse(HELP_0_5_10);
+        let problems = check(&render(&p, &help, None), &help);
+        assert_eq!(
+            problems,
+            vec![Mismatch::InvalidChoice {
+                flag: "--mamba-scheduler-strategy".into(),
+                value: "extra_buffer_lazy".into(),
+                choices: s(&["auto", "no_buffer", "extra_buffer"]),
+            }]
+        );
+        assert_eq!(
+            problems[0].to_string(),
+            "--mamba-scheduler-strategy: invalid choice 'extra_buffer_lazy' (choose from auto, no_buffer, extra_buffer)"
+        );
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let help = HelpSpec::parse(HELP_0_5_23);
+        let args = s(&[
+            "--mem-fraction-statc",
+            "0.8",
+            "--trust-remote-code=yes",
+            "--context-length",
+            "--dtype",
+            "bf17",
+            "stray",
+            "--numa-node",
+            "0",
+            "1",
+            "--cuda-graph-max-bs",
+            "8",
+            "--port=30001",
+            "--max-total-tokens",
+            "-1",
+        ]);
+        assert_eq!(
+            check(&args, &help),
+            vec![
+                Mismatch::Unknown {
+                    flag: "--mem-fraction-statc".into(),
+                    nearest: Some("--mem-fraction-static".into())
+                },
+                Mismatch::UnexpectedValue {
+                    flag: "--trust-remote-code".into(),
+                    value: "yes".into()
+                },
+                Mismatch::MissingValue {
+                    flag: "--context-length".into()
+                },
+                Mismatch::InvalidChoice {
+                    flag: "--dtype".into(),
+                    value: "bf17".into(),
+                    choices: s(&["auto", "half", "float16", "bfloat16", "float", "float32"]),
+                },
+                Mismatch::Stray {
+                    value: "stray".into()
+                },
+                Mismatch::Unknown {
+                    flag: "--cuda-graph-max-bs".into(),
+                    nearest: Some("--cuda-graph-max-bs-decode".into())
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn old_flag_name_on_a_new_host_suggests_something() {
+        let help = HelpSpec::parse(HELP_0_5_23);
+        let problems = check(&s(&["--mamba-scheduler-strategy", "no_buffer"]), &help);
+        assert!(
+            matches!(&problems[..], [Mismatch::Unknown { flag, nearest: Some(_) }] if flag == "--mamba-scheduler-strategy"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn without_help_the_newest_name_is_used() {
+        assert_eq!(mamba_strategy_flag(None), MAMBA_RADIX_CACHE_STRATEGY);
+    }
+}

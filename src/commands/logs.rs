@@ -1,0 +1,56 @@
+//! `fleet logs INSTANCE [-n N] [-f]`: an instance's server log.
+
+use std::io::Write;
+
+use tokio::sync::mpsc;
+
+use crate::cli::LogsArgs;
+use crate::config;
+use crate::launch::hosts::connect_all;
+use crate::launch::logs::{self, Selector};
+
+use super::up::run_root;
+use super::{Ctx, Outcome, UsageError};
+
+pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
+    let selector = Selector::parse(&args.instance).map_err(|e| UsageError(e.to_string()))?;
+    let inventory = config::load_inventory(&ctx.global.config)?;
+    if let Selector::HostGpu { host, .. } = &selector
+        && !inventory.hosts.iter().any(|h| &h.name == host)
+    {
+        return Err(UsageError(format!("no host `{host}` in {}", inventory.path.display())).into());
+    }
+    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    for e in &connected.failed {
+        tracing::error!("{e}");
+    }
+    let run_root = run_root();
+    let (host, path) = logs::locate(&connected.transports, &run_root, &selector).await?;
+    tracing::debug!("{host}: {path}");
+    let t = connected.transports[&host].clone();
+    let (sender, mut receiver) = mpsc::unbounded_channel::<String>();
+    let printer = tokio::spawn(async move {
+        let mut stdout = std::io::stdout();
+        while let Some(chunk) = receiver.recv().await {
+            let _ = stdout.write_all(chunk.as_bytes());
+            let _ = stdout.flush();
+        }
+    });
+    let result = logs::read(
+        t.as_ref(),
+        &path,
+        args.lines,
+        args.follow,
+        &sender,
+        &ctx.cancel,
+    )
+    .await;
+    drop(sender);
+    printer.await?;
+    result?;
+    Ok(if ctx.cancel.is_cancelled() {
+        Outcome::Interrupted
+    } else {
+        Outcome::Ok
+    })
+}

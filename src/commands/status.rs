@@ -1,0 +1,80 @@
+//! `fleet status`: liveness, health and load of every instance fleet started.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::cli::StatusArgs;
+use crate::config;
+use crate::gpu;
+use crate::launch::hosts::connect_all;
+use crate::launch::probe::Probe;
+use crate::launch::report;
+use crate::launch::state::Liveness;
+use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
+
+use super::up::run_root;
+use super::{Ctx, Outcome};
+
+pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
+    let inventory = config::load_inventory(&ctx.global.config)?;
+    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    let mut partial = !connected.failed.is_empty();
+    for e in &connected.failed {
+        tracing::error!("{e}");
+    }
+    let run_root = run_root();
+    let probe = Probe::new(None);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let verbose = ctx.global.verbose > 0;
+    let (run_root, probe) = (&run_root, &probe);
+    let looks = inventory.hosts.iter().filter_map(|h| {
+        let t = connected.transports.get(&h.name)?;
+        let local = h.ssh.is_none() && h.container.is_none();
+        Some(async move {
+            let (status, gpus) = tokio::join!(
+                host_status(t.as_ref(), run_root, probe, verbose, now),
+                gpu::read_host(t.clone(), local)
+            );
+            (h.name.as_str(), status, gpus)
+        })
+    });
+    let results = tokio::select! {
+        r = futures::future::join_all(looks) => r,
+        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
+    };
+    let mut statuses: Vec<InstanceStatus> = Vec::new();
+    for (host, status, gpus) in results {
+        match status {
+            Ok(mut s) => {
+                match gpus {
+                    Ok(readings) => attach_gpus(&mut s, host, &readings),
+                    // GPU columns are extra; a host without a readable driver still has a status.
+                    Err(e) => tracing::debug!("{e}"),
+                }
+                statuses.extend(s);
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                partial = true;
+            }
+        }
+    }
+    if ctx.global.json {
+        println!("{}", serde_json::to_string_pretty(&statuses)?);
+    } else if statuses.is_empty() {
+        eprintln!("no instances: `fleet up --profile P` starts some");
+    } else {
+        print!("{}", report::status_table(&statuses));
+        eprint!("{}", report::dead_tails(&statuses));
+    }
+    // Loading is not a failure; dead, gone or unreachable is.
+    partial |= statuses
+        .iter()
+        .any(|s| s.liveness != Liveness::Running || s.health.is_none());
+    Ok(if partial {
+        Outcome::Partial
+    } else {
+        Outcome::Ok
+    })
+}

@@ -1,0 +1,585 @@
+//! The inventory (`fleet.yaml`): which hosts, how to reach them (SSH, Proxmox container) and
+//! which GPUs, validated with every problem reported at once.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::path::Path;
+
+use super::check::{Checker, suggest};
+use super::yaml::{Loc, Node, Value};
+use super::{ConfigError, GpuSelection, HostSpec, Inventory, SshTarget};
+
+pub(super) const MINIMAL_EXAMPLE: &str = "\
+hosts:
+  - name: local            # this machine, all of its GPUs
+  - name: ct200
+    ssh: root@10.1.2.6     # user@host[:port]
+    container: 200         # Proxmox CT id: commands run via `pct exec 200 -- ...`
+    gpus: all              # or a list: [0, 1, 2, 3]";
+
+const HOST_KEYS: &[&str] = &["name", "ssh", "container", "gpus", "address", "ssh_options"];
+
+/// The OpenSSH options fleet's SSH transport honours, spelled as in `ssh_config(5)`.
+pub const SSH_OPTIONS: &[&str] = &[
+    "HostName",
+    "User",
+    "Port",
+    "IdentityFile",
+    "UserKnownHostsFile",
+    "ConnectTimeout",
+];
+
+/// Proxmox VE's range of guest ids.
+const CT_IDS: (i128, i128) = (100, 999_999_999);
+
+/// Loads and validates `fleet.yaml`; a missing file is an error that shows a minimal one.
+pub fn load_inventory(path: &Path) -> Result<Inventory, ConfigError> {
+    match fs::read_to_string(path) {
+        Ok(text) => inventory_from_str(&text, path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ConfigError::MissingInventory {
+            path: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+        }),
+        Err(source) => Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Validates inventory text; `path` names it in messages.
+pub fn inventory_from_str(text: &str, path: &Path) -> Result<Inventory, ConfigError> {
+    let mut c = Checker::default();
+    let file = c.add_file(path.to_path_buf());
+    let hosts = c.parse(text, file).and_then(|root| hosts(&mut c, &root));
+    c.finish(hosts.map(|hosts| Inventory {
+        path: path.to_path_buf(),
+        hosts,
+    }))
+}
+
+fn hosts(c: &mut Checker, root: &Node) -> Option<Vec<HostSpec>> {
+    let top = c.fields(root, "", &["hosts"])?;
+    let node = top.required(c, "hosts")?;
+    let Value::Seq(items) = &node.value else {
+        c.wrong_type(node.loc, "hosts", "a list of hosts", &node.value);
+        return None;
+    };
+    if items.is_empty() {
+        c.report(
+            node.loc,
+            "hosts",
+            "no hosts",
+            Some("list at least one, e.g. `- name: local`".into()),
+        );
+    }
+    let read: Vec<Option<Read>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, n)| host(c, n, &format!("hosts[{i}]")))
+        .collect();
+    let read: Vec<Read> = read.into_iter().flatten().collect();
+    unique_names(c, &read);
+    collisions(c, &read);
+    Some(read.into_iter().map(|r| r.spec).collect())
+}
+
+/// A valid host, with what cross-host problems point at.
+struct Read {
+    spec: HostSpec,
+    /// `hosts[i]`.
+    path: String,
+    name_loc: Loc,
+    gpus_loc: Loc,
+}
+
+fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
+    let f = c.fields(node, path, HOST_KEYS)?;
+    let name_node = f.required(c, "name");
+    let name = name_node.and_then(|n| host_name(c, n, &f.field("name")));
+    let ssh = f.get("ssh").and_then(|n| {
+        let field = f.field("ssh");
+        let text = c.string(n, &field)?;
+        parse_ssh_target(&text)
+            .map_err(|e| {
+                c.report(
+                    n.loc,
+                    &field,
+                    e,
+                    Some("write user@host or user@host:port; omit ssh for this machine".into()),
+                )
+            })
+            .ok()
+    });
+    let container = f.get("container").and_then(|n| {
+        let id = c.int(n, &f.field("container"), CT_IDS.0, CT_IDS.1);
+        id.map(|id| id as u32)
+    });
+    let gpus = f
+        .get("gpus")
+        .map_or(Some(GpuSelection::All), |n| gpus(c, n, &f.field("gpus")));
+    let address = f.get("address").and_then(|n| {
+        let field = f.field("address");
+        let a = c.string(n, &field)?;
+        if a.contains(char::is_whitespace) {
+            c.report(
+                n.loc,
+                &field,
+                format!("`{a}` is not an address"),
+                Some("one IP address or host name".into()),
+            );
+            return None;
+        }
+        Some(a)
+    });
+    let ssh_options = match f.get("ssh_options") {
+        Some(n) if f.get("ssh").is_none() => {
+            c.report(
+                n.loc,
+                &f.field("ssh_options"),
+                "set on a host without `ssh`",
+                Some("a host without `ssh` is this machine; add `ssh: user@host`".into()),
+            );
+            BTreeMap::new()
+        }
+        Some(n) => ssh_options(c, n, &f.field("ssh_options"), ssh.as_ref()),
+        None => BTreeMap::new(),
+    };
+    let gpus_loc = f.get("gpus").map_or(f.loc, |n| n.loc);
+    let name_loc = name_node.map_or(f.loc, |n| n.loc);
+    let spec = HostSpec {
+        name: name?,
+        ssh,
+        container,
+        gpus: gpus?,
+        address,
+        ssh_options,
+    };
+    Some(Read {
+        spec,
+        path: path.to_string(),
+        name_loc,
+        gpus_loc,
+    })
+}
+
+/// Names appear in instance ids (`ct200:5`), file names and tables.
+fn host_name(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
+    let name = c.string(node, field)?;
+    let ok = name.starts_with(|ch: char| ch.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch));
+    if ok {
+        return Some(name);
+    }
+    c.report(
+        node.loc,
+        field,
+        format!("`{name}` is not a usable host name"),
+        Some("use letters, digits, `.`, `_` and `-`, starting with a letter or digit".into()),
+    );
+    None
+}
+
+/// `[user@]host[:port]`, with `[v6::addr]` in brackets when a port follows or not.
+pub fn parse_ssh_target(s: &str) -> Result<SshTarget, String> {
+    if s.contains(char::is_whitespace) {
+        return Err(format!("`{s}` contains whitespace"));
+    }
+    let (user, rest) = match s.split_once('@') {
+        Some(("", _)) => return Err(format!("`{s}` has an empty user before `@`")),
+        Some((user, rest)) => (Some(user.to_string()), rest),
+        None => (None, s),
+    };
+    let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+        let (host, after) = bracketed
+            .split_once(']')
+            .ok_or_else(|| format!("`{s}` has an unclosed `[`"))?;
+        match after {
+            "" => (host, None),
+            _ => (
+                host,
+                Some(
+                    after
+                        .strip_prefix(':')
+                        .ok_or_else(|| format!("`{s}`: expected `:port` after `]`"))?,
+                ),
+            ),
+        }
+    } else if rest.matches(':').count() > 1 {
+        return Err(format!(
+            "`{s}`: an IPv6 address needs brackets, e.g. root@[::1]:22"
+        ));
+    } else {
+        match rest.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (rest, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("`{s}` has no host"));
+    }
+    if host.starts_with('-') || host.contains('@') {
+        return Err(format!("`{s}`: `{host}` is not a host name or address"));
+    }
+    let port = port
+        .map(|p| match p.parse::<u16>() {
+            Ok(port) if port > 0 => Ok(port),
+            _ => Err(format!("`{s}`: port `{p}` is not 1..=65535")),
+        })
+        .transpose()?;
+    Ok(SshTarget {
+        user,
+        host: host.to_string(),
+        port,
+    })
+}
+
+impl fmt::Display for SshTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(user) = &self.user {
+            write!(f, "{user}@")?;
+        }
+        match (self.host.contains(':'), self.port) {
+            (true, Some(port)) => write!(f, "[{}]:{port}", self.host),
+            (false, Some(port)) => write!(f, "{}:{port}", self.host),
+            (_, None) => write!(f, "{}", self.host),
+        }
+    }
+}
+
+fn gpus(c: &mut Checker, node: &Node, field: &str) -> Option<GpuSelection> {
+    match &node.value {
+        Value::Str(s) if s == "all" => Some(GpuSelection::All),
+        Value::Seq(items) if items.is_empty() => {
+            c.report(
+                node.loc,
+                field,
+                "empty GPU list",
+                Some("write `all` or list GPU indices, e.g. [0, 1]".into()),
+            );
+            None
+        }
+        Value::Seq(_) => {
+            let list = c.list(node, field, |c, n, f| {
+                c.int(n, f, 0, u32::MAX.into()).map(|g| (g as u32, n.loc))
+            })?;
+            let mut seen = BTreeMap::new();
+            for (i, (gpu, loc)) in list.iter().enumerate() {
+                if let Some(first) = seen.insert(*gpu, i) {
+                    c.report(
+                        *loc,
+                        &format!("{field}[{i}]"),
+                        format!("GPU {gpu} is listed twice"),
+                        Some(format!("already at {field}[{first}]")),
+                    );
+                }
+            }
+            Some(GpuSelection::List(
+                list.into_iter().map(|(g, _)| g).collect(),
+            ))
+        }
+        other => {
+            c.wrong_type(node.loc, field, "`all` or a list of GPU indices", other);
+            None
+        }
+    }
+}
+
+/// `ssh_options:`, by canonical name; a User or Port that contradicts `ssh:` is a problem.
+fn ssh_options(
+    c: &mut Checker,
+    node: &Node,
+    path: &str,
+    target: Option<&SshTarget>,
+) -> BTreeMap<String, String> {
+    let mut options = BTreeMap::new();
+    for (key, value) in c.entries(node, path) {
+        let field = format!("{path}.{}", key.name);
+        // OpenSSH matches option names without regard to case.
+        let Some(name) = SSH_OPTIONS
+            .iter()
+            .find(|o| o.eq_ignore_ascii_case(&key.name))
+        else {
+            let hint = match suggest(&key.name, SSH_OPTIONS) {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => format!("supported: {}", SSH_OPTIONS.join(", ")),
+            };
+            c.report(
+                key.loc,
+                &field,
+                "unknown or unsupported ssh option",
+                Some(hint),
+            );
+            continue;
+        };
+        let text = match *name {
+            "Port" => c.int(value, &field, 1, 65535).map(|p| p.to_string()),
+            "ConnectTimeout" => c
+                .int(value, &field, 1, i128::from(u32::MAX))
+                .map(|s| s.to_string()),
+            _ => c.string(value, &field),
+        };
+        let in_target = match *name {
+            "User" => target.and_then(|t| t.user.clone()),
+            "Port" => target.and_then(|t| t.port).map(|p| p.to_string()),
+            _ => None,
+        };
+        if let (Some(set), Some(text)) = (&in_target, &text)
+            && set != text
+        {
+            c.report(
+                key.loc,
+                &field,
+                format!("`{text}` contradicts `{set}` in `ssh:`"),
+                Some("set it in one place".into()),
+            );
+        }
+        if options.contains_key(*name) {
+            c.report(
+                key.loc,
+                &field,
+                format!("`{name}` is set twice"),
+                Some("OpenSSH option names ignore case".into()),
+            );
+        } else if let Some(text) = text {
+            options.insert(name.to_string(), text);
+        }
+    }
+    options
+}
+
+fn unique_names(c: &mut Checker, hosts: &[Read]) {
+    let mut seen: BTreeMap<&str, Loc> = BTreeMap::new();
+    for h in hosts {
+        if let Some(first) = seen.insert(&h.spec.name, h.name_loc) {
+            c.report(
+                h.name_loc,
+                &format!("{}.name", h.path),
+                format!("host name `{}` is used twice", h.spec.name),
+                Some(format!(
+                    "first on line {}; names must be unique",
+                    first.line
+                )),
+            );
+        }
+    }
+}
+
+/// Two hosts on the same machine and container would serve a shared GPU on the same port.
+fn collisions(c: &mut Checker, hosts: &[Read]) {
+    // Users differ, the machine does not: `root@pve` and `admin@pve:22` are one place.
+    let place = |h: &HostSpec| {
+        (
+            h.ssh
+                .as_ref()
+                .map(|s| (s.host.clone(), s.port.unwrap_or(22))),
+            h.container,
+        )
+    };
+    for (j, b) in hosts.iter().enumerate() {
+        for a in &hosts[..j] {
+            if place(&a.spec) != place(&b.spec) {
+                continue;
+            }
+            let shared = match (&a.spec.gpus, &b.spec.gpus) {
+                (GpuSelection::List(x), GpuSelection::List(y)) => {
+                    let shared: Vec<String> = y
+                        .iter()
+                        .filter(|g| x.contains(g))
+                        .map(u32::to_string)
+                        .collect();
+                    if shared.is_empty() {
+                        continue;
+                    }
+                    format!("GPUs {}", shared.join(", "))
+                }
+                _ => "GPUs (one of them uses `all`)".to_string(),
+            };
+            c.report(
+                b.gpus_loc,
+                &format!("{}.gpus", b.path),
+                format!(
+                    "port collision: host `{}` shares {shared} with host `{}` (line {}) on the same \
+                     machine and container",
+                    b.spec.name, a.spec.name, a.name_loc.line
+                ),
+                Some("give each host distinct GPUs, or merge them into one host".into()),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Inventory, ConfigError> {
+        inventory_from_str(text, Path::new("fleet.yaml"))
+    }
+
+    fn shown(text: &str) -> Vec<String> {
+        match load(text) {
+            Err(ConfigError::Invalid(p)) => p.iter().map(|p| p.to_string()).collect(),
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_design_example_loads() {
+        let inv = load(
+            "hosts:\n  - name: ct200\n    ssh: root@10.1.2.6\n    container: 200\n    gpus: [0,1,2,3,4,5,6,7]\n    address: 10.1.2.50\n    ssh_options: {identityfile: ~/.ssh/id_ed25519, Port: 2222}\n  - name: local\n",
+        )
+        .unwrap();
+        let h = &inv.hosts[0];
+        assert_eq!(
+            h.ssh,
+            Some(SshTarget {
+                user: Some("root".into()),
+                host: "10.1.2.6".into(),
+                port: None
+            })
+        );
+        assert_eq!(h.container, Some(200));
+        assert_eq!(h.gpus, GpuSelection::List((0..8).collect()));
+        assert_eq!(h.address.as_deref(), Some("10.1.2.50"));
+        assert_eq!(h.ssh_options["IdentityFile"], "~/.ssh/id_ed25519");
+        assert_eq!(h.ssh_options["Port"], "2222");
+        let local = &inv.hosts[1];
+        assert_eq!(
+            (local.ssh.as_ref(), local.container, &local.gpus),
+            (None, None, &GpuSelection::All)
+        );
+    }
+
+    #[test]
+    fn ssh_targets() {
+        let t = |s: &str| parse_ssh_target(s).map(|t| t.to_string());
+        assert_eq!(t("root@host:2222"), Ok("root@host:2222".into()));
+        assert_eq!(t("host"), Ok("host".into()));
+        assert_eq!(t("admin@[::1]:22"), Ok("admin@[::1]:22".into()));
+        assert_eq!(parse_ssh_target("[fe80::1]").unwrap().host, "fe80::1");
+        for bad in [
+            "@host",
+            "root@",
+            "root@host:0",
+            "root@host:x",
+            "root@::1",
+            "root@-oProxyCommand=x",
+            "a b",
+        ] {
+            assert!(parse_ssh_target(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_place() {
+        let text = "hosts:
+  - name: a
+    ssh: root@host:99999
+    container: 5
+    gpus: [0, 1, 1]
+    ssh_options: {Prot: 22}
+  - name: a
+    gpus: none
+  - nme: c
+";
+        assert_eq!(
+            shown(text),
+            [
+                "fleet.yaml:3:10: hosts[0].ssh: `root@host:99999`: port `99999` is not 1..=65535 (write user@host or user@host:port; omit ssh for this machine)",
+                "fleet.yaml:4:16: hosts[0].container: 5 is out of range (must be 100..=999999999)",
+                "fleet.yaml:5:18: hosts[0].gpus[2]: GPU 1 is listed twice (already at hosts[0].gpus[1])",
+                "fleet.yaml:6:19: hosts[0].ssh_options.Prot: unknown or unsupported ssh option (did you mean `Port`?)",
+                "fleet.yaml:8:11: hosts[1].gpus: expected `all` or a list of GPU indices, found the string `none`",
+                "fleet.yaml:9:5: hosts[2].nme: unknown key (did you mean `name`?)",
+                "fleet.yaml:9:5: hosts[2].name: missing required key",
+            ]
+        );
+    }
+
+    #[test]
+    fn same_machine_and_container_with_shared_gpus_collide() {
+        let text = "hosts:
+  - {name: a, ssh: root@pve, container: 200, gpus: [0, 1, 2, 3]}
+  - {name: b, ssh: admin@pve:22, container: 200, gpus: [3, 4]}
+  - {name: c, ssh: root@pve, container: 201, gpus: [0]}
+  - {name: d, ssh: root@pve, container: 200, gpus: [4, 5]}
+";
+        let p = shown(text);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].starts_with("fleet.yaml:3:")
+                && p[0].contains("host `b` shares GPUs 3 with host `a` (line 2)"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("fleet.yaml:5:")
+                && p[1].contains("host `d` shares GPUs 4 with host `b` (line 3)"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn duplicate_names_keys_and_empty_hosts() {
+        let p = shown("hosts:\n  - name: a\n  - name: a\n    name: b\n");
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(
+            p.iter()
+                .any(|l| l.starts_with("fleet.yaml:4:5: hosts[1].name: duplicate key")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|l| l.contains("host name `a` is used twice")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|l| l.contains("port collision")), "{p:?}");
+        assert_eq!(
+            shown("hosts: []\n"),
+            ["fleet.yaml:1:8: hosts: no hosts (list at least one, e.g. `- name: local`)"]
+        );
+    }
+
+    #[test]
+    fn ssh_options_need_an_ssh_host() {
+        let p = shown("hosts:\n  - name: a\n    ssh_options: {Port: 22}\n");
+        assert_eq!(p.len(), 1);
+        assert!(p[0].contains("set on a host without `ssh`"), "{p:?}");
+        let p = shown(
+            "hosts:\n  - name: a\n    ssh: me@h:2222\n    ssh_options: {Port: 22, user: me}\n",
+        );
+        assert_eq!(
+            p,
+            [
+                "fleet.yaml:4:19: hosts[0].ssh_options.Port: `22` contradicts `2222` in `ssh:` (set it in one place)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_file_says_where_it_looked_and_shows_an_example() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_inventory(&dir.path().join("fleet.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&dir.path().join("fleet.yaml").display().to_string()),
+            "{e}"
+        );
+        assert!(
+            e.contains("--config") && e.contains("hosts:\n  - name: local"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let inv =
+            load_inventory(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fleet.yaml"))
+                .unwrap();
+        assert_eq!(inv.hosts.len(), 1);
+        assert_eq!(inv.hosts[0].container, Some(200));
+        assert_eq!(inv.hosts[0].gpus, GpuSelection::List((0..8).collect()));
+    }
+}

@@ -1,0 +1,191 @@
+//! Finding an instance's server log (`host:gpu` or a port) and reading it: the last lines, then
+//! optionally what is appended, until cancelled.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::launch::plan::RunFiles;
+use crate::launch::state::{self, StateError};
+use crate::remote::{RemoteError, Transport};
+
+/// How often `-f` looks for new output.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+
+/// An instance as the user names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    HostGpu { host: String, gpu: u32 },
+    Port(u16),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogsError {
+    #[error("`{0}`: expected HOST:GPU (e.g. ct200:5) or a port (e.g. 30005)")]
+    BadSelector(String),
+    #[error("no instance {0} in any host's records (`fleet status` lists them)")]
+    NotFound(String),
+    #[error("port {port} is recorded on several hosts ({hosts}); name one as HOST:GPU")]
+    Ambiguous { port: u16, hosts: String },
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error("{host}: cannot read {path}: {message}")]
+    Read {
+        host: String,
+        path: String,
+        message: String,
+    },
+}
+
+impl Selector {
+    pub fn parse(s: &str) -> Result<Selector, LogsError> {
+        let bad = || LogsError::BadSelector(s.to_string());
+        match s.rsplit_once(':') {
+            Some((host, gpu)) if !host.is_empty() => Ok(Selector::HostGpu {
+                host: host.to_string(),
+                gpu: gpu.parse().map_err(|_| bad())?,
+            }),
+            Some(_) => Err(bad()),
+            None => s.parse().map(Selector::Port).map_err(|_| bad()),
+        }
+    }
+}
+
+/// The host and log path of the selected instance. A port with no record (a server that was
+/// stopped) still finds its log when exactly one host has it.
+pub async fn locate(
+    transports: &BTreeMap<String, Arc<dyn Transport>>,
+    run_root: &str,
+    selector: &Selector,
+) -> Result<(String, String), LogsError> {
+    let mut found = Vec::new();
+    for (name, t) in transports {
+        if let Selector::HostGpu { host, .. } = selector
+            && host != name
+        {
+            continue;
+        }
+        for r in state::read_records(t.as_ref(), run_root).await? {
+            let hit = match selector {
+                Selector::HostGpu { gpu, .. } => r.gpu == *gpu,
+                Selector::Port(port) => r.port == *port,
+            };
+            if hit {
+                found.push((name.clone(), r.log));
+            }
+        }
+    }
+    if found.is_empty()
+        && let Selector::Port(port) = selector
+    {
+        let log = RunFiles::new(run_root, *port).log;
+        for (name, t) in transports {
+            if t.run(&["test".into(), "-f".into(), log.clone()])
+                .await?
+                .success()
+            {
+                found.push((name.clone(), log.clone()));
+            }
+        }
+    }
+    let label = match selector {
+        Selector::HostGpu { host, gpu } => format!("{host}:{gpu}"),
+        Selector::Port(port) => format!(":{port}"),
+    };
+    match found.len() {
+        0 => Err(LogsError::NotFound(label)),
+        1 => Ok(found.remove(0)),
+        _ => Err(LogsError::Ambiguous {
+            port: match selector {
+                Selector::Port(p) => *p,
+                Selector::HostGpu { .. } => 0,
+            },
+            hosts: found
+                .into_iter()
+                .map(|(h, _)| h)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// Sends the log's last `lines` lines, then (with `follow`) whatever is appended, until
+/// `cancel`. Chunks go to `out` as they are read.
+pub async fn read(
+    t: &dyn Transport,
+    path: &str,
+    lines: usize,
+    follow: bool,
+    out: &UnboundedSender<String>,
+    cancel: &CancellationToken,
+) -> Result<(), LogsError> {
+    // The size is taken first and the tail read from those bytes only, so following starts
+    // exactly where the tail ended.
+    let script =
+        r#"size=$(wc -c <"$1") || exit 1; echo "$size"; head -c "$size" "$1" | tail -n "$2""#;
+    let first = run(
+        t,
+        path,
+        &["sh", "-c", script, "sh", path, &lines.to_string()],
+    )
+    .await?;
+    let (size, text) = first.split_once('\n').unwrap_or((first.as_str(), ""));
+    let mut offset: u64 = size.trim().parse().unwrap_or(0);
+    let _ = out.send(text.to_string());
+    if !follow {
+        return Ok(());
+    }
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(FOLLOW_POLL) => {}
+        }
+        let more = run(t, path, &["tail", "-c", &format!("+{}", offset + 1), path]).await?;
+        if !more.is_empty() {
+            offset += more.len() as u64;
+            let _ = out.send(more);
+        }
+    }
+    Ok(())
+}
+
+async fn run(t: &dyn Transport, path: &str, argv: &[&str]) -> Result<String, LogsError> {
+    let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    let output = t.run(&argv).await?;
+    if !output.success() {
+        return Err(LogsError::Read {
+            host: t.host().to_string(),
+            path: path.to_string(),
+            message: output.stderr_lossy().trim().to_string(),
+        });
+    }
+    Ok(output.stdout_lossy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors() {
+        assert_eq!(
+            Selector::parse("ct200:5").unwrap(),
+            Selector::HostGpu {
+                host: "ct200".into(),
+                gpu: 5
+            }
+        );
+        assert_eq!(Selector::parse("30005").unwrap(), Selector::Port(30005));
+        for bad in ["ct200:x", ":5", "nope", "70000"] {
+            assert!(
+                matches!(Selector::parse(bad), Err(LogsError::BadSelector(_))),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The pure launch plan: a profile, the inventory's hosts and what was learned about each host
+//! become one instance per GPU (port, argv, env, files on the target, config fingerprint).
+//!
+//! Files on the target live in a run directory per port: `<run root>/<port>/` holds
+//! `server.log`, `pid` and `instance.json` (the record `status`, `down` and `logs` read).
+//! The run root is `/tmp/fleet` unless `FLEET_RUN_DIR` says otherwise.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::{ConfigError, GpuSelection, HostSpec, Profile};
+use crate::sglang::flags::{self, Render};
+use crate::sglang::help::HelpSpec;
+
+pub const DEFAULT_RUN_ROOT: &str = "/tmp/fleet";
+
+/// What fleet learned about one host before planning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostFacts {
+    /// The launcher's `--help`; `None` when preflight is skipped.
+    pub help: Option<HelpSpec>,
+    /// The installed SGLang version, when it could be read.
+    pub version: Option<String>,
+    /// Where this host's servers are reached from the SSH side (127.0.0.1 on a bare host, the
+    /// container's address for a pct host). Servers bind it unless the profile sets a host.
+    pub address: String,
+    /// The host's GPU indices, for `gpus: all` (ignored for an explicit list).
+    pub gpus_present: Vec<u32>,
+}
+
+/// One server to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    pub host: String,
+    pub gpu: u32,
+    pub port: u16,
+    /// Launcher followed by the server arguments: exactly what runs. It may hold the API key:
+    /// show it only through [`Instance::display_argv`].
+    pub argv: Vec<String>,
+    /// The launcher's length within `argv`; preflight checks what follows.
+    pub launcher_len: usize,
+    pub env: BTreeMap<String, String>,
+    /// Where the server is reached from the SSH side, for health checks.
+    pub address: String,
+    pub files: RunFiles,
+    /// Identifies the config (masked argv and env): equal fingerprints mean "same server".
+    pub fingerprint: String,
+    pub profile: String,
+    /// The environment variable holding the API key (never the key), for later health checks.
+    pub api_key_env: Option<String>,
+}
+
+impl Instance {
+    /// The argv with secrets masked, for tables, JSON, logs and the record on the target.
+    pub fn display_argv(&self) -> Vec<String> {
+        flags::masked(&self.argv)
+    }
+
+    pub fn server_args(&self) -> &[String] {
+        &self.argv[self.launcher_len..]
+    }
+
+    /// `ct200 gpu5 :30005`, the name used in progress and messages.
+    pub fn label(&self) -> String {
+        format!("{} gpu{} :{}", self.host, self.gpu, self.port)
+    }
+}
+
+/// An instance's files on the target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFiles {
+    pub dir: String,
+    pub log: String,
+    pub pidfile: String,
+    pub record: String,
+}
+
+impl RunFiles {
+    pub fn new(run_root: &str, port: u16) -> RunFiles {
+        let dir = format!("{}/{port}", run_root.trim_end_matches('/'));
+        RunFiles {
+            log: format!("{dir}/server.log"),
+            pidfile: format!("{dir}/pid"),
+            record: format!("{dir}/instance.json"),
+            dir,
+        }
+    }
+}
+
+/// Errors that make a plan impossible; each names the host or GPU at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Port(#[from] ConfigError),
+    #[error("--gpus {gpus}: not in the inventory of any host (hosts have: {have})")]
+    UnknownGpus { gpus: String, have: String },
+    #[error("profile env sets CUDA_VISIBLE_DEVICES; fleet pins each server to its GPU itself")]
+    EnvPinsGpu,
+}
+
+/// Turns the profile and the hosts (with their facts) into instances, in host then GPU order.
+/// `only_gpus` is `--gpus`; `api_key` is the key's value when the profile asks for one.
+pub fn plan(
+    profile: &Profile,
+    hosts: &[(HostSpec, HostFacts)],
+    only_gpus: Option<&[u32]>,
+    api_key: Option<&str>,
+    run_root: &str,
+) -> Result<Vec<Instance>, PlanError> {
+    if profile.env.contains_key("CUDA_VISIBLE_DEVICES") {
+        return Err(PlanError::EnvPinsGpu);
+    }
+    if let Some(only) = only_gpus {
+        let known: Vec<u32> = hosts.iter().flat_map(|(h, f)| host_gpus(h, f)).collect();
+        let missing: Vec<String> = only
+            .iter()
+            .filter(|g| !known.contains(g))
+            .map(u32::to_string)
+            .collect();
+        if !missing.is_empty() {
+            let have = hosts
+                .iter()
+                .map(|(h, f)| format!("{}: {}", h.name, join(&host_gpus(h, f))))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(PlanError::UnknownGpus {
+                gpus: missing.join(","),
+                have,
+            });
+        }
+    }
+    let mut instances: Vec<Instance> = Vec::new();
+    for (host, facts) in hosts {
+        for gpu in host_gpus(host, facts) {
+            if only_gpus.is_some_and(|only| !only.contains(&gpu)) {
+                continue;
+            }
+            let port = profile.port_for_gpu(&host.name, gpu)?;
+            instances.push(instance(profile, host, facts, gpu, port, api_key, run_root));
+        }
+    }
+    Ok(instances)
+}
+
+fn instance(
+    profile: &Profile,
+    host: &HostSpec,
+    facts: &HostFacts,
+    gpu: u32,
+    port: u16,
+    api_key: Option<&str>,
+    run_root: &str,
+) -> Instance {
+    let bind_host = profile.server.host.as_deref().unwrap_or(&facts.address);
+    let render = Render {
+        help: facts.help.as_ref(),
+        bind_host,
+        port,
+        api_key,
+    };
+    let mut argv = profile.launcher.clone();
+    argv.extend(flags::server_args(profile, &render));
+    let mut env = profile.env.clone();
+    env.insert("CUDA_VISIBLE_DEVICES".to_string(), gpu.to_string());
+    // CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi, the inventory and
+    // `fleet gpus` number them by PCI bus, so pin by that order.
+    env.entry("CUDA_DEVICE_ORDER".to_string())
+        .or_insert_with(|| "PCI_BUS_ID".to_string());
+    let fingerprint = fingerprint(&flags::masked(&argv), &env);
+    Instance {
+        host: host.name.clone(),
+        gpu,
+        port,
+        argv,
+        launcher_len: profile.launcher.len(),
+        env,
+        address: facts.address.clone(),
+        files: RunFiles::new(run_root, port),
+        fingerprint,
+        profile: profile.name.clone(),
+        api_key_env: profile.api_key_env.clone(),
+    }
+}
+
+fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
+    match &host.gpus {
+        GpuSelection::All => facts.gpus_present.clone(),
+        GpuSelection::List(list) => list.clone(),
+    }
+}
+
+/// The secret never enters the fingerprint (the record holding it is readable on the target),
+/// so changing only the API key is not a config change.
+fn fingerprint(masked_argv: &[String], env: &BTreeMap<String, String>) -> String {
+    let mut hash = Sha256::new();
+    for arg in masked_argv {
+        hash.update(arg.as_bytes());
+        hash.update([0]);
+    }
+    hash.update([1]);
+    for (k, v) in env {
+        hash.update(k.as_bytes());
+        hash.update([0]);
+        hash.update(v.as_bytes());
+        hash.update([0]);
+    }
+    hash.finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn join(gpus: &[u32]) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sglang::flags::tests::profile;
+
+    const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
+
+    fn host(name: &str, gpus: GpuSelection) -> HostSpec {
+        HostSpec {
+            name: name.into(),
+            ssh: None,
+            container: None,
+            gpus,
+            address: None,
+            ssh_options: BTreeMap::new(),
+        }
+    }
+
+    fn facts(address: &str) -> HostFacts {
+        HostFacts {
+            help: Some(HelpSpec::parse(HELP_0_5_10)),
+            version: Some("0.5.10".into()),
+            address: address.into(),
+            gpus_present: vec![0, 1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn one_instance_per_gpu_pinned_with_its_port_and_files() {
+        let mut p = profile();
+        p.env.insert("HF_HUB_OFFLINE".into(), "1".into());
+        let hosts = vec![(
+            host("ct200", GpuSelection::List(vec![0, 5])),
+            facts("10.1.2.50"),
+        )];
+        let plan = plan(&p, &hosts, None, None, "/tmp/fleet").unwrap();
+        assert_eq!(plan.len(), 2);
+        let i = &plan[1];
+        assert_eq!((i.host.as_str(), i.gpu, i.port), ("ct200", 5, 30005));
+        assert_eq!(i.label(), "ct200 gpu5 :30005");
+        assert_eq!(&i.argv[..3], &p.launcher[..]);
+        assert_eq!(
+            i.server_args()[..8],
+            [
+                "--model-path",
+                "/models/Qwen3.6-27B",
+                "--served-model-name",
+                "qwen3.6-27b",
+                "--host",
+                "10.1.2.50",
+                "--port",
+                "30005"
+            ]
+        );
+        assert!(i.argv.contains(&"--mamba-scheduler-strategy".to_string()));
+        assert_eq!(
+            i.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
+            Some("5")
+        );
+        assert_eq!(i.env.get("HF_HUB_OFFLINE").map(String::as_str), Some("1"));
+        assert_eq!(
+            i.env.get("CUDA_DEVICE_ORDER").map(String::as_str),
+            Some("PCI_BUS_ID")
+        );
+        assert_eq!(
+            i.files,
+            RunFiles {
+                dir: "/tmp/fleet/30005".into(),
+                log: "/tmp/fleet/30005/server.log".into(),
+                pidfile: "/tmp/fleet/30005/pid".into(),
+                record: "/tmp/fleet/30005/instance.json".into(),
+            }
+        );
+        assert_ne!(plan[0].fingerprint, plan[1].fingerprint);
+    }
+
+    #[test]
+    fn gpus_all_uses_the_discovered_gpus_and_the_filter_applies() {
+        let hosts = vec![(host("local", GpuSelection::All), facts("127.0.0.1"))];
+        let plan = plan(&profile(), &hosts, Some(&[1, 3]), None, "/run/x/").unwrap();
+        assert_eq!(
+            plan.iter().map(|i| i.port).collect::<Vec<_>>(),
+            vec![30001, 30003]
+        );
+        assert_eq!(plan[0].files.dir, "/run/x/30001");
+    }
+
+    #[test]
+    fn unknown_gpu_in_the_filter_names_what_exists() {
+        let hosts = vec![(
+            host("ct200", GpuSelection::List(vec![0, 1])),
+            facts("127.0.0.1"),
+        )];
+        let err = plan(&profile(), &hosts, Some(&[1, 9]), None, DEFAULT_RUN_ROOT).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--gpus 9: not in the inventory of any host (hosts have: ct200: 0,1)"
+        );
+    }
+
+    #[test]
+    fn api_key_runs_but_never_shows_or_changes_the_fingerprint() {
+        let mut p = profile();
+        p.api_key_env = Some("FLEET_API_KEY".into());
+        let hosts = vec![(host("h", GpuSelection::List(vec![0])), facts("127.0.0.1"))];
+        let a = plan(&p, &hosts, None, Some("sk-one"), DEFAULT_RUN_ROOT).unwrap();
+        let b = plan(&p, &hosts, None, Some("sk-two"), DEFAULT_RUN_ROOT).unwrap();
+        assert!(a[0].argv.contains(&"sk-one".to_string()));
+        assert!(!a[0].display_argv().iter().any(|x| x.contains("sk-")));
+        assert_eq!(a[0].fingerprint, b[0].fingerprint);
+        p.server.mem_fraction_static = Some(0.8);
+        let c = plan(&p, &hosts, None, Some("sk-one"), DEFAULT_RUN_ROOT).unwrap();
+        assert_ne!(a[0].fingerprint, c[0].fingerprint);
+    }
+
+    #[test]
+    fn impossible_plans_are_errors() {
+        let mut p = profile();
+        p.port_base = 65530;
+        let hosts = vec![(host("h", GpuSelection::List(vec![7])), facts("127.0.0.1"))];
+        assert!(matches!(
+            plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT),
+            Err(PlanError::Port(_))
+        ));
+        let mut pinned = profile();
+        pinned.env.insert("CUDA_VISIBLE_DEVICES".into(), "0".into());
+        assert!(matches!(
+            plan(&pinned, &hosts, None, None, DEFAULT_RUN_ROOT),
+            Err(PlanError::EnvPinsGpu)
+        ));
+    }
+}

@@ -1,0 +1,299 @@
+//! Learning about a host before planning (its launcher's `--help`, SGLang version, server
+//! address, GPUs) and the pure preflight check of every planned argv against that `--help`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::config::{GpuSelection, HostSpec};
+use crate::gpu::{self, GpuError};
+use crate::launch::plan::{HostFacts, Instance};
+use crate::remote::{RemoteError, Transport};
+use crate::sglang::flags::{self, Mismatch};
+use crate::sglang::help::{self, HelpSpec};
+
+/// Reads the installed version from package metadata without importing sglang (which would
+/// import torch and take seconds).
+const VERSION_SCRIPT: &str = "import importlib.metadata as m; print(m.version('sglang'))";
+
+#[derive(Debug, thiserror::Error)]
+pub enum FactsError {
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error(
+        "{host}: `{command}` failed (exit {status}): {stderr}\n  hint: check the profile's launcher; --skip-preflight starts without checking flags"
+    )]
+    Help {
+        host: String,
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error(
+        "{host}: `{command}` listed no options; --skip-preflight starts without checking flags"
+    )]
+    EmptyHelp { host: String, command: String },
+    #[error(
+        "{0}\n  hint: `gpus: all` reads the GPUs from the host; or list them, e.g. gpus: [0,1,2,3]"
+    )]
+    Gpus(#[from] GpuError),
+}
+
+/// Everything planning needs to know about one host; `--help` is read only when `preflight`.
+/// `--help` and the version are read with the profile's `env`, as the servers will run.
+pub async fn host_facts(
+    t: &Arc<dyn Transport>,
+    host: &HostSpec,
+    launcher: &[String],
+    env: &BTreeMap<String, String>,
+    preflight: bool,
+) -> Result<HostFacts, FactsError> {
+    let address = t.server_address().await?;
+    let t_ref = t.as_ref();
+    let with_env = |argv: Vec<String>| -> Vec<String> {
+        if env.is_empty() {
+            return argv;
+        }
+        let mut full = vec!["env".to_string()];
+        full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        full.extend(argv);
+        full
+    };
+    let help_text = if preflight {
+        let mut argv = launcher.to_vec();
+        argv.push("--help".to_string());
+        Some(read_help(t_ref, with_env(argv)).await?)
+    } else {
+        None
+    };
+    let version = match python_of(launcher) {
+        Some(python) => {
+            let argv = vec![
+                python.to_string(),
+                "-c".to_string(),
+                VERSION_SCRIPT.to_string(),
+            ];
+            read_version(t_ref, with_env(argv)).await
+        }
+        None => help_text.as_deref().and_then(help::stated_version),
+    };
+    let gpus_present = match host.gpus {
+        GpuSelection::All => {
+            let local = host.ssh.is_none() && host.container.is_none();
+            gpu::read_host(t.clone(), local)
+                .await?
+                .iter()
+                .map(|g| g.index)
+                .collect()
+        }
+        GpuSelection::List(_) => Vec::new(),
+    };
+    Ok(HostFacts {
+        help: help_text.map(|t| HelpSpec::parse(&t)),
+        version,
+        address,
+        gpus_present,
+    })
+}
+
+async fn read_help(t: &dyn Transport, argv: Vec<String>) -> Result<String, FactsError> {
+    let out = t.run(&argv).await?;
+    let command = argv.join(" ");
+    if !out.success() {
+        let stderr = out.stderr_lossy();
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        return Err(FactsError::Help {
+            host: t.host().to_string(),
+            command,
+            status: out
+                .status
+                .map_or("by signal".to_string(), |s| s.to_string()),
+            stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        });
+    }
+    let text = out.stdout_lossy();
+    if HelpSpec::parse(&text).is_empty() {
+        return Err(FactsError::EmptyHelp {
+            host: t.host().to_string(),
+            command,
+        });
+    }
+    Ok(text)
+}
+
+/// The interpreter of a `python ... -m module` launcher.
+fn python_of(launcher: &[String]) -> Option<&str> {
+    let first = launcher.first()?;
+    let name = first.rsplit('/').next().unwrap_or(first);
+    name.starts_with("python").then_some(first.as_str())
+}
+
+/// The version is only shown, so failing to read it is a warning, not an error.
+async fn read_version(t: &dyn Transport, argv: Vec<String>) -> Option<String> {
+    match t.run(&argv).await {
+        Ok(out) if out.success() => Some(out.stdout_lossy().trim().to_string()),
+        Ok(out) => {
+            tracing::warn!(
+                "{}: cannot read the SGLang version: {}",
+                t.host(),
+                out.stderr_lossy().trim()
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!("cannot read the SGLang version: {e}");
+            None
+        }
+    }
+}
+
+/// Every flag the hosts would reject, grouped by host; identical problems of a host's GPUs
+/// (they differ only in the port) are reported once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreflightFailure {
+    pub hosts: Vec<HostMismatches>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostMismatches {
+    pub host: String,
+    pub version: Option<String>,
+    pub launcher: String,
+    pub problems: Vec<Mismatch>,
+}
+
+impl std::error::Error for PreflightFailure {}
+
+impl fmt::Display for PreflightFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count: usize = self.hosts.iter().map(|h| h.problems.len()).sum();
+        write!(f, "preflight: {count} flag problem(s); nothing was started")?;
+        for h in &self.hosts {
+            let version = h.version.as_deref().unwrap_or("version unknown");
+            write!(
+                f,
+                "\n  {} (SGLang {version}, `{} --help`):",
+                h.host, h.launcher
+            )?;
+            for p in &h.problems {
+                write!(f, "\n    {p}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks each planned argv against its host's `--help`. Hosts without help (preflight
+/// skipped) are not checked.
+pub fn preflight(
+    instances: &[Instance],
+    facts: &BTreeMap<String, HostFacts>,
+) -> Result<(), PreflightFailure> {
+    let mut hosts: Vec<HostMismatches> = Vec::new();
+    for instance in instances {
+        let Some(f) = facts.get(&instance.host) else {
+            continue;
+        };
+        let Some(help) = &f.help else { continue };
+        let problems = flags::check(instance.server_args(), help);
+        if problems.is_empty() {
+            continue;
+        }
+        let entry = match hosts.iter_mut().position(|h| h.host == instance.host) {
+            Some(i) => &mut hosts[i],
+            None => {
+                hosts.push(HostMismatches {
+                    host: instance.host.clone(),
+                    version: f.version.clone(),
+                    launcher: instance.argv[..instance.launcher_len].join(" "),
+                    problems: Vec::new(),
+                });
+                hosts.last_mut().expect("just pushed")
+            }
+        };
+        for p in problems {
+            if !entry.problems.contains(&p) {
+                entry.problems.push(p);
+            }
+        }
+    }
+    if hosts.is_empty() {
+        Ok(())
+    } else {
+        Err(PreflightFailure { hosts })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MambaStrategy;
+    use crate::launch::plan::{self, DEFAULT_RUN_ROOT};
+    use crate::sglang::flags::tests::profile;
+
+    const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
+    const HELP_0_5_23: &str = include_str!("../../tests/fixtures/sglang/help-0.5.23.txt");
+
+    fn host(name: &str) -> HostSpec {
+        HostSpec {
+            name: name.into(),
+            ssh: None,
+            container: None,
+            gpus: GpuSelection::List(vec![0, 1]),
+            address: None,
+            ssh_options: Default::default(),
+        }
+    }
+
+    fn facts(help: &str, version: &str) -> HostFacts {
+        HostFacts {
+            help: Some(HelpSpec::parse(help)),
+            version: Some(version.into()),
+            address: "127.0.0.1".into(),
+            gpus_present: vec![],
+        }
+    }
+
+    #[test]
+    fn one_report_per_host_with_version_and_every_problem() {
+        let mut p = profile();
+        p.server.mamba_strategy = Some(MambaStrategy::ExtraBufferLazy);
+        p.server.extra_args = vec!["--trust-remote-cod".into()];
+        let hosts = vec![
+            (host("old"), facts(HELP_0_5_10, "0.5.10")),
+            (host("new"), facts(HELP_0_5_23, "0.5.23")),
+        ];
+        let instances = plan::plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT).unwrap();
+        let facts: BTreeMap<_, _> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
+        let err = preflight(&instances, &facts).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "preflight: 3 flag problem(s); nothing was started\n  \
+             old (SGLang 0.5.10, `/venv/bin/python -m sglang.launch_server --help`):\n    \
+             --mamba-scheduler-strategy: invalid choice 'extra_buffer_lazy' (choose from auto, no_buffer, extra_buffer)\n    \
+             unrecognized argument --trust-remote-cod (did you mean --trust-remote-code?)\n  \
+             new (SGLang 0.5.23, `/venv/bin/python -m sglang.launch_server --help`):\n    \
+             unrecognized argument --trust-remote-cod (did you mean --trust-remote-code?)"
+        );
+    }
+
+    #[test]
+    fn a_valid_plan_and_a_skipped_preflight_pass() {
+        let hosts = vec![(host("new"), facts(HELP_0_5_23, "0.5.23"))];
+        let instances = plan::plan(&profile(), &hosts, None, None, DEFAULT_RUN_ROOT).unwrap();
+        let mut facts: BTreeMap<_, _> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
+        assert_eq!(preflight(&instances, &facts), Ok(()));
+        facts.get_mut("new").unwrap().help = None;
+        assert_eq!(preflight(&instances, &facts), Ok(()));
+    }
+
+    #[test]
+    fn python_launchers_are_recognised() {
+        let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            python_of(&l(&["/venv/bin/python3.11", "-m", "sglang.launch_server"])),
+            Some("/venv/bin/python3.11")
+        );
+        assert_eq!(python_of(&l(&["sglang-sim"])), None);
+    }
+}

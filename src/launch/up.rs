@@ -1,0 +1,455 @@
+//! Starting a planned fleet: survey what already runs (idempotence, `--replace`, foreign ports),
+//! start every instance detached in parallel, follow each to readiness or failure, and undo
+//! what was started when interrupted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::HealthSettings;
+use crate::launch::down::{self, StopState};
+use crate::launch::plan::Instance;
+use crate::launch::probe::{Probe, ServerInfo};
+use crate::launch::state::{self, InstanceRecord, Liveness, ProcTable, StateError};
+use crate::remote::{Detached, Transport};
+
+/// First wait between health checks; doubled up to the profile's poll period (at most 1 s).
+const FIRST_POLL: Duration = Duration::from_millis(100);
+const MAX_POLL: Duration = Duration::from_secs(1);
+/// Log lines shown for an instance that failed.
+pub const LOG_TAIL_LINES: usize = 20;
+
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub replace: bool,
+    pub keep_on_interrupt: bool,
+    /// SIGTERM grace when stopping (a replaced config, a timed-out start, an interrupt).
+    pub grace: Duration,
+}
+
+/// Where an `up` runs: the hosts, HTTP to the servers, and where progress and Ctrl-C go.
+#[derive(Clone, Copy)]
+pub struct Run<'a> {
+    pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
+    pub probe: &'a Probe,
+    pub run_root: &'a str,
+    pub events: &'a UnboundedSender<UpEvent>,
+    pub cancel: &'a CancellationToken,
+}
+
+/// Progress of one instance, keyed by its index in the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpEvent {
+    Started { key: usize, pid: u32 },
+    AlreadyRunning { key: usize, pid: u32 },
+    Ready { key: usize, after: Duration },
+    Failed { key: usize, reason: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpState {
+    Ready,
+    /// Was already running this exact config; left alone.
+    AlreadyRunning,
+    Failed,
+    /// Ctrl-C came first.
+    Interrupted,
+}
+
+impl UpState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpState::Ready => "ready",
+            UpState::AlreadyRunning => "already running",
+            UpState::Failed => "failed",
+            UpState::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UpOutcome {
+    pub host: String,
+    pub gpu: u32,
+    pub port: u16,
+    pub pid: Option<u32>,
+    pub state: UpState,
+    /// Seconds from start to the first healthy answer.
+    pub ready_after: Option<f64>,
+    #[serde(flatten)]
+    pub info: ServerInfo,
+    pub error: Option<String>,
+    pub log_tail: Option<String>,
+    /// The server argv with secrets masked.
+    pub argv: Vec<String>,
+}
+
+/// Why nothing was started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conflict {
+    /// Our instance runs a different config on this port.
+    DifferentConfig {
+        label: String,
+        pid: u32,
+        profile: String,
+    },
+    /// Something fleet did not start listens on the port.
+    ForeignPort { label: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("{}", conflicts_message(.0))]
+    Conflicts(Vec<Conflict>),
+}
+
+fn conflicts_message(conflicts: &[Conflict]) -> String {
+    let mut out = String::from("nothing was started:");
+    let mut different = false;
+    for c in conflicts {
+        match c {
+            Conflict::DifferentConfig { label, pid, profile } => {
+                different = true;
+                out.push_str(&format!(
+                    "\n  {label}: already running a different config (profile {profile}, pid {pid})"
+                ));
+            }
+            Conflict::ForeignPort { label } => out.push_str(&format!(
+                "\n  {label}: the port is in use by a process fleet did not start; stop it or change port_base"
+            )),
+        }
+    }
+    if different {
+        out.push_str("\n  hint: --replace restarts them with this config; `fleet down` stops them");
+    }
+    out
+}
+
+/// What already runs on a host, looked at once before starting anything.
+struct Survey {
+    records: Vec<InstanceRecord>,
+    table: ProcTable,
+    listening: BTreeSet<u16>,
+}
+
+enum Action<'a> {
+    Start,
+    Keep(&'a InstanceRecord),
+    Replace(&'a InstanceRecord),
+}
+
+/// Starts the planned instances and waits for each to become ready or fail. Refuses (starting
+/// nothing) when a port runs another config without `replace`, or a foreign process holds it.
+pub async fn up(
+    instances: &[Instance],
+    health: &HealthSettings,
+    opts: &UpOptions,
+    run: &Run<'_>,
+) -> Result<Vec<UpOutcome>, UpError> {
+    let Run {
+        transports,
+        run_root,
+        cancel,
+        ..
+    } = *run;
+    let surveys = survey(transports, run_root).await?;
+    let mut actions = Vec::with_capacity(instances.len());
+    let mut conflicts = Vec::new();
+    for instance in instances {
+        let s = &surveys[&instance.host];
+        let ours = s.records.iter().find(|r| {
+            r.port == instance.port
+                && (s.table.liveness(r.pid, r.start_ticks) == Liveness::Running
+                    || !s.table.group(r.pid).is_empty())
+        });
+        let action = match ours {
+            Some(r) if r.fingerprint == instance.fingerprint => Action::Keep(r),
+            Some(r) if opts.replace => Action::Replace(r),
+            Some(r) => {
+                conflicts.push(Conflict::DifferentConfig {
+                    label: instance.label(),
+                    pid: r.pid,
+                    profile: r.profile.clone(),
+                });
+                continue;
+            }
+            None if s.listening.contains(&instance.port) => {
+                conflicts.push(Conflict::ForeignPort {
+                    label: instance.label(),
+                });
+                continue;
+            }
+            None => Action::Start,
+        };
+        actions.push(action);
+    }
+    if !conflicts.is_empty() {
+        return Err(UpError::Conflicts(conflicts));
+    }
+    let runs = instances
+        .iter()
+        .zip(actions)
+        .enumerate()
+        .map(|(key, (instance, action))| {
+            let t = transports[&instance.host].as_ref();
+            bring_up(key, instance, action, t, health, opts, run)
+        });
+    let results = futures::future::join_all(runs).await;
+    if cancel.is_cancelled() && !opts.keep_on_interrupt {
+        let started = results.iter().filter_map(|(_, record)| record.as_ref());
+        let stops = started.map(|r| down::stop(transports[&r.host].as_ref(), r, opts.grace));
+        for stopped in futures::future::join_all(stops).await {
+            if stopped.state == StopState::Failed {
+                tracing::warn!(
+                    "{} :{}: could not stop after the interrupt: {}",
+                    stopped.host,
+                    stopped.port,
+                    stopped.error.unwrap_or_default()
+                );
+            }
+        }
+    }
+    Ok(results.into_iter().map(|(outcome, _)| outcome).collect())
+}
+
+async fn survey(
+    transports: &BTreeMap<String, Arc<dyn Transport>>,
+    run_root: &str,
+) -> Result<BTreeMap<String, Survey>, StateError> {
+    let looks = transports.iter().map(|(name, t)| async move {
+        let t = t.as_ref();
+        let records = state::read_records(t, run_root).await?;
+        let table = state::proc_table(t).await?;
+        let listening = state::listening_ports(t).await?;
+        Ok::<_, StateError>((
+            name.clone(),
+            Survey {
+                records,
+                table,
+                listening,
+            },
+        ))
+    });
+    futures::future::try_join_all(looks)
+        .await
+        .map(|v| v.into_iter().collect())
+}
+
+/// One instance from start to ready, failed or interrupted. Also returns the record of a
+/// process this run started and left running, for cleanup after an interrupt.
+async fn bring_up(
+    key: usize,
+    instance: &Instance,
+    action: Action<'_>,
+    t: &dyn Transport,
+    health: &HealthSettings,
+    opts: &UpOptions,
+    run: &Run<'_>,
+) -> (UpOutcome, Option<InstanceRecord>) {
+    let Run {
+        probe,
+        events,
+        cancel,
+        ..
+    } = *run;
+    let mut outcome = UpOutcome {
+        host: instance.host.clone(),
+        gpu: instance.gpu,
+        port: instance.port,
+        pid: None,
+        state: UpState::Failed,
+        ready_after: None,
+        info: ServerInfo::default(),
+        error: None,
+        log_tail: None,
+        argv: instance.display_argv(),
+    };
+    let fail = |outcome: &mut UpOutcome, reason: String| {
+        let _ = events.send(UpEvent::Failed {
+            key,
+            reason: reason.clone(),
+        });
+        outcome.error = Some(reason);
+    };
+    let kept = match action {
+        Action::Keep(record) => Some(record.clone()),
+        Action::Replace(record) => {
+            let stopped = down::stop(t, record, opts.grace).await;
+            if stopped.state == StopState::Failed || !stopped.port_closed {
+                let why = stopped.error.unwrap_or_default();
+                fail(
+                    &mut outcome,
+                    format!("could not stop the old server (pid {}): {why}", record.pid),
+                );
+                return (outcome, None);
+            }
+            None
+        }
+        Action::Start => None,
+    };
+    if cancel.is_cancelled() {
+        outcome.state = UpState::Interrupted;
+        return (outcome, None);
+    }
+    let started_here = kept.is_none();
+    let record = match kept {
+        Some(record) => record,
+        None => match start(t, instance).await {
+            Ok(record) => {
+                let _ = events.send(UpEvent::Started {
+                    key,
+                    pid: record.pid,
+                });
+                record
+            }
+            Err(e) => {
+                fail(&mut outcome, e.to_string());
+                return (outcome, None);
+            }
+        },
+    };
+    outcome.pid = Some(record.pid);
+    // Only what this run started is undone after an interrupt.
+    let ours = started_here.then(|| record.clone());
+    let started = Instant::now();
+    // An instance left running by an earlier `up` may still be loading: it is waited for too.
+    let waited = tokio::select! {
+        _ = cancel.cancelled() => None,
+        w = wait_ready(t, instance, &record, health, probe) => Some(w),
+    };
+    let after = started.elapsed();
+    match waited {
+        None => outcome.state = UpState::Interrupted,
+        Some(Ok(())) => {
+            if started_here {
+                let _ = events.send(UpEvent::Ready { key, after });
+                outcome.state = UpState::Ready;
+                outcome.ready_after = Some((after.as_secs_f64() * 10.0).round() / 10.0);
+            } else {
+                let _ = events.send(UpEvent::AlreadyRunning {
+                    key,
+                    pid: record.pid,
+                });
+                outcome.state = UpState::AlreadyRunning;
+            }
+            match server_info(t, instance, probe).await {
+                Ok(info) => outcome.info = info,
+                Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
+            }
+        }
+        Some(Err(failure)) => {
+            let mut reason = failure.to_string();
+            if started_here && matches!(failure, Failure::Timeout(_)) {
+                // A server that never became ready still holds its GPU.
+                down::stop(t, &record, opts.grace).await;
+                reason.push_str("; stopped it");
+            }
+            outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES)
+                .await
+                .ok();
+            fail(&mut outcome, reason);
+        }
+    }
+    (outcome, ours)
+}
+
+async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord, StateError> {
+    let pid = t
+        .spawn_detached(&Detached {
+            argv: instance.argv.clone(),
+            env: instance.env.clone(),
+            log: instance.files.log.clone(),
+            pidfile: instance.files.pidfile.clone(),
+        })
+        .await?;
+    // A process that died at once has no stat; record start time 0 so it reads as dead.
+    let start_ticks = state::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
+    let record = InstanceRecord {
+        host: instance.host.clone(),
+        gpu: instance.gpu,
+        port: instance.port,
+        profile: instance.profile.clone(),
+        fingerprint: instance.fingerprint.clone(),
+        argv: instance.display_argv(),
+        address: instance.address.clone(),
+        pid,
+        start_ticks,
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        api_key_env: instance.api_key_env.clone(),
+        dir: instance.files.dir.clone(),
+        log: instance.files.log.clone(),
+        pidfile: instance.files.pidfile.clone(),
+        record: instance.files.record.clone(),
+    };
+    state::write_record(t, &record).await?;
+    Ok(record)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("the server process exited during startup")]
+    Died,
+    #[error("not ready after {}", humantime::format_duration(*.0))]
+    Timeout(Duration),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
+}
+
+/// Polls `/health` until 200, failing as soon as the process is gone or the startup timeout
+/// passes. Polls quickly at first, then every `health.poll` (at most 1 s).
+async fn wait_ready(
+    t: &dyn Transport,
+    instance: &Instance,
+    record: &InstanceRecord,
+    health: &HealthSettings,
+    probe: &Probe,
+) -> Result<(), Failure> {
+    let tunnel = t.forward(&instance.address, instance.port).await?;
+    let base = format!("http://{}", tunnel.local_addr());
+    let cap = health.poll.clamp(FIRST_POLL, MAX_POLL);
+    let started = Instant::now();
+    let mut wait = FIRST_POLL;
+    let result = loop {
+        if let Ok(200) = probe.health(&base).await {
+            break Ok(());
+        }
+        let alive = state::proc_stat(t, record.pid)
+            .await?
+            .is_some_and(|p| p.running() && p.start_ticks == record.start_ticks);
+        if !alive {
+            break Err(Failure::Died);
+        }
+        if started.elapsed() >= health.startup_timeout {
+            break Err(Failure::Timeout(health.startup_timeout));
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(cap);
+    };
+    tunnel.close().await;
+    result
+}
+
+async fn server_info(
+    t: &dyn Transport,
+    instance: &Instance,
+    probe: &Probe,
+) -> Result<ServerInfo, Box<dyn std::error::Error + Send + Sync>> {
+    let tunnel = t.forward(&instance.address, instance.port).await?;
+    let info = probe
+        .server_info(&format!("http://{}", tunnel.local_addr()))
+        .await;
+    tunnel.close().await;
+    Ok(info?)
+}

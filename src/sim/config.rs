@@ -1,0 +1,586 @@
+//! The sim's command line: SGLang's option table for the chosen version plus the `--sim-*`
+//! knobs (each also settable as `SGLANG_SIM_*`), resolved into one typed `Config`.
+
+use std::path::PathBuf;
+
+use serde_json::{Map, Value as Json};
+
+use crate::sim::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
+use crate::sim::model::{Params, Settings, Strategy};
+
+pub const DEFAULT_VERSION: &str = "0.5.23";
+
+struct SimOpt {
+    name: &'static str,
+    kind: Kind,
+    flag: bool,
+    default: &'static str,
+    help: &'static str,
+}
+
+const fn knob(name: &'static str, kind: Kind, default: &'static str, help: &'static str) -> SimOpt {
+    SimOpt {
+        name,
+        kind,
+        flag: false,
+        default,
+        help,
+    }
+}
+
+const fn switch(name: &'static str, help: &'static str) -> SimOpt {
+    SimOpt {
+        name,
+        kind: Kind::Str,
+        flag: true,
+        default: "False",
+        help,
+    }
+}
+
+const SIM_OPTS: &[SimOpt] = &[
+    knob(
+        "--sim-version",
+        Kind::Str,
+        DEFAULT_VERSION,
+        "SGLang version to emulate: picks the accepted options, what `auto` resolves to and the reported version.",
+    ),
+    knob(
+        "--sim-time-scale",
+        Kind::Float,
+        "1",
+        "Run this many times faster than real time (startup, prefill and decode alike).",
+    ),
+    knob(
+        "--sim-startup-secs",
+        Kind::Float,
+        "30",
+        "Simulated model load time in seconds before the server is ready.",
+    ),
+    knob(
+        "--sim-gpu-mem-gib",
+        Kind::Float,
+        "95.59",
+        "Simulated GPU memory in GiB (default 97887 MiB: RTX PRO 6000 Blackwell Server Edition).",
+    ),
+    knob(
+        "--sim-weights-gib",
+        Kind::Float,
+        "49",
+        "Model weights in GiB (27B parameters in bf16).",
+    ),
+    knob(
+        "--sim-model-context-length",
+        Kind::Int,
+        "262144",
+        "The model's own context length (config.json), used without --context-length.",
+    ),
+    knob(
+        "--sim-mamba-slot-mib",
+        Kind::Float,
+        "72",
+        "Memory of one mamba state slot (conv + ssm state of all linear-attention layers), MiB.",
+    ),
+    knob(
+        "--sim-kv-kib-per-token",
+        Kind::Float,
+        "64",
+        "KV cache per token over the full-attention layers, KiB.",
+    ),
+    knob(
+        "--sim-overlap-reserve-gib",
+        Kind::Float,
+        "4.5",
+        "Memory extra_buffer strategies reserve for overlapped state copies before the mamba/KV split, GiB.",
+    ),
+    knob(
+        "--sim-cuda-graph-gib",
+        Kind::Float,
+        "5",
+        "Memory CUDA graph capture and activations need outside the static pool, GiB.",
+    ),
+    knob(
+        "--sim-decode-base-ms",
+        Kind::Float,
+        "24.5",
+        "Fixed cost of one decode step, ms.",
+    ),
+    knob(
+        "--sim-decode-per-req-ms",
+        Kind::Float,
+        "0.5",
+        "Cost of one decode step per running request, ms.",
+    ),
+    knob(
+        "--sim-overlap-speedup",
+        Kind::Float,
+        "1.15",
+        "Decode speedup from overlap scheduling (extra_buffer strategies only).",
+    ),
+    knob(
+        "--sim-extra-buffer-copy-ms",
+        Kind::Float,
+        "8.34",
+        "Per-request mamba state copy cost per decode step under extra_buffer on this hardware, ms (calibrated to the seed's 107 tok/s).",
+    ),
+    knob(
+        "--sim-prefill-base-ms",
+        Kind::Float,
+        "3",
+        "Fixed cost of one prefill batch, ms.",
+    ),
+    knob(
+        "--sim-prefill-per-token-ms",
+        Kind::Float,
+        "0.05",
+        "Prefill cost per prompt token, ms.",
+    ),
+    knob(
+        "--sim-mean-output-tokens",
+        Kind::Int,
+        "988",
+        "Mean natural output length (before max tokens and context caps).",
+    ),
+    knob(
+        "--sim-mean-prompt-tokens",
+        Kind::Int,
+        "96",
+        "Prompt length of the default workload behind ideal_output_tok_s.",
+    ),
+    knob(
+        "--sim-die-after",
+        Kind::Int,
+        "None",
+        "Crash abruptly after N completed requests; 0 crashes during model load.",
+    ),
+    knob(
+        "--sim-fail-rate",
+        Kind::Float,
+        "0",
+        "Fraction of generation requests answered with HTTP 500.",
+    ),
+    knob(
+        "--sim-seed",
+        Kind::Int,
+        "0",
+        "Seed of the fault injection draws.",
+    ),
+    switch(
+        "--sim-instant",
+        "Answer generation requests at once with realistic bodies, without scheduling (client benchmarks).",
+    ),
+    switch(
+        "--sim-ignore-sigterm",
+        "Ignore SIGTERM (to test SIGKILL escalation); SIGINT still stops the server.",
+    ),
+    knob(
+        "--sim-gpu-state-dir",
+        Kind::Str,
+        "/tmp/sglang-sim-gpus",
+        "Where the fake GPU state file gpu<N>-<pid>.json is written (N: first CUDA_VISIBLE_DEVICES entry).",
+    ),
+];
+
+/// The environment variable that sets a `--sim-*` option.
+pub fn env_name(option: &str) -> String {
+    format!(
+        "SGLANG_{}",
+        option
+            .trim_start_matches("--")
+            .replace('-', "_")
+            .to_uppercase()
+    )
+}
+
+fn sim_specs() -> Vec<OptSpec> {
+    SIM_OPTS
+        .iter()
+        .map(|o| OptSpec {
+            names: vec![o.name.to_string()],
+            nargs: if o.flag { Nargs::Zero } else { Nargs::One },
+            choices: Vec::new(),
+            default: o.default.to_string(),
+            kind: o.kind,
+            required: false,
+            help: format!(
+                "{} Env: {}. (default: {})",
+                o.help,
+                env_name(o.name),
+                o.default
+            ),
+        })
+        .collect()
+}
+
+/// The version to emulate: `--sim-version V` / `--sim-version=V` on the command line, else
+/// `SGLANG_SIM_VERSION`, else the default. It is read first because it picks the option table.
+pub fn requested_version(args: &[String]) -> String {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--sim-version" {
+            if let Some(v) = it.next() {
+                return v.clone();
+            }
+        } else if let Some(v) = a.strip_prefix("--sim-version=") {
+            return v.to_string();
+        }
+    }
+    std::env::var("SGLANG_SIM_VERSION").unwrap_or_else(|_| DEFAULT_VERSION.to_string())
+}
+
+/// The parser for a version: SGLang's options, then the sim's own group.
+pub fn parser_for(version: &str) -> Result<Parser, String> {
+    let v = argparse::parse_version(version).ok_or_else(|| {
+        format!("argument --sim-version: invalid version: '{version}' (expected e.g. 0.5.23)")
+    })?;
+    let (table, aliases) = argparse::table_for(v);
+    let mut opts = argparse::load_table(table);
+    if aliases {
+        opts.extend(argparse::deprecated_aliases());
+    }
+    Ok(Parser {
+        description: format!(
+            "sglang-sim emulating SGLang {version}: a stand-in for `python -m \
+             sglang.launch_server` that accepts exactly this version's options, serves its HTTP \
+             API and simulates a hybrid model on one GPU. SGLang options the sim does not model \
+             are accepted and ignored."
+        ),
+        groups: vec![
+            ("options".to_string(), opts),
+            ("sglang-sim options".to_string(), sim_specs()),
+        ],
+    })
+}
+
+/// Everything the sim needs, typed.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub version: String,
+    pub host: String,
+    pub port: u16,
+    pub model_path: String,
+    pub served_model_name: String,
+    pub api_key: Option<String>,
+    pub enable_metrics: bool,
+    pub time_scale: f64,
+    pub startup_secs: f64,
+    pub die_after: Option<u64>,
+    pub fail_rate: f64,
+    pub seed: u64,
+    pub instant: bool,
+    pub ignore_sigterm: bool,
+    pub gpu_state_dir: PathBuf,
+    pub gpu_index: u32,
+    pub params: Params,
+    pub settings: Settings,
+    /// The server args as `/server_info` reports them (dest → value).
+    pub server_args: Map<String, Json>,
+}
+
+/// Source of a `--sim-*` value: the flag, else its environment variable.
+fn sim_raw(parsed: &Parsed, name: &str) -> Result<Option<(String, String)>, String> {
+    let dest = name.trim_start_matches("--").replace('-', "_");
+    if let Some(Value::One(v)) = parsed.given.get(&dest) {
+        return Ok(Some((format!("argument {name}"), v.clone())));
+    }
+    if let Some(Value::Bool(b)) = parsed.given.get(&dest) {
+        return Ok(Some((format!("argument {name}"), b.to_string())));
+    }
+    let env = env_name(name);
+    match std::env::var(&env) {
+        Ok(v) => Ok(Some((format!("environment variable {env}"), v))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(format!("environment variable {env}: not UTF-8"))
+        }
+    }
+}
+
+fn sim_f64(parsed: &Parsed, name: &str) -> Result<f64, String> {
+    let default = SIM_OPTS.iter().find(|o| o.name == name).map(|o| o.default);
+    match sim_raw(parsed, name)? {
+        Some((src, v)) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| format!("{src}: invalid non-negative number: '{v}'")),
+        None => Ok(default.and_then(|d| d.parse().ok()).unwrap_or(0.0)),
+    }
+}
+
+fn sim_u64(parsed: &Parsed, name: &str) -> Result<Option<u64>, String> {
+    match sim_raw(parsed, name)? {
+        Some((src, v)) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| format!("{src}: invalid non-negative int value: '{v}'")),
+        None => Ok(SIM_OPTS
+            .iter()
+            .find(|o| o.name == name)
+            .and_then(|o| o.default.parse().ok())),
+    }
+}
+
+fn sim_bool(parsed: &Parsed, name: &str) -> Result<bool, String> {
+    match sim_raw(parsed, name)? {
+        Some((src, v)) => match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            _ => Err(format!("{src}: invalid boolean: '{v}' (use 1 or 0)")),
+        },
+        None => Ok(false),
+    }
+}
+
+fn num<T: std::str::FromStr>(parsed: &Parsed, dest: &str) -> Option<T> {
+    parsed.str(dest).and_then(|v| v.trim().parse().ok())
+}
+
+/// Python-repr default from the option table, as JSON.
+fn default_json(default: &str) -> Json {
+    match default {
+        "None" | "?" => Json::Null,
+        "True" => Json::Bool(true),
+        "False" => Json::Bool(false),
+        "[]" => Json::Array(Vec::new()),
+        d => {
+            if let Ok(i) = d.parse::<i64>() {
+                Json::from(i)
+            } else if let Ok(f) = d.parse::<f64>() {
+                Json::from(f)
+            } else {
+                Json::String(d.to_string())
+            }
+        }
+    }
+}
+
+fn given_json(spec: &OptSpec, v: &Value) -> Json {
+    let one = |s: &str| match spec.kind {
+        Kind::Int => s
+            .trim()
+            .parse::<i64>()
+            .map(Json::from)
+            .unwrap_or(Json::Null),
+        Kind::Float => s
+            .trim()
+            .parse::<f64>()
+            .map(Json::from)
+            .unwrap_or(Json::Null),
+        Kind::Str => Json::String(s.to_string()),
+    };
+    match v {
+        Value::Bool(b) => Json::Bool(*b),
+        Value::One(s) => one(s),
+        Value::Many(vs) => Json::Array(vs.iter().map(|s| one(s)).collect()),
+        Value::Missing => Json::Null,
+    }
+}
+
+/// Parses a full command line (without argv[0]).
+pub fn parse(args: &[String]) -> Result<Config, (Option<Parser>, Outcome)> {
+    let version = requested_version(args);
+    let parser = parser_for(&version).map_err(|e| (None, Outcome::Error(e)))?;
+    let parsed = match parser.parse(args) {
+        Ok(p) => p,
+        Err(o) => return Err((Some(parser), o)),
+    };
+    resolve(&parser, &parsed, version).map_err(|e| (Some(parser), Outcome::Error(e)))
+}
+
+fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, String> {
+    let v = argparse::parse_version(&version).unwrap_or((0, 5, 23));
+    let requested = parsed
+        .str("mamba_radix_cache_strategy")
+        .or_else(|| parsed.str("mamba_scheduler_strategy"))
+        .unwrap_or("auto");
+    // SGLang 0.5.15+ resolves `auto` to extra_buffer for hybrid models that support overlap
+    // (the simulated model is one); earlier versions to no_buffer.
+    let strategy = match Strategy::parse(requested) {
+        Some(s) => s,
+        None if v >= (0, 5, 15) => Strategy::ExtraBuffer,
+        None => Strategy::NoBuffer,
+    };
+    let gib = |name: &str| sim_f64(parsed, name).map(|g| g * 1024.0);
+    let gpu_total_mib = match sim_raw(parsed, "--sim-gpu-mem-gib")? {
+        Some(_) => gib("--sim-gpu-mem-gib")?.round(),
+        None => Params::default().gpu_total_mib,
+    };
+    let params = Params {
+        gpu_total_mib,
+        weights_mib: gib("--sim-weights-gib")?,
+        mamba_slot_mib: sim_f64(parsed, "--sim-mamba-slot-mib")?.max(1e-3),
+        kv_kib_per_token: sim_f64(parsed, "--sim-kv-kib-per-token")?.max(1e-3),
+        overlap_reserve_mib: gib("--sim-overlap-reserve-gib")?,
+        cuda_graph_mib: gib("--sim-cuda-graph-gib")?,
+        model_context_len: sim_u64(parsed, "--sim-model-context-length")?.unwrap_or(262_144),
+        decode_base_ms: sim_f64(parsed, "--sim-decode-base-ms")?,
+        decode_per_req_ms: sim_f64(parsed, "--sim-decode-per-req-ms")?,
+        overlap_speedup: sim_f64(parsed, "--sim-overlap-speedup")?.max(1e-3),
+        extra_buffer_copy_ms: sim_f64(parsed, "--sim-extra-buffer-copy-ms")?,
+        prefill_base_ms: sim_f64(parsed, "--sim-prefill-base-ms")?,
+        prefill_per_token_ms: sim_f64(parsed, "--sim-prefill-per-token-ms")?,
+        mean_output_tokens: sim_u64(parsed, "--sim-mean-output-tokens")?.unwrap_or(988),
+        mean_prompt_tokens: sim_u64(parsed, "--sim-mean-prompt-tokens")?.unwrap_or(96),
+    };
+    let settings = Settings {
+        mem_fraction_static: num(parsed, "mem_fraction_static").unwrap_or(0.85),
+        strategy,
+        radix_cache_disabled: parsed.flag("disable_radix_cache"),
+        overlap_disabled: parsed.flag("disable_overlap_schedule"),
+        max_running_requests: num(parsed, "max_running_requests"),
+        max_mamba_cache_size: num(parsed, "max_mamba_cache_size"),
+        mamba_full_memory_ratio: num(parsed, "mamba_full_memory_ratio").unwrap_or(0.9),
+        context_length: num(parsed, "context_length"),
+        max_total_tokens: num(parsed, "max_total_tokens"),
+        chunked_prefill_size: num(parsed, "chunked_prefill_size").unwrap_or(8192),
+        max_prefill_tokens: num(parsed, "max_prefill_tokens").unwrap_or(16384),
+    };
+    let time_scale = sim_f64(parsed, "--sim-time-scale")?;
+    if time_scale <= 0.0 {
+        return Err("argument --sim-time-scale: must be greater than 0".into());
+    }
+    let fail_rate = sim_f64(parsed, "--sim-fail-rate")?;
+    if fail_rate > 1.0 {
+        return Err(format!(
+            "argument --sim-fail-rate: must be between 0 and 1, got {fail_rate}"
+        ));
+    }
+    let model_path = parsed.str("model_path").unwrap_or_default().to_string();
+    let served_model_name = parsed
+        .str("served_model_name")
+        .map(str::to_string)
+        .unwrap_or_else(|| model_path.clone());
+    let port: u16 = match parsed.str("port") {
+        Some(p) => p
+            .trim()
+            .parse()
+            .map_err(|_| format!("argument --port: invalid port: '{p}'"))?,
+        None => 30000,
+    };
+    let gpu_index = std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').next().and_then(|f| f.trim().parse().ok()))
+        .unwrap_or(0);
+    let gpu_state_dir = match sim_raw(parsed, "--sim-gpu-state-dir")? {
+        Some((_, d)) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from("/tmp/sglang-sim-gpus"),
+    };
+
+    let mut server_args = Map::new();
+    for spec in parser.groups[0].1.iter() {
+        let dest = spec.dest();
+        let value = match parsed.given.get(&dest) {
+            Some(v) => given_json(spec, v),
+            None => default_json(&spec.default),
+        };
+        server_args.insert(dest, value);
+    }
+    let resolved: [(&str, Json); 7] = [
+        ("served_model_name", Json::from(served_model_name.clone())),
+        (
+            "mem_fraction_static",
+            Json::from(settings.mem_fraction_static),
+        ),
+        (
+            "chunked_prefill_size",
+            Json::from(settings.chunked_prefill_size),
+        ),
+        (
+            "max_prefill_tokens",
+            Json::from(settings.max_prefill_tokens),
+        ),
+        (
+            "mamba_full_memory_ratio",
+            Json::from(settings.mamba_full_memory_ratio),
+        ),
+        ("port", Json::from(port)),
+        (
+            if v >= (0, 5, 15) {
+                "mamba_radix_cache_strategy"
+            } else {
+                "mamba_scheduler_strategy"
+            },
+            Json::from(strategy.name()),
+        ),
+    ];
+    for (k, val) in resolved {
+        server_args.insert(k.to_string(), val);
+    }
+    if parsed.str("api_key").is_some() {
+        server_args.insert("api_key".into(), Json::from("<redacted>"));
+    }
+
+    Ok(Config {
+        version,
+        host: parsed.str("host").unwrap_or("127.0.0.1").to_string(),
+        port,
+        model_path,
+        served_model_name,
+        api_key: parsed.str("api_key").map(str::to_string),
+        enable_metrics: parsed.flag("enable_metrics"),
+        time_scale,
+        startup_secs: sim_f64(parsed, "--sim-startup-secs")?,
+        die_after: sim_u64(parsed, "--sim-die-after")?,
+        fail_rate,
+        seed: sim_u64(parsed, "--sim-seed")?.unwrap_or(0),
+        instant: sim_bool(parsed, "--sim-instant")?,
+        ignore_sigterm: sim_bool(parsed, "--sim-ignore-sigterm")?,
+        gpu_state_dir,
+        gpu_index,
+        params,
+        settings,
+        server_args,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn auto_resolves_by_version_and_flags_win_over_defaults() {
+        let c = parse(&args("--model /m --sim-version 0.5.10")).unwrap();
+        assert_eq!(c.settings.strategy, Strategy::NoBuffer);
+        assert_eq!(c.server_args["mamba_scheduler_strategy"], "no_buffer");
+        let c = parse(&args("--model /m")).unwrap();
+        assert_eq!(c.settings.strategy, Strategy::ExtraBuffer);
+        let c = parse(&args(
+            "--model /m --sim-version 0.5.16 --mamba-scheduler-strategy no_buffer --port 31001 \
+             --sim-time-scale 50 --enable-metrics --served-model-name q",
+        ))
+        .unwrap();
+        assert_eq!(c.settings.strategy, Strategy::NoBuffer);
+        assert_eq!(
+            (c.port, c.time_scale, c.enable_metrics),
+            (31001, 50.0, true)
+        );
+        assert_eq!(c.server_args["port"], 31001);
+        assert_eq!(c.server_args["max_running_requests"], Json::Null);
+        assert_eq!(c.served_model_name, "q");
+    }
+
+    #[test]
+    fn sim_flags_are_validated() {
+        let err = |s: &str| match parse(&args(s)) {
+            Err((_, Outcome::Error(e))) => e,
+            other => panic!("expected error, got {:?}", other.map(|c| c.port)),
+        };
+        assert_eq!(
+            err("--model /m --sim-time-scale x"),
+            "argument --sim-time-scale: invalid float value: 'x'"
+        );
+        assert_eq!(
+            err("--model /m --sim-fail-rate 2"),
+            "argument --sim-fail-rate: must be between 0 and 1, got 2"
+        );
+        assert!(err("--model /m --sim-version banana").contains("invalid version"));
+        assert_eq!(env_name("--sim-foo-bar"), "SGLANG_SIM_FOO_BAR");
+    }
+}

@@ -1,0 +1,325 @@
+//! The HTTP API with SGLang's routes, field names, status codes and error bodies: health,
+//! server/model info, OpenAI model list, Prometheus metrics, cache flush, Bearer auth, and the
+//! readiness gate. Generation routes live in `generate`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value as Json, json};
+use tokio::sync::mpsc;
+
+use crate::sim::config::Config;
+use crate::sim::generate;
+use crate::sim::log;
+use crate::sim::model::Plan;
+use crate::sim::scheduler::{Job, Metrics};
+
+/// What every handler shares.
+pub struct App {
+    pub cfg: Arc<Config>,
+    /// The loaded model's plan; set once the load succeeds, before `ready`.
+    pub plan: OnceLock<Arc<Plan>>,
+    pub metrics: Arc<Metrics>,
+    pub jobs: mpsc::Sender<Job>,
+    /// Set once the warm-up generation has completed.
+    pub ready: AtomicBool,
+    /// Numbers generation requests, for ids and the fault-injection draw.
+    pub requests: AtomicU64,
+    pub started_unix: u64,
+}
+
+impl App {
+    /// The plan; only routes behind the readiness gate call this, and the gate opens after the
+    /// plan is set.
+    pub fn plan(&self) -> &Plan {
+        self.plan
+            .get()
+            .expect("the readiness gate admits requests only after the load")
+    }
+}
+
+pub type Shared = Arc<App>;
+
+pub fn json_response(status: StatusCode, body: &Json) -> Response {
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The body of an OpenAI-route error (`ErrorResponse` in SGLang's protocol).
+pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
+    json_response(
+        status,
+        &json!({
+            "object": "error",
+            "message": message,
+            "type": kind,
+            "param": null,
+            "code": status.as_u16(),
+        }),
+    )
+}
+
+fn not_found() -> Response {
+    json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))
+}
+
+pub fn router(app: Shared) -> Router {
+    let mut r = Router::new()
+        .route("/health", get(health))
+        .route("/health_generate", get(health))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/v1/models", get(models))
+        .route("/flush_cache", get(flush_cache).post(flush_cache))
+        .route("/generate", post(generate::native))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/chat/completions", post(generate::chat));
+    if app.cfg.enable_metrics {
+        r = r.route("/metrics", get(metrics));
+    }
+    r.fallback(|| async { not_found() })
+        .layer(middleware::from_fn_with_state(app.clone(), gate))
+        .with_state(app)
+}
+
+fn is_generation(path: &str) -> bool {
+    path == "/generate" || path.starts_with("/v1/")
+}
+
+/// Bearer auth (SGLang exempts OPTIONS, `/health*` and `/metrics`), then the readiness gate,
+/// then uvicorn-style access lines for everything but the hot generation routes.
+async fn gate(State(app): State<Shared>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.to_string())
+        .unwrap_or_else(|| "-".into());
+    let exempt = method == Method::OPTIONS || path.starts_with("/health") || path == "/metrics";
+    let response = if let Some(key) = app.cfg.api_key.as_deref()
+        && !exempt
+        && req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|v| v.strip_prefix("Bearer ") != Some(key))
+    {
+        json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}))
+    } else if !app.ready.load(Ordering::Acquire) && !path.starts_with("/health") {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"detail": "The server is still starting (model loading)."}),
+        )
+    } else {
+        next.run(req).await
+    };
+    if !is_generation(&path) {
+        let status = response.status();
+        log::server(&format!(
+            "INFO:     {peer} - \"{method} {path} HTTP/1.1\" {} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        ));
+    }
+    response
+}
+
+async fn health(State(app): State<Shared>) -> StatusCode {
+    if app.ready.load(Ordering::Acquire) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// The `sim` block: what the simulated configuration can do, in wall-clock terms.
+pub fn sim_block(cfg: &Config, plan: &Plan) -> Json {
+    json!({
+        "ideal_output_tok_s": plan.ideal_output_tok_s() * cfg.time_scale,
+        "decode_step_ms_at_cap": plan.decode_step_secs(plan.cap) * 1000.0 / cfg.time_scale,
+        "slots_per_request": plan.slots_per_request,
+        "max_mamba_cache_size": plan.max_mamba_cache_size,
+        "effective_max_running_requests": plan.cap,
+        "mamba_strategy": plan.settings.strategy.name(),
+        "overlap": plan.overlap,
+        "time_scale": cfg.time_scale,
+        "mean_output_tokens": plan.params.mean_output_tokens,
+        "mean_prompt_tokens": plan.params.mean_prompt_tokens,
+        "instant": cfg.instant,
+    })
+}
+
+async fn server_info(State(app): State<Shared>) -> Response {
+    let (cfg, plan) = (&app.cfg, app.plan());
+    let mut info = cfg.server_args.clone();
+    info.insert("version".into(), json!(cfg.version));
+    info.insert(
+        "max_total_num_tokens".into(),
+        json!(plan.max_total_num_tokens),
+    );
+    info.insert(
+        "internal_states".into(),
+        json!([{
+            "effective_max_running_requests_per_dp": plan.cap,
+            "max_total_num_tokens": plan.max_total_num_tokens,
+            "max_mamba_cache_size": plan.max_mamba_cache_size,
+            "last_gen_throughput": app.metrics.gen_throughput(),
+            "memory_usage": {
+                "weight": plan.params.weights_mib / 1024.0,
+                "kvcache": plan.kv_mib / 1024.0,
+                "mamba_cache": plan.mamba_mib / 1024.0,
+                "token_capacity": plan.max_total_num_tokens,
+                "graph": plan.params.cuda_graph_mib / 1024.0,
+            },
+        }]),
+    );
+    info.insert("sim".into(), sim_block(cfg, plan));
+    json_response(StatusCode::OK, &Json::Object(info))
+}
+
+async fn model_info(State(app): State<Shared>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "model_path": app.cfg.model_path,
+            "tokenizer_path": app.cfg.model_path,
+            "is_generation": true,
+            "preferred_sampling_params": null,
+            "weight_version": "default",
+            "has_image_understanding": false,
+            "has_audio_understanding": false,
+            "model_type": "qwen3_next",
+            "architectures": ["Qwen3NextForCausalLM"],
+        }),
+    )
+}
+
+async fn models(State(app): State<Shared>) -> Response {
+    let name = &app.cfg.served_model_name;
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "object": "list",
+            "data": [{
+                "id": name,
+                "object": "model",
+                "created": app.started_unix,
+                "owned_by": "sglang",
+                "root": name,
+                "parent": null,
+                "max_model_len": app.plan().context_len,
+            }],
+        }),
+    )
+}
+
+async fn flush_cache(State(app): State<Shared>) -> Response {
+    let busy = app.metrics.running.load(Ordering::Relaxed)
+        + app.metrics.queued.load(Ordering::Relaxed)
+        > 0;
+    let status = if busy {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        "Cache flushed.\nPlease check backend logs for more details. (When there are running or \
+         waiting requests, the operation will not be performed.)\n",
+    )
+        .into_response()
+}
+
+fn prom_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Prometheus text exposition of SGLang's scheduler and tokenizer metrics.
+pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
+    // Scheduler gauges carry SGLang's rank labels; tokenizer counters only the model name.
+    let name = prom_label(model_name);
+    let gauge_labels = format!("{{engine_type=\"unified\",model_name=\"{name}\",tp_rank=\"0\"}}");
+    let counter_labels = format!("{{model_name=\"{name}\"}}");
+    let kv = m.kv_used.load(Ordering::Relaxed) as f64;
+    let gauges: [(&str, &str, f64); 5] = [
+        (
+            "sglang:num_running_reqs",
+            "The number of running requests.",
+            m.running.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            m.queued.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "sglang:gen_throughput",
+            "The generation throughput (token/s).",
+            m.gen_throughput(),
+        ),
+        (
+            "sglang:token_usage",
+            "The token usage.",
+            kv / plan.max_total_num_tokens.max(1) as f64,
+        ),
+        ("sglang:num_used_tokens", "The number of used tokens.", kv),
+    ];
+    let counters: [(&str, &str, u64); 3] = [
+        (
+            "sglang:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            m.prompt_tokens_total.load(Ordering::Relaxed),
+        ),
+        (
+            "sglang:generation_tokens_total",
+            "Number of generation tokens processed.",
+            m.generation_tokens_total.load(Ordering::Relaxed),
+        ),
+        (
+            "sglang:num_requests_total",
+            "Number of requests processed.",
+            m.requests_total.load(Ordering::Relaxed),
+        ),
+    ];
+    let mut out = String::new();
+    for (metric, help, v) in gauges {
+        out.push_str(&format!(
+            "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric}{gauge_labels} {v:?}\n"
+        ));
+    }
+    for (metric, help, v) in counters {
+        out.push_str(&format!(
+            "# HELP {metric} {help}\n# TYPE {metric} counter\n{metric}{counter_labels} {:?}\n",
+            v as f64
+        ));
+    }
+    out
+}
+
+async fn metrics(State(app): State<Shared>) -> Response {
+    let body = render_metrics(&app.cfg.served_model_name, &app.metrics, app.plan());
+    let mut r = Response::new(Body::from(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}

@@ -1,0 +1,352 @@
+//! The simulated GPU: how a memory budget becomes KV tokens and mamba slots, the effective
+//! running-request cap per mamba strategy, and the time a prefill or decode step takes.
+//!
+//! Memory (MiB; defaults model the seed GPU, an RTX PRO 6000 Blackwell with 97887 MiB, and a
+//! 27B hybrid model in bf16 at `--mem-fraction-static 0.85`):
+//! - static pool = mem_fraction_static × GPU memory = 83204;
+//! - rest = static pool − weights (49 GiB = 50176) = 33028, minus, under extra_buffer, a fixed
+//!   overlap reservation (4.5 GiB: the ping-pong copies of conv/ssm state that overlapped
+//!   batches need) = 28420;
+//! - mamba pool = rest × r / (1 + r), r = `--mamba-full-memory-ratio` (0.9): 15645 / 13462;
+//! - max_mamba_cache_size = mamba pool / 72 MiB per slot = 217 / 186;
+//! - KV pool = rest − mamba pool, at 64 KiB per token (16 full-attention layers × 4 KV heads
+//!   × 256 dims × K and V × bf16) = 278,130 tokens with no_buffer (239,325 with extra_buffer);
+//! - cap = max_mamba_cache_size // slots per request: no_buffer 217 // 3 = 72, extra_buffer
+//!   186 // 5 = 37, extra_buffer_lazy 186 // 4 = 46, radix cache disabled 217 // 1; further
+//!   limited by `--max-running-requests` and by max_total_num_tokens / 2.
+//!
+//! Time (ms of simulated GPU time; divided by `--sim-time-scale` on the wall clock):
+//! - decode step with b running requests = (base + per_req × b) / overlap_speedup + copy × b,
+//!   where overlap_speedup applies with extra_buffer(_lazy) unless `--disable-overlap-schedule`
+//!   and copy (the per-request mamba state copy under extra_buffer on this hardware, 8.34 ms)
+//!   is what makes the seed's extra_buffer run 11x slower than no_buffer beyond its lower cap;
+//! - prefill batch = prefill_base + prefill_per_token × new tokens.
+//!
+//! Calibration at defaults: no_buffer 72 × 988 / (987 × 60.5 + 72 × 7.8) ms ≈ 1,180 tok/s;
+//! extra_buffer (43 / 1.15 + 37 × 8.34 = 346 ms steps) ≈ 107 tok/s.
+
+use std::fmt;
+
+/// The mamba state strategy after `auto` has been resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    NoBuffer,
+    ExtraBuffer,
+    ExtraBufferLazy,
+}
+
+impl Strategy {
+    pub fn parse(s: &str) -> Option<Strategy> {
+        match s {
+            "no_buffer" => Some(Strategy::NoBuffer),
+            "extra_buffer" => Some(Strategy::ExtraBuffer),
+            "extra_buffer_lazy" => Some(Strategy::ExtraBufferLazy),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::NoBuffer => "no_buffer",
+            Strategy::ExtraBuffer => "extra_buffer",
+            Strategy::ExtraBufferLazy => "extra_buffer_lazy",
+        }
+    }
+
+    fn buffered(self) -> bool {
+        self != Strategy::NoBuffer
+    }
+}
+
+/// The simulated hardware, model and cost parameters (all adjustable through `--sim-*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub gpu_total_mib: f64,
+    pub weights_mib: f64,
+    pub mamba_slot_mib: f64,
+    pub kv_kib_per_token: f64,
+    pub overlap_reserve_mib: f64,
+    pub cuda_graph_mib: f64,
+    pub model_context_len: u64,
+    pub decode_base_ms: f64,
+    pub decode_per_req_ms: f64,
+    pub overlap_speedup: f64,
+    pub extra_buffer_copy_ms: f64,
+    pub prefill_base_ms: f64,
+    pub prefill_per_token_ms: f64,
+    pub mean_output_tokens: u64,
+    pub mean_prompt_tokens: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            gpu_total_mib: 97887.0,
+            weights_mib: 49.0 * 1024.0,
+            mamba_slot_mib: 72.0,
+            kv_kib_per_token: 64.0,
+            overlap_reserve_mib: 4.5 * 1024.0,
+            cuda_graph_mib: 5.0 * 1024.0,
+            model_context_len: 262_144,
+            decode_base_ms: 24.5,
+            decode_per_req_ms: 0.5,
+            overlap_speedup: 1.15,
+            extra_buffer_copy_ms: 8.34,
+            prefill_base_ms: 3.0,
+            prefill_per_token_ms: 0.05,
+            mean_output_tokens: 988,
+            mean_prompt_tokens: 96,
+        }
+    }
+}
+
+/// The server flags that shape the memory plan and the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub mem_fraction_static: f64,
+    pub strategy: Strategy,
+    pub radix_cache_disabled: bool,
+    pub overlap_disabled: bool,
+    pub max_running_requests: Option<u64>,
+    pub max_mamba_cache_size: Option<u64>,
+    pub mamba_full_memory_ratio: f64,
+    pub context_length: Option<u64>,
+    pub max_total_tokens: Option<u64>,
+    pub chunked_prefill_size: u64,
+    pub max_prefill_tokens: u64,
+}
+
+/// Why loading the model fails, with the numbers the log shows.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadError {
+    /// The static pool cannot hold the weights plus any cache (SGLang's "Not enough memory").
+    NotEnoughMemory,
+    /// What is left outside the static pool cannot hold CUDA graph capture.
+    CudaGraphOom { needed_mib: f64, free_mib: f64 },
+}
+
+/// The memory plan and cost model of one configured server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub params: Params,
+    pub settings: Settings,
+    pub static_mib: f64,
+    pub mamba_mib: f64,
+    pub kv_mib: f64,
+    pub max_mamba_cache_size: u64,
+    pub slots_per_request: u64,
+    pub max_total_num_tokens: u64,
+    /// effective_max_running_requests_per_dp.
+    pub cap: u64,
+    pub context_len: u64,
+    pub overlap: bool,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::NotEnoughMemory => write!(
+                f,
+                "Not enough memory. Please try to increase --mem-fraction-static."
+            ),
+            LoadError::CudaGraphOom {
+                needed_mib,
+                free_mib,
+            } => write!(
+                f,
+                "CUDA out of memory. Tried to allocate {:.2} GiB. GPU 0 has {:.2} GiB free.",
+                needed_mib / 1024.0,
+                free_mib / 1024.0
+            ),
+        }
+    }
+}
+
+/// Computes the memory plan; fails the way SGLang's load fails when memory does not fit.
+pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
+    let static_mib = settings.mem_fraction_static * params.gpu_total_mib;
+    let overlap = settings.strategy.buffered() && !settings.overlap_disabled;
+    let reserve = if settings.strategy.buffered() {
+        params.overlap_reserve_mib
+    } else {
+        0.0
+    };
+    let rest = static_mib - params.weights_mib - reserve;
+    if rest <= 0.0 {
+        return Err(LoadError::NotEnoughMemory);
+    }
+    let (mamba_mib, max_mamba_cache_size) = match settings.max_mamba_cache_size {
+        Some(n) => (n as f64 * params.mamba_slot_mib, n),
+        None => {
+            let r = settings.mamba_full_memory_ratio;
+            let m = rest * r / (1.0 + r);
+            (m, (m / params.mamba_slot_mib).floor() as u64)
+        }
+    };
+    let kv_mib = rest - mamba_mib;
+    let kv_tokens = (kv_mib * 1024.0 / params.kv_kib_per_token).floor();
+    if kv_tokens < 1.0 {
+        return Err(LoadError::NotEnoughMemory);
+    }
+    let max_total_num_tokens = match settings.max_total_tokens {
+        Some(t) => t.min(kv_tokens as u64),
+        None => kv_tokens as u64,
+    };
+    let slots_per_request = if settings.radix_cache_disabled {
+        1
+    } else {
+        match settings.strategy {
+            Strategy::NoBuffer => 3,
+            Strategy::ExtraBuffer => 5,
+            Strategy::ExtraBufferLazy => 4,
+        }
+    };
+    let mut cap = max_mamba_cache_size / slots_per_request;
+    if let Some(m) = settings.max_running_requests {
+        cap = cap.min(m);
+    }
+    cap = cap.min((max_total_num_tokens / 2).max(1));
+    if cap == 0 {
+        return Err(LoadError::NotEnoughMemory);
+    }
+    let free_mib = params.gpu_total_mib - static_mib;
+    if free_mib < params.cuda_graph_mib {
+        return Err(LoadError::CudaGraphOom {
+            needed_mib: params.cuda_graph_mib,
+            free_mib,
+        });
+    }
+    Ok(Plan {
+        params: params.clone(),
+        settings: settings.clone(),
+        static_mib,
+        mamba_mib,
+        kv_mib,
+        max_mamba_cache_size,
+        slots_per_request,
+        max_total_num_tokens,
+        cap,
+        context_len: settings.context_length.unwrap_or(params.model_context_len),
+        overlap,
+    })
+}
+
+impl Plan {
+    /// Simulated seconds of one decode step with `batch` running requests.
+    pub fn decode_step_secs(&self, batch: u64) -> f64 {
+        let p = &self.params;
+        let b = batch as f64;
+        let mut ms = p.decode_base_ms + p.decode_per_req_ms * b;
+        if self.overlap {
+            ms /= p.overlap_speedup;
+        }
+        if self.settings.strategy.buffered() {
+            ms += p.extra_buffer_copy_ms * b;
+        }
+        ms / 1000.0
+    }
+
+    /// Simulated seconds of one prefill batch over `tokens` new prompt tokens.
+    pub fn prefill_secs(&self, tokens: u64) -> f64 {
+        (self.params.prefill_base_ms + self.params.prefill_per_token_ms * tokens as f64) / 1000.0
+    }
+
+    /// The batch size the default workload sustains: the cap, unless KV tokens bind first.
+    pub fn saturated_batch(&self) -> u64 {
+        let per_req = self.params.mean_prompt_tokens + self.params.mean_output_tokens;
+        self.cap
+            .min(self.max_total_num_tokens / per_req.max(1))
+            .max(1)
+    }
+
+    /// Saturated output tokens per simulated second for the default workload: the batch holds
+    /// `saturated_batch` requests, each finished request is replaced by a one-request prefill
+    /// (which yields its first token), and the other L−1 tokens come from decode steps.
+    pub fn ideal_output_tok_s(&self) -> f64 {
+        let b = self.saturated_batch() as f64;
+        let l = self.params.mean_output_tokens.max(2) as f64;
+        let step = self.decode_step_secs(self.saturated_batch());
+        let prefill = self.prefill_secs(self.params.mean_prompt_tokens);
+        b * l / ((l - 1.0) * step + b * prefill)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(strategy: Strategy) -> Settings {
+        Settings {
+            mem_fraction_static: 0.85,
+            strategy,
+            radix_cache_disabled: false,
+            overlap_disabled: false,
+            max_running_requests: None,
+            max_mamba_cache_size: None,
+            mamba_full_memory_ratio: 0.9,
+            context_length: Some(8192),
+            max_total_tokens: None,
+            chunked_prefill_size: 8192,
+            max_prefill_tokens: 16384,
+        }
+    }
+
+    #[test]
+    fn seed_gpu_calibration() {
+        let p = Params::default();
+        let nb = plan(&p, &settings(Strategy::NoBuffer)).unwrap();
+        assert_eq!(nb.max_mamba_cache_size, 217);
+        assert_eq!(nb.cap, 72);
+        let nb_tok = nb.ideal_output_tok_s();
+        assert!((nb_tok - 1180.0).abs() < 12.0, "no_buffer {nb_tok}");
+        let eb = plan(&p, &settings(Strategy::ExtraBuffer)).unwrap();
+        assert_eq!(eb.cap, 37);
+        let eb_tok = eb.ideal_output_tok_s();
+        assert!((eb_tok - 107.0).abs() < 2.0, "extra_buffer {eb_tok}");
+        assert!(nb_tok / eb_tok > 10.0);
+        let lazy = plan(&p, &settings(Strategy::ExtraBufferLazy)).unwrap();
+        assert_eq!(lazy.cap, 46);
+        let mut no_radix = settings(Strategy::NoBuffer);
+        no_radix.radix_cache_disabled = true;
+        assert_eq!(plan(&p, &no_radix).unwrap().cap, 217);
+    }
+
+    #[test]
+    fn extra_buffer_wins_when_the_cap_does_not_bind_and_copies_are_free() {
+        let p = Params {
+            extra_buffer_copy_ms: 0.0,
+            ..Params::default()
+        };
+        let mut nb = settings(Strategy::NoBuffer);
+        nb.max_running_requests = Some(32);
+        let mut eb = settings(Strategy::ExtraBuffer);
+        eb.max_running_requests = Some(32);
+        let nb = plan(&p, &nb).unwrap();
+        let eb = plan(&p, &eb).unwrap();
+        assert_eq!((nb.cap, eb.cap), (32, 32));
+        assert!(eb.ideal_output_tok_s() > 1.1 * nb.ideal_output_tok_s());
+    }
+
+    #[test]
+    fn memory_failures() {
+        let p = Params::default();
+        let mut low = settings(Strategy::NoBuffer);
+        low.mem_fraction_static = 0.5;
+        assert_eq!(plan(&p, &low), Err(LoadError::NotEnoughMemory));
+        let mut high = settings(Strategy::NoBuffer);
+        high.mem_fraction_static = 0.95;
+        assert!(matches!(
+            plan(&p, &high),
+            Err(LoadError::CudaGraphOom { .. })
+        ));
+        high.mem_fraction_static = 0.94;
+        assert!(plan(&p, &high).is_ok());
+    }
+
+    #[test]
+    fn step_time_grows_with_batch() {
+        let nb = plan(&Params::default(), &settings(Strategy::NoBuffer)).unwrap();
+        assert!(nb.decode_step_secs(72) > nb.decode_step_secs(1));
+        assert!((nb.decode_step_secs(72) - 0.0605).abs() < 1e-9);
+    }
+}
