@@ -24,6 +24,9 @@ use crate::sglang::client::{
 };
 use crate::sglang::metrics::Metrics;
 
+/// `/metrics` readings after warm-up before the watchdog judges an instance.
+const MIN_READINGS: u64 = 3;
+
 /// A prompt on its way through the fleet.
 struct Job {
     line: u64,
@@ -85,6 +88,9 @@ struct Inst {
     completed: u64,
     out_tokens: u64,
     window: RateWindow,
+    /// The server's own `generation_tokens_total`: output tok/s as it happens, not only when
+    /// long requests complete.
+    server_tokens: RateWindow,
     last: Option<Metrics>,
     acc: SignalAcc,
 }
@@ -228,6 +234,7 @@ pub async fn run(
             completed: 0,
             out_tokens: 0,
             window,
+            server_tokens: RateWindow::new(config.timing.rate_window),
             last: None,
             acc: SignalAcc::default(),
         });
@@ -806,6 +813,9 @@ impl Run<'_> {
                 if !inst.up {
                     return;
                 }
+                if let Some(total) = m.generation_tokens_total {
+                    inst.server_tokens.record(Instant::now(), 0, total as u64);
+                }
                 if let (Some(running), Some(queued)) = (m.num_running_reqs, m.num_queue_reqs) {
                     inst.ctl.observe(running, queued, inst.in_flight);
                     if warm {
@@ -849,6 +859,8 @@ impl Run<'_> {
                 inst.kv_tokens = info.max_total_num_tokens;
                 inst.ctl = Controller::new(self.config.concurrency, inst.cap);
                 inst.metrics_available = true;
+                // A restarted server counts from zero again.
+                inst.server_tokens = RateWindow::new(self.config.timing.rate_window);
                 on_event(Event::InstanceUp {
                     name: inst.client.endpoint().name.clone(),
                     server_cap: inst.cap,
@@ -880,7 +892,7 @@ impl Run<'_> {
         let up: Vec<&Inst> = self
             .insts
             .iter()
-            .filter(|i| i.up && i.acc.readings > 0)
+            .filter(|i| i.up && i.acc.readings >= MIN_READINGS)
             .collect();
         if up.is_empty() {
             return None;
@@ -911,7 +923,11 @@ impl Run<'_> {
                 .filter(|s| *s > 0.0 && !kv.is_empty())
                 .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
         };
-        let live = self.window.rates().1 / n;
+        let live = if up.iter().all(|i| i.server_tokens.is_measured()) {
+            up.iter().map(|i| i.server_tokens.rates().1).sum::<f64>() / n
+        } else {
+            self.window.rates().1 / n
+        };
         let finding = watchdog::assess(live, self.config.expected.as_ref(), &signals)?;
         if self.warned.as_ref() != Some(&finding.cause) {
             self.warned = Some(finding.cause.clone());
