@@ -422,6 +422,12 @@ impl Sim {
             .unwrap()
     }
 
+    /// The sim's `sglang:generation_tokens_total`.
+    pub fn generated_tokens(&self) -> f64 {
+        let (_, body) = http_get(self.port, "/metrics").expect("sim answers /metrics");
+        fleet::sglang::metrics::parse(&body).generation_tokens_total.expect("generation_tokens_total")
+    }
+
     /// Whether the process has exited.
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()
