@@ -373,6 +373,16 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
     );
     assert!((41300..41308).all(|p| !listening(p)));
 
+    // --skip-preflight reads no --help: the newest flag name is rendered, unchecked.
+    let (code, plan, stderr) = f.json(&["up", "--profile", "old", "--dry-run", "--skip-preflight"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        rows(&plan)[0]["argv"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("--mamba-radix-cache-strategy"))
+    );
+
     // The same profile on the newer version renders the newer flag name, which accepts it.
     f.profile(
         "new",

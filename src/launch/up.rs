@@ -418,9 +418,8 @@ async fn wait_ready(
 ) -> Result<(), Failure> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
     let base = format!("http://{}", tunnel.local_addr());
-    let cap = health.poll.clamp(FIRST_POLL, MAX_POLL);
     let started = Instant::now();
-    let mut wait = FIRST_POLL;
+    let mut waits = poll_waits(health.poll);
     let result = loop {
         if let Ok(200) = probe.health(&base).await {
             break Ok(());
@@ -434,11 +433,17 @@ async fn wait_ready(
         if started.elapsed() >= health.startup_timeout {
             break Err(Failure::Timeout(health.startup_timeout));
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(cap);
+        tokio::time::sleep(waits.next().unwrap_or(MAX_POLL)).await;
     };
     tunnel.close().await;
     result
+}
+
+/// The waits between health checks: doubling from [`FIRST_POLL`] up to the profile's poll
+/// period, never more than [`MAX_POLL`], so a server turning ready is seen within a second.
+fn poll_waits(poll: Duration) -> impl Iterator<Item = Duration> {
+    let cap = poll.clamp(FIRST_POLL, MAX_POLL);
+    std::iter::successors(Some(FIRST_POLL.min(cap)), move |w| Some((*w * 2).min(cap)))
 }
 
 async fn server_info(
@@ -452,4 +457,45 @@ async fn server_info(
         .await;
     tunnel.close().await;
     Ok(info?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waits(poll_ms: u64) -> Vec<u64> {
+        poll_waits(Duration::from_millis(poll_ms))
+            .take(7)
+            .map(|d| d.as_millis() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn health_polls_start_fast_and_never_exceed_a_second() {
+        assert_eq!(waits(1000), [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(waits(5000), [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(waits(300), [100, 200, 300, 300, 300, 300, 300]);
+        assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
+    }
+
+    #[test]
+    fn conflicts_name_each_instance_and_the_way_out() {
+        let message = conflicts_message(&[
+            Conflict::DifferentConfig {
+                label: "ct200 gpu0 :30000".into(),
+                pid: 7,
+                profile: "old".into(),
+            },
+            Conflict::ForeignPort {
+                label: "ct200 gpu1 :30001".into(),
+            },
+        ]);
+        assert_eq!(
+            message,
+            "nothing was started:\n  \
+             ct200 gpu0 :30000: already running a different config (profile old, pid 7)\n  \
+             ct200 gpu1 :30001: the port is in use by a process fleet did not start; stop it or change port_base\n  \
+             hint: --replace restarts them with this config; `fleet down` stops them"
+        );
+    }
 }
