@@ -717,3 +717,18 @@ fn logs_follow_prints_new_lines_until_interrupted() {
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert_eq!(up.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn down_with_a_profile_stops_only_that_profiles_instances() {
+    let f = Fleet::new(42300);
+    f.profile("a", "", "");
+    f.profile("b", "  context_length: 4096\n", "");
+    assert_eq!(f.json(&["up", "--profile", "a", "--gpus", "0"]).0, 0);
+    assert_eq!(f.json(&["up", "--profile", "b", "--gpus", "1"]).0, 0);
+    let (code, down, stderr) = f.json(&["down", "--profile", "b"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(field(rows(&down), "port"), [42301]);
+    let (_, status, _) = f.json(&["status"]);
+    assert_eq!(field(rows(&status), "profile"), ["a"]);
+    assert!(listening(42300) && !listening(42301));
+}

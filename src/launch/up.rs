@@ -103,10 +103,9 @@ pub enum Conflict {
     ForeignPort { label: String },
 }
 
+/// Why `up` started nothing: every conflict on every port, at once.
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error(transparent)]
-    State(#[from] StateError),
     #[error("{}", conflicts_message(.0))]
     Conflicts(Vec<Conflict>),
 }
@@ -144,6 +143,8 @@ enum Action<'a> {
     Start,
     Keep(&'a InstanceRecord),
     Replace(&'a InstanceRecord),
+    /// The host could not be looked at.
+    Unavailable(String),
 }
 
 /// Starts the planned instances and waits for each to become ready or fail. Refuses (starting
@@ -160,11 +161,18 @@ pub async fn up(
         cancel,
         ..
     } = *run;
-    let surveys = survey(transports, run_root).await?;
+    let surveys = survey(transports, run_root).await;
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
-        let s = &surveys[&instance.host];
+        let s = match &surveys[&instance.host] {
+            Ok(s) => s,
+            // That host's instances fail; the other hosts go on.
+            Err(e) => {
+                actions.push(Action::Unavailable(e.to_string()));
+                continue;
+            }
+        };
         let ours = s.records.iter().find(|r| {
             r.port == instance.port
                 && (s.table.liveness(r.pid, r.start_ticks) == Liveness::Running
@@ -223,24 +231,19 @@ pub async fn up(
 async fn survey(
     transports: &BTreeMap<String, Arc<dyn Transport>>,
     run_root: &str,
-) -> Result<BTreeMap<String, Survey>, StateError> {
+) -> BTreeMap<String, Result<Survey, StateError>> {
     let looks = transports.iter().map(|(name, t)| async move {
         let t = t.as_ref();
-        let records = state::read_records(t, run_root).await?;
-        let table = state::proc_table(t).await?;
-        let listening = state::listening_ports(t).await?;
-        Ok::<_, StateError>((
-            name.clone(),
-            Survey {
-                records,
-                table,
-                listening,
-            },
-        ))
+        let look = async {
+            Ok(Survey {
+                records: state::read_records(t, run_root).await?,
+                table: state::proc_table(t).await?,
+                listening: state::listening_ports(t).await?,
+            })
+        };
+        (name.clone(), look.await)
     });
-    futures::future::try_join_all(looks)
-        .await
-        .map(|v| v.into_iter().collect())
+    futures::future::join_all(looks).await.into_iter().collect()
 }
 
 /// One instance from start to ready, failed or interrupted. Also returns the record of a
@@ -294,6 +297,10 @@ async fn bring_up(
             None
         }
         Action::Start => None,
+        Action::Unavailable(why) => {
+            fail(&mut outcome, why);
+            return (outcome, None);
+        }
     };
     if cancel.is_cancelled() {
         outcome.state = UpState::Interrupted;
