@@ -9,9 +9,12 @@ use crate::cli::{Command, GlobalArgs};
 
 pub mod down;
 pub mod exec;
+pub mod generate;
 pub mod gpus;
+pub mod instances;
 pub mod logs;
 pub mod profile;
+pub mod progress;
 pub mod status;
 pub mod up;
 
@@ -106,6 +109,8 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Gpus => gpus::run(ctx).await,
         Command::Exec(args) => exec::run(ctx, &args).await,
         Command::Profile(cmd) => profile::run(ctx, &cmd),
+        Command::Generate(args) => generate::run(ctx, &args).await,
+        Command::Progress(args) => progress::run(ctx, &args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = crate::cli::Cli::command();

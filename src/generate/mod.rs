@@ -1,1 +1,187 @@
 //! The batch generation job: input reader, dispatcher, journal/resume, progress, watchdog.
+//!
+//! [`run`] is a library function: it gets its endpoints from the caller (given URLs, or the
+//! instances `fleet up` started), never prints, and reports through [`Event`]s.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::Expected;
+use crate::sglang::client::{Api, ClientError, HttpOptions};
+
+pub mod concurrency;
+mod dispatch;
+pub mod input;
+pub mod journal;
+pub mod progress;
+pub mod watchdog;
+
+pub use crate::sglang::client::Endpoint;
+pub use concurrency::ConcurrencyMode;
+pub use dispatch::run;
+
+/// Everything a run needs besides its endpoints.
+#[derive(Debug, Clone)]
+pub struct GenerateConfig {
+    pub prompts: PathBuf,
+    pub out: PathBuf,
+    /// `None`: chat for `messages`, generate for `prompt`, or what a Batch API line names.
+    pub api: Option<Api>,
+    pub max_tokens: u32,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub limit: Option<u64>,
+    pub concurrency: ConcurrencyMode,
+    pub max_retries: u32,
+    pub stall_timeout: Duration,
+    pub resume: bool,
+    pub warmup: Duration,
+    pub abort_below: Option<f64>,
+    pub grace: Duration,
+    /// The profile's sweep numbers, for the watchdog.
+    pub expected: Option<Expected>,
+    pub http: HttpOptions,
+    pub sync: journal::SyncPolicy,
+    pub timing: Timing,
+}
+
+impl GenerateConfig {
+    pub fn new(prompts: PathBuf, out: PathBuf) -> Self {
+        GenerateConfig {
+            prompts,
+            out,
+            api: None,
+            max_tokens: 4096,
+            temperature: None,
+            top_p: None,
+            limit: None,
+            concurrency: ConcurrencyMode::Auto,
+            max_retries: 3,
+            stall_timeout: Duration::from_secs(600),
+            resume: false,
+            warmup: Duration::from_secs(60),
+            abort_below: None,
+            grace: Duration::from_secs(30),
+            expected: None,
+            http: HttpOptions::default(),
+            sync: journal::SyncPolicy::default(),
+            timing: Timing::default(),
+        }
+    }
+}
+
+/// Cadences of the run's background work.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub progress_every: Duration,
+    /// `/metrics` polling for adaptive concurrency and the watchdog.
+    pub metrics_every: Duration,
+    /// `/health` of instances in use; down instances are probed at the same pace.
+    pub health_every: Duration,
+    /// Sliding window for rates and the ETA.
+    pub rate_window: Duration,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Consecutive failed health checks that take an instance out.
+    pub health_failures_to_down: u32,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            progress_every: Duration::from_secs(2),
+            metrics_every: Duration::from_secs(1),
+            health_every: Duration::from_secs(5),
+            rate_window: Duration::from_secs(60),
+            backoff_base: Duration::from_millis(500),
+            backoff_cap: Duration::from_secs(30),
+            health_failures_to_down: 3,
+        }
+    }
+}
+
+/// An instance as the run found it at start.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceInfo {
+    pub name: String,
+    pub url: String,
+    pub version: Option<String>,
+    pub server_cap: Option<u64>,
+    pub kv_tokens: Option<u64>,
+    pub context_length: Option<u64>,
+    pub concurrency: u32,
+    /// Why it is not used (it stays probed and joins when healthy).
+    pub unavailable: Option<String>,
+}
+
+/// What happens during a run, for the caller to render.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Started {
+        total: u64,
+        already_done: u64,
+        truncated_bytes: u64,
+        instances: Vec<InstanceInfo>,
+    },
+    MalformedLine {
+        line: u64,
+        error: String,
+    },
+    InstanceDown {
+        name: String,
+        reason: String,
+    },
+    InstanceUp {
+        name: String,
+        server_cap: Option<u64>,
+    },
+    /// No instance is healthy: dispatching waits up to the stall timeout.
+    Paused {
+        stall_timeout: Duration,
+    },
+    Resumed,
+    Progress(progress::Progress),
+    Watchdog(watchdog::Finding),
+    Stopping {
+        reason: String,
+        in_flight: u64,
+    },
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ended {
+    /// Every prompt is in the output or in `failed.jsonl`.
+    Done,
+    Interrupted,
+    /// No instance came back within the stall timeout.
+    Stalled,
+    /// `--abort-below` stopped the run.
+    BelowExpected(watchdog::Finding),
+}
+
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub ended: Ended,
+    pub progress: progress::Progress,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Input(#[from] input::InputError),
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
+    #[error(transparent)]
+    Progress(#[from] progress::ProgressError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("no endpoints to send requests to")]
+    NoEndpoints,
+    #[error("no instance answered /server_info:\n{0}")]
+    NoInstances(String),
+    #[error("a run task failed: {0}")]
+    Task(String),
+}

@@ -1,1 +1,718 @@
-//! SGLang: client (being built).
+//! The HTTP client for one SGLang server: health, server info, metrics and generation requests
+//! on `/generate`, `/v1/chat/completions` and `/v1/completions`, with typed errors that say
+//! whether a request may be retried and parse SGLang's context-overflow 400s.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::metrics::{self, Metrics};
+
+/// One server fleet can send requests to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    /// Shown in progress and output, e.g. `ct200:gpu5` or the URL's `host:port`.
+    pub name: String,
+    /// e.g. `http://127.0.0.1:30000` (no trailing path).
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer ...` on every request.
+    #[serde(skip)]
+    pub api_key: Option<String>,
+}
+
+impl Endpoint {
+    /// An endpoint named after its URL's authority (`host:port`).
+    pub fn from_url(url: &str) -> Self {
+        let base_url = url.trim_end_matches('/').to_string();
+        let name = base_url
+            .split("://")
+            .nth(1)
+            .unwrap_or(&base_url)
+            .to_string();
+        Endpoint {
+            name,
+            base_url,
+            api_key: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot build the HTTP client: {0}")]
+    Build(#[source] reqwest::Error),
+    #[error("{url}: cannot connect: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("{url}: timed out")]
+    Timeout { url: String },
+    #[error("{url}: connection failed: {reason}")]
+    Transport { url: String, reason: String },
+    #[error("{url}: HTTP {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error(
+        "{url}: context overflow: prompt is {} tokens, context length {}",
+        overflow.prompt_tokens, overflow.context_len
+    )]
+    ContextOverflow { url: String, overflow: Overflow },
+    #[error("{url}: unexpected response: {reason}")]
+    Decode { url: String, reason: String },
+}
+
+impl ClientError {
+    /// Connect/reset errors, timeouts, 5xx and 429 may succeed elsewhere or later.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::Transport { .. } => true,
+            ClientError::Status { status, .. } => *status >= 500 || *status == 429,
+            ClientError::Build(_)
+            | ClientError::ContextOverflow { .. }
+            | ClientError::Decode { .. } => false,
+        }
+    }
+
+    /// The server could not be reached at all (as opposed to answering badly).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. } | ClientError::Transport { .. }
+        )
+    }
+
+    fn from_reqwest(url: &str, e: reqwest::Error) -> Self {
+        let url = url.to_string();
+        if e.is_timeout() {
+            return ClientError::Timeout { url };
+        }
+        // reqwest's own message repeats the URL; the innermost cause says what happened
+        // ("Connection refused", "connection closed before message completed").
+        let mut reason = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            reason = s.to_string();
+            source = s.source();
+        }
+        if e.is_connect() {
+            ClientError::Connect { url, reason }
+        } else {
+            ClientError::Transport { url, reason }
+        }
+    }
+}
+
+/// The token counts an SGLang context-overflow message reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    pub prompt_tokens: u64,
+    pub context_len: u64,
+}
+
+impl Overflow {
+    /// `max_tokens` that fits beside the prompt (C - P - 1), or `None` when the prompt alone
+    /// leaves no room for a single output token.
+    pub fn fitting_max_tokens(&self) -> Option<u32> {
+        let room = self.context_len.checked_sub(self.prompt_tokens + 1)?;
+        if room == 0 {
+            None
+        } else {
+            Some(room.min(u32::MAX as u64) as u32)
+        }
+    }
+}
+
+/// Recognises both of SGLang's context-length messages (DESIGN §6) anywhere in an error body.
+pub fn parse_overflow(body: &str) -> Option<Overflow> {
+    if let Some(at) = body.find("The input (") {
+        let s = &body[at..];
+        let prompt_tokens = number_after(s, "The input (")?;
+        let context_len = number_after(s, "context length (")?;
+        return Some(Overflow {
+            prompt_tokens,
+            context_len,
+        });
+    }
+    if let Some(at) = body.find("maximum context length of ") {
+        let s = &body[at..];
+        let context_len = number_after(s, "maximum context length of ")?;
+        let prompt_tokens = number_after(s, "tokens: ")?;
+        return Some(Overflow {
+            prompt_tokens,
+            context_len,
+        });
+    }
+    None
+}
+
+fn number_after(s: &str, prefix: &str) -> Option<u64> {
+    let start = s.find(prefix)? + prefix.len();
+    let digits: String = s[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+/// Which SGLang generation API a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// Native `POST /generate` (`text` prompts only).
+    Generate,
+    /// OpenAI-compatible `POST /v1/chat/completions`.
+    Chat,
+    /// OpenAI-compatible `POST /v1/completions`.
+    Completions,
+}
+
+impl Api {
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Generate => "/generate",
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+}
+
+impl std::str::FromStr for Api {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "generate" => Ok(Api::Generate),
+            "chat" => Ok(Api::Chat),
+            "completions" => Ok(Api::Completions),
+            other => Err(format!(
+                "unknown endpoint `{other}` (use generate, chat or completions)"
+            )),
+        }
+    }
+}
+
+/// What is being completed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    /// An OpenAI `messages` array, passed through as given.
+    Messages(Value),
+}
+
+/// One generation request, independent of the server it goes to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    pub api: Api,
+    pub prompt: Prompt,
+    pub max_tokens: u32,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// `model` for the OpenAI APIs (SGLang serves one model, so any name it knows works).
+    pub model: Option<String>,
+    /// Other fields of an OpenAI Batch API `body`, passed through untouched.
+    pub extra: Option<Map<String, Value>>,
+}
+
+impl CompletionRequest {
+    /// The JSON body for [`Self::api`]; `None` when the prompt kind does not fit the API
+    /// (`messages` cannot go to `/generate` or `/v1/completions`).
+    pub fn body(&self) -> Option<Value> {
+        match self.api {
+            Api::Generate => {
+                let Prompt::Text(text) = &self.prompt else {
+                    return None;
+                };
+                let mut sp = Map::new();
+                sp.insert("max_new_tokens".into(), json!(self.max_tokens));
+                if let Some(t) = self.temperature {
+                    sp.insert("temperature".into(), json!(t));
+                }
+                if let Some(p) = self.top_p {
+                    sp.insert("top_p".into(), json!(p));
+                }
+                Some(json!({ "text": text, "sampling_params": sp }))
+            }
+            Api::Chat | Api::Completions => {
+                let mut body = self.extra.clone().unwrap_or_default();
+                match (&self.prompt, self.api) {
+                    (Prompt::Messages(m), Api::Chat) => body.insert("messages".into(), m.clone()),
+                    (Prompt::Text(t), Api::Chat) => {
+                        body.insert("messages".into(), json!([{ "role": "user", "content": t }]))
+                    }
+                    (Prompt::Text(t), Api::Completions) => body.insert("prompt".into(), json!(t)),
+                    _ => return None,
+                };
+                body.insert("max_tokens".into(), json!(self.max_tokens));
+                if let Some(t) = self.temperature {
+                    body.insert("temperature".into(), json!(t));
+                }
+                if let Some(p) = self.top_p {
+                    body.insert("top_p".into(), json!(p));
+                }
+                if let Some(m) = &self.model {
+                    body.entry("model").or_insert_with(|| json!(m));
+                }
+                body.insert("stream".into(), json!(false));
+                Some(Value::Object(body))
+            }
+        }
+    }
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Completion {
+    pub text: String,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub finish_reason: Option<String>,
+}
+
+/// What `/server_info` says about capacity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerInfo {
+    pub version: Option<String>,
+    pub max_total_num_tokens: Option<u64>,
+    /// `internal_states[0].effective_max_running_requests_per_dp`: the real request cap.
+    pub effective_max_running_requests: Option<u64>,
+    /// The CLI value of `--max-running-requests` (often null).
+    pub max_running_requests: Option<u64>,
+    pub context_length: Option<u64>,
+    pub served_model_name: Option<String>,
+    pub model_path: Option<String>,
+    /// The whole document, for fields fleet does not type (e.g. the simulator's `sim` block).
+    pub raw: Value,
+}
+
+impl ServerInfo {
+    pub fn from_json(raw: Value) -> Self {
+        let u = |v: Option<&Value>| v.and_then(Value::as_u64);
+        let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+        let state0 = raw.get("internal_states").and_then(|v| v.get(0));
+        ServerInfo {
+            version: s(raw.get("version")),
+            max_total_num_tokens: u(raw.get("max_total_num_tokens"))
+                .or_else(|| u(state0.and_then(|st| st.get("max_total_num_tokens")))),
+            effective_max_running_requests: u(
+                state0.and_then(|st| st.get("effective_max_running_requests_per_dp"))
+            ),
+            max_running_requests: u(raw.get("max_running_requests")),
+            context_length: u(raw.get("context_length"))
+                .or_else(|| u(state0.and_then(|st| st.get("context_len"))))
+                .or_else(|| u(raw.get("context_len"))),
+            served_model_name: s(raw.get("served_model_name")),
+            model_path: s(raw.get("model_path")),
+            raw,
+        }
+    }
+}
+
+/// What `/health` said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Ready,
+    /// Answered, but not ready yet (SGLang says 503 while loading).
+    NotReady {
+        status: u16,
+    },
+}
+
+/// Timeouts for [`http_client`].
+#[derive(Debug, Clone, Copy)]
+pub struct HttpOptions {
+    pub connect_timeout: Duration,
+    /// Whole-request limit for generation; long completions take minutes.
+    pub request_timeout: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// One pooled HTTP client to share across every server and task: hundreds of requests stay in
+/// flight per server, so idle connections are kept rather than reopened.
+pub fn http_client(opts: HttpOptions) -> Result<reqwest::Client, ClientError> {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(2048)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        .connect_timeout(opts.connect_timeout)
+        .timeout(opts.request_timeout)
+        .build()
+        .map_err(ClientError::Build)
+}
+
+/// The client for one server. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SglangClient {
+    http: reqwest::Client,
+    endpoint: Endpoint,
+}
+
+/// Probes (health, info, metrics) must answer fast even when generation is slow.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl SglangClient {
+    pub fn new(http: reqwest::Client, endpoint: Endpoint) -> Self {
+        SglangClient { http, endpoint }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> (String, reqwest::RequestBuilder) {
+        let url = format!("{}{}", self.endpoint.base_url, path);
+        let mut rb = self.http.request(method, &url);
+        if let Some(key) = &self.endpoint.api_key {
+            rb = rb.bearer_auth(key);
+        }
+        (url, rb)
+    }
+
+    async fn get_text(&self, path: &str) -> Result<(u16, String), ClientError> {
+        let (url, rb) = self.request(reqwest::Method::GET, path);
+        let resp = rb
+            .timeout(PROBE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
+        Ok((status, body))
+    }
+
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        let (status, _) = self.get_text("/health").await?;
+        Ok(if status == 200 {
+            Health::Ready
+        } else {
+            Health::NotReady { status }
+        })
+    }
+
+    /// `/server_info`, falling back to the older `/get_server_info`.
+    pub async fn server_info(&self) -> Result<ServerInfo, ClientError> {
+        let mut last = None;
+        for path in ["/server_info", "/get_server_info"] {
+            let (status, body) = self.get_text(path).await?;
+            let url = format!("{}{}", self.endpoint.base_url, path);
+            if status == 404 {
+                last = Some(ClientError::Status {
+                    url,
+                    status,
+                    body: snippet(&body),
+                });
+                continue;
+            }
+            if status != 200 {
+                return Err(ClientError::Status {
+                    url,
+                    status,
+                    body: snippet(&body),
+                });
+            }
+            let raw: Value = serde_json::from_str(&body).map_err(|e| ClientError::Decode {
+                url,
+                reason: e.to_string(),
+            })?;
+            return Ok(ServerInfo::from_json(raw));
+        }
+        Err(last.expect("at least one path was tried"))
+    }
+
+    /// `/metrics` (present only with `--enable-metrics`; a 404 is an error).
+    pub async fn metrics(&self) -> Result<Metrics, ClientError> {
+        let (status, body) = self.get_text("/metrics").await?;
+        if status != 200 {
+            let url = format!("{}/metrics", self.endpoint.base_url);
+            return Err(ClientError::Status {
+                url,
+                status,
+                body: snippet(&body),
+            });
+        }
+        Ok(metrics::parse(&body))
+    }
+
+    /// Sends one generation request and waits for the whole completion.
+    pub async fn complete(&self, req: &CompletionRequest) -> Result<Completion, ClientError> {
+        let (url, rb) = self.request(reqwest::Method::POST, req.api.path());
+        let body = req.body().ok_or_else(|| ClientError::Decode {
+            url: url.clone(),
+            reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
+        })?;
+        let resp = rb
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
+        if status != 200 {
+            let text = String::from_utf8_lossy(&bytes);
+            if status == 400
+                && let Some(overflow) = parse_overflow(&text)
+            {
+                return Err(ClientError::ContextOverflow { url, overflow });
+            }
+            return Err(ClientError::Status {
+                url,
+                status,
+                body: snippet(&text),
+            });
+        }
+        parse_completion(req.api, &bytes).map_err(|reason| ClientError::Decode { url, reason })
+    }
+}
+
+fn snippet(body: &str) -> String {
+    const MAX: usize = 300;
+    let body = body.trim();
+    match body.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &body[..i]),
+        None => body.to_string(),
+    }
+}
+
+#[derive(Deserialize)]
+struct GenerateResponse {
+    text: String,
+    meta_info: GenerateMeta,
+}
+
+#[derive(Deserialize)]
+struct GenerateMeta {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    finish_reason: Option<FinishReason>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FinishReason {
+    Typed {
+        #[serde(rename = "type")]
+        kind: String,
+    },
+    Plain(String),
+}
+
+#[derive(Deserialize)]
+struct OpenAiResponse {
+    choices: Vec<OpenAiChoice>,
+    usage: OpenAiUsage,
+}
+
+#[derive(Deserialize)]
+struct OpenAiChoice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    message: Option<OpenAiMessage>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct OpenAiMessage {
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct OpenAiUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+/// Parses a 200 response body of `api`.
+pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, String> {
+    match api {
+        Api::Generate => {
+            let r: GenerateResponse = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            Ok(Completion {
+                text: r.text,
+                prompt_tokens: r.meta_info.prompt_tokens,
+                completion_tokens: r.meta_info.completion_tokens,
+                finish_reason: r.meta_info.finish_reason.map(|f| match f {
+                    FinishReason::Typed { kind } => kind,
+                    FinishReason::Plain(s) => s,
+                }),
+            })
+        }
+        Api::Chat | Api::Completions => {
+            let r: OpenAiResponse = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            let choice = r
+                .choices
+                .into_iter()
+                .next()
+                .ok_or("no choices in the response")?;
+            let text = match api {
+                Api::Chat => choice.message.and_then(|m| m.content),
+                _ => choice.text,
+            }
+            .unwrap_or_default();
+            Ok(Completion {
+                text,
+                prompt_tokens: r.usage.prompt_tokens,
+                completion_tokens: r.usage.completion_tokens,
+                finish_reason: choice.finish_reason,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_input_longer_than_context() {
+        let body = r#"{"object":"error","message":"The input (9000 tokens) is longer than the model's context length (8192 tokens).","code":400}"#;
+        let o = parse_overflow(body).unwrap();
+        assert_eq!(
+            o,
+            Overflow {
+                prompt_tokens: 9000,
+                context_len: 8192
+            }
+        );
+        assert_eq!(o.fitting_max_tokens(), None);
+    }
+
+    #[test]
+    fn parses_requested_total_and_clamps() {
+        let body = "Requested token count exceeds the model's maximum context length of 8192 tokens. \
+                    You requested a total of 9096 tokens: 1000 tokens from the input messages and \
+                    8096 tokens for the completion. Please reduce the number of tokens.";
+        let o = parse_overflow(body).unwrap();
+        assert_eq!(
+            o,
+            Overflow {
+                prompt_tokens: 1000,
+                context_len: 8192
+            }
+        );
+        assert_eq!(o.fitting_max_tokens(), Some(7191));
+        let tight = Overflow {
+            prompt_tokens: 8191,
+            context_len: 8192,
+        };
+        assert_eq!(tight.fitting_max_tokens(), None);
+        let one = Overflow {
+            prompt_tokens: 8190,
+            context_len: 8192,
+        };
+        assert_eq!(one.fitting_max_tokens(), Some(1));
+    }
+
+    #[test]
+    fn other_400s_are_not_overflow() {
+        assert_eq!(
+            parse_overflow("bad request: temperature must be >= 0"),
+            None
+        );
+    }
+
+    #[test]
+    fn server_info_reads_the_effective_cap_not_the_cli_value() {
+        let raw = json!({
+            "version": "0.5.23", "max_total_num_tokens": 1_200_000, "max_running_requests": null,
+            "context_length": 8192, "served_model_name": "qwen",
+            "internal_states": [{"effective_max_running_requests_per_dp": 72}]
+        });
+        let i = ServerInfo::from_json(raw);
+        assert_eq!(i.effective_max_running_requests, Some(72));
+        assert_eq!(i.max_running_requests, None);
+        assert_eq!(i.max_total_num_tokens, Some(1_200_000));
+        assert_eq!(i.context_length, Some(8192));
+        assert_eq!(i.version.as_deref(), Some("0.5.23"));
+        assert_eq!(i.served_model_name.as_deref(), Some("qwen"));
+    }
+
+    #[test]
+    fn bodies_per_api() {
+        let mut req = CompletionRequest {
+            api: Api::Generate,
+            prompt: Prompt::Text("hi".into()),
+            max_tokens: 16,
+            temperature: Some(0.5),
+            top_p: None,
+            model: Some("m".into()),
+            extra: None,
+        };
+        assert_eq!(
+            req.body().unwrap(),
+            json!({"text": "hi", "sampling_params": {"max_new_tokens": 16, "temperature": 0.5}})
+        );
+        req.api = Api::Completions;
+        assert_eq!(
+            req.body().unwrap(),
+            json!({"prompt": "hi", "max_tokens": 16, "temperature": 0.5, "model": "m", "stream": false})
+        );
+        req.api = Api::Chat;
+        req.prompt = Prompt::Messages(json!([{"role": "user", "content": "x"}]));
+        let mut extra = Map::new();
+        extra.insert("model".into(), json!("batch-model"));
+        extra.insert("seed".into(), json!(7));
+        req.extra = Some(extra);
+        let b = req.body().unwrap();
+        assert_eq!(b["model"], "batch-model");
+        assert_eq!(b["seed"], 7);
+        assert_eq!(b["max_tokens"], 16);
+        assert_eq!(b["messages"][0]["content"], "x");
+        req.api = Api::Generate;
+        assert_eq!(req.body(), None);
+    }
+
+    #[test]
+    fn parses_responses() {
+        let g = br#"{"text":"out","meta_info":{"prompt_tokens":5,"completion_tokens":3,"finish_reason":{"type":"length","length":3},"e2e_latency":0.1}}"#;
+        let c = parse_completion(Api::Generate, g).unwrap();
+        assert_eq!(
+            (c.text.as_str(), c.prompt_tokens, c.completion_tokens),
+            ("out", 5, 3)
+        );
+        assert_eq!(c.finish_reason.as_deref(), Some("length"));
+        let chat = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hey"},"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}"#;
+        let c = parse_completion(Api::Chat, chat).unwrap();
+        assert_eq!(
+            (c.text.as_str(), c.finish_reason.as_deref()),
+            ("hey", Some("stop"))
+        );
+        assert!(parse_completion(Api::Chat, b"{}").is_err());
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        let st = |status| ClientError::Status {
+            url: "u".into(),
+            status,
+            body: String::new(),
+        };
+        assert!(st(503).is_retryable());
+        assert!(st(429).is_retryable());
+        assert!(!st(400).is_retryable());
+        assert!(ClientError::Timeout { url: "u".into() }.is_retryable());
+    }
+
+    #[test]
+    fn endpoint_name_from_url() {
+        let e = Endpoint::from_url("http://127.0.0.1:30005/");
+        assert_eq!(e.name, "127.0.0.1:30005");
+        assert_eq!(e.base_url, "http://127.0.0.1:30005");
+    }
+}

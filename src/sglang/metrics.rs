@@ -1,1 +1,91 @@
-//! SGLang: metrics (being built).
+//! Parsing SGLang's Prometheus `/metrics` text into the few `sglang:` series fleet acts on.
+
+use serde::Serialize;
+
+/// The `sglang:` gauges and counters fleet reads, summed over label sets (one per model name).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    pub num_running_reqs: Option<f64>,
+    pub num_queue_reqs: Option<f64>,
+    pub gen_throughput: Option<f64>,
+    pub token_usage: Option<f64>,
+    pub generation_tokens_total: Option<f64>,
+    pub prompt_tokens_total: Option<f64>,
+}
+
+/// Reads Prometheus exposition text; unknown series, comments and malformed lines are ignored
+/// because a scrape must never fail on a metric fleet does not use.
+pub fn parse(text: &str) -> Metrics {
+    let mut m = Metrics::default();
+    for line in text.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("sglang:") else {
+            continue;
+        };
+        let name_end = rest
+            .find(|c: char| c == '{' || c.is_whitespace())
+            .unwrap_or(rest.len());
+        let name = &rest[..name_end];
+        let slot = match name {
+            "num_running_reqs" => &mut m.num_running_reqs,
+            "num_queue_reqs" => &mut m.num_queue_reqs,
+            "gen_throughput" => &mut m.gen_throughput,
+            "token_usage" => &mut m.token_usage,
+            "generation_tokens_total" => &mut m.generation_tokens_total,
+            "prompt_tokens_total" => &mut m.prompt_tokens_total,
+            _ => continue,
+        };
+        let after = &rest[name_end..];
+        // Label values may contain spaces, so the value starts after the closing brace.
+        let value_part = match after.strip_prefix('{') {
+            Some(labels) => match labels.rfind('}') {
+                Some(end) => &labels[end + 1..],
+                None => continue,
+            },
+            None => after,
+        };
+        let Some(value) = value_part
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        *slot = Some(slot.unwrap_or(0.0) + value);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_gauges_and_counters_summed_over_labels() {
+        let text = "\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name=\"qwen 27b\"} 72.0
+sglang:num_queue_reqs{model_name=\"qwen 27b\"} 3.0
+sglang:gen_throughput{model_name=\"qwen 27b\"} 1180.5
+sglang:token_usage{model_name=\"a\"} 0.25
+sglang:generation_tokens_total{model_name=\"a\"} 1000
+sglang:generation_tokens_total{model_name=\"b\"} 500 1712345678000
+sglang:prompt_tokens_total 7033
+sglang:time_to_first_token_seconds_bucket{le=\"0.1\"} 4
+";
+        let m = parse(text);
+        assert_eq!(m.num_running_reqs, Some(72.0));
+        assert_eq!(m.num_queue_reqs, Some(3.0));
+        assert_eq!(m.gen_throughput, Some(1180.5));
+        assert_eq!(m.token_usage, Some(0.25));
+        assert_eq!(m.generation_tokens_total, Some(1500.0));
+        assert_eq!(m.prompt_tokens_total, Some(7033.0));
+    }
+
+    #[test]
+    fn missing_series_stay_none_and_garbage_is_ignored() {
+        let m = parse("sglang:num_running_reqs{model_name=\"x\"} notanumber\nfoo 1\n");
+        assert_eq!(m, Metrics::default());
+    }
+}

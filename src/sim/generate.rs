@@ -15,9 +15,9 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 use tokio::sync::{oneshot, watch};
 
-use crate::http::{Shared, json_response, openai_error};
-use crate::scheduler::{Job, Progress, Reply};
-use crate::text;
+use crate::sim::http::{Shared, json_response, openai_error};
+use crate::sim::scheduler::{Job, Progress, Reply};
+use crate::sim::text;
 
 /// A request ready to run: its lengths and how it will end.
 struct Prepared {

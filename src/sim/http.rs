@@ -16,11 +16,11 @@ use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 use tokio::sync::mpsc;
 
-use crate::config::Config;
-use crate::generate;
-use crate::log;
-use crate::model::Plan;
-use crate::scheduler::{Job, Metrics};
+use crate::sim::config::Config;
+use crate::sim::generate;
+use crate::sim::log;
+use crate::sim::model::Plan;
+use crate::sim::scheduler::{Job, Metrics};
 
 /// What every handler shares.
 pub struct App {

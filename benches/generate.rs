@@ -1,0 +1,169 @@
+//! Benchmarks of `fleet generate`'s client side against in-process instant SGLang stand-ins:
+//! completed requests/s (engine and binary), peak RSS on a 654,676-prompt input, and the time
+//! from start to the first new request when resuming with 600,000 prompts done.
+
+#[path = "../tests/generate_common/mod.rs"]
+mod generate_common;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use fleet::generate::{self, Endpoint, GenerateConfig};
+use generate_common::{StubSpec, start_stub, write_prompts};
+use tokio_util::sync::CancellationToken;
+
+const SEED_TOTAL: usize = 654_676;
+
+fn instant() -> StubSpec {
+    StubSpec {
+        latency: Duration::ZERO,
+        cap: 64,
+        record: false,
+        ..StubSpec::default()
+    }
+}
+
+fn config(prompts: &Path, out: &Path) -> GenerateConfig {
+    let mut c = GenerateConfig::new(prompts.into(), out.into());
+    c.grace = Duration::ZERO;
+    c
+}
+
+/// Completed requests/s of the engine over 20,000 prompts and two instant servers.
+fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    let urls: Vec<String> = (0..2).map(|_| start_stub(instant()).url).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    const N: usize = 20_000;
+    write_prompts(&prompts, N);
+    let mut g = c.benchmark_group("generate");
+    g.sample_size(10).throughput(Throughput::Elements(N as u64));
+    let mut round = 0;
+    g.bench_function("engine_20k_instant", |b| {
+        b.iter(|| {
+            round += 1;
+            let out = tmp.path().join(format!("out{round}"));
+            let endpoints = urls.iter().map(|u| Endpoint::from_url(u)).collect();
+            let s = rt
+                .block_on(generate::run(
+                    config(&prompts, &out),
+                    endpoints,
+                    |_| {},
+                    CancellationToken::new(),
+                ))
+                .unwrap();
+            assert_eq!(s.progress.completed, N as u64);
+            std::fs::remove_dir_all(&out).unwrap();
+        })
+    });
+    g.finish();
+}
+
+/// Start of a resumed run with 600,000 of 654,676 prompts done, to its first new request.
+fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    let stub = start_stub(instant());
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, SEED_TOTAL);
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut shard = std::io::BufWriter::new(
+        std::fs::File::create(out.join("completions-00000.jsonl")).unwrap(),
+    );
+    for i in 0..600_000 {
+        writeln!(
+            shard,
+            r#"{{"id":"p{i}","output":"a completion of moderate length","prompt_tokens":3,"completion_tokens":7,"finish_reason":"length","instance":"a","latency_s":0.1}}"#
+        )
+        .unwrap();
+    }
+    drop(shard);
+    let mut g = c.benchmark_group("generate");
+    g.sample_size(10);
+    g.bench_function("resume_600k_done_to_first_request", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let before = stub.state.requests.load(Ordering::SeqCst);
+                let mut cfg = config(&prompts, &out);
+                cfg.resume = true;
+                let cancel = CancellationToken::new();
+                let t0 = Instant::now();
+                let run = rt.spawn(generate::run(
+                    cfg,
+                    vec![Endpoint::from_url(&stub.url)],
+                    |_| {},
+                    cancel.clone(),
+                ));
+                while stub.state.requests.load(Ordering::SeqCst) == before {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                total += t0.elapsed();
+                cancel.cancel();
+                rt.block_on(run).unwrap().unwrap();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+/// The real binary over the seed's 654,676 prompts against two instant servers: req/s and
+/// the process's peak RSS (from wait4's rusage).
+#[allow(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also reports its rusage"
+)]
+fn binary_run() {
+    let a = start_stub(instant());
+    let b = start_stub(instant());
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, SEED_TOTAL);
+    let out = tmp.path().join("out");
+    let t0 = Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .args(["-q", "generate", "--prompts"])
+        .arg(&prompts)
+        .arg("--out")
+        .arg(&out)
+        .args(["--url", &a.url, "--url", &b.url])
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: waiting for the child spawned above, by its pid, with a valid rusage buffer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let secs = t0.elapsed().as_secs_f64();
+    assert_eq!(pid, child.id() as i32);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "fleet generate failed"
+    );
+    println!(
+        "fleet generate (binary): {SEED_TOTAL} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",
+        SEED_TOTAL as f64 / secs,
+        usage.ru_maxrss as f64 / 1024.0
+    );
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut c = Criterion::default().configure_from_args();
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    if filter.is_empty() || "binary_654676".contains(&filter) {
+        binary_run();
+    }
+    engine_throughput(&mut c, &rt);
+    resume_to_first_request(&mut c, &rt);
+    c.final_summary();
+}

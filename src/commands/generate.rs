@@ -1,0 +1,300 @@
+//! `fleet generate`: validates arguments, runs the generation engine over the given endpoints,
+//! and renders its events (a progress bar on a terminal, a log line every 30 s otherwise).
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::GenerateArgs;
+use crate::generate::input::InputError;
+use crate::generate::journal::JournalError;
+use crate::generate::progress::Progress;
+use crate::generate::{
+    self, ConcurrencyMode, Ended, Endpoint, Event, GenerateConfig, GenerateError,
+};
+use crate::sglang::client::Api;
+
+use super::{Ctx, Outcome, UsageError};
+
+const LOG_EVERY: Duration = Duration::from_secs(30);
+
+pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
+    let config = config_from(args)?;
+    // Without --url: every instance `fleet up` started, through port forwards held for the run.
+    let fleet = if args.url.is_empty() {
+        Some(super::instances::reachable(ctx).await?)
+    } else {
+        None
+    };
+    let endpoints = match &fleet {
+        Some(f) => f.endpoints.clone(),
+        None => endpoints_from(args)?,
+    };
+    let json = ctx.global.json;
+    let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
+    let result = generate::run(config, endpoints, |e| view.show(e), ctx.cancel.clone()).await;
+    if let Some(f) = fleet {
+        f.close().await;
+    }
+    let summary = result.map_err(|e| match e {
+        // The user's input or --out choice, not a failure of the fleet.
+        GenerateError::Journal(JournalError::NotEmpty { .. })
+        | GenerateError::Input(InputError::Duplicate { .. }) => UsageError(e.to_string()).into(),
+        other => anyhow::Error::new(other),
+    })?;
+    view.finish();
+    let p = &summary.progress;
+    if json {
+        println!("{}", serde_json::to_string_pretty(p)?);
+    } else {
+        println!("{}", summary_line(p));
+        println!("output: {}", args.out.display());
+    }
+    match summary.ended {
+        Ended::Done if p.failed > 0 => {
+            eprintln!(
+                "{} prompts failed: see {}",
+                p.failed,
+                args.out.join("failed.jsonl").display()
+            );
+            Ok(Outcome::Partial)
+        }
+        Ended::Done => Ok(Outcome::Ok),
+        Ended::Interrupted => {
+            eprintln!("interrupted: continue with the same command plus --resume");
+            Ok(Outcome::Interrupted)
+        }
+        Ended::Stalled => anyhow::bail!(
+            "no instance was healthy for --stall-timeout ({}); output so far is kept, continue with --resume",
+            humantime::format_duration(args.stall_timeout)
+        ),
+        Ended::BelowExpected(f) => {
+            anyhow::bail!(
+                "stopped by --abort-below: {}; output so far is kept",
+                f.message()
+            )
+        }
+    }
+}
+
+fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
+    let usage = |m: String| anyhow::Error::new(UsageError(m));
+    let concurrency: ConcurrencyMode = args.concurrency.parse().map_err(usage)?;
+    let api = args
+        .endpoint
+        .as_deref()
+        .map(str::parse::<Api>)
+        .transpose()
+        .map_err(usage)?;
+    if let Some(f) = args.abort_below
+        && !(f > 0.0 && f <= 1.0)
+    {
+        return Err(usage(format!(
+            "--abort-below must be a fraction in (0, 1], got {f}"
+        )));
+    }
+    if args.max_tokens == 0 {
+        return Err(usage("--max-tokens must be at least 1".into()));
+    }
+    if args.upload.is_some() {
+        return Err(usage("--upload is not available in this build yet".into()));
+    }
+    if args.profile.is_some() {
+        return Err(usage(
+            "--profile (the watchdog's expected throughput) is not available in this build yet"
+                .into(),
+        ));
+    }
+    if !args.prompts.is_file() {
+        return Err(usage(format!(
+            "--prompts {}: no such file",
+            args.prompts.display()
+        )));
+    }
+    let mut c = GenerateConfig::new(args.prompts.clone(), args.out.clone());
+    c.api = api;
+    c.max_tokens = args.max_tokens;
+    c.temperature = args.temperature;
+    c.top_p = args.top_p;
+    c.limit = args.limit;
+    c.concurrency = concurrency;
+    c.max_retries = args.max_retries;
+    c.stall_timeout = args.stall_timeout;
+    c.resume = args.resume;
+    c.warmup = args.warmup;
+    c.abort_below = args.abort_below;
+    c.grace = args.grace;
+    Ok(c)
+}
+
+fn endpoints_from(args: &GenerateArgs) -> anyhow::Result<Vec<Endpoint>> {
+    let api_key = std::env::var("FLEET_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
+    args.url
+        .iter()
+        .map(|u| {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(UsageError(format!("--url {u:?}: expected http://HOST:PORT")).into());
+            }
+            let mut e = Endpoint::from_url(u);
+            e.api_key = api_key.clone();
+            Ok(e)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()
+        .context("invalid --url")
+}
+
+fn summary_line(p: &Progress) -> String {
+    let eta = p
+        .eta_hours
+        .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    format!(
+        "{}: {}/{} completed, {} failed, {:.2} req/s, {} output tokens (avg {}), ETA {}, elapsed {:.2} h",
+        p.status.as_str(),
+        p.completed,
+        p.total,
+        p.failed,
+        p.rate_per_sec,
+        p.total_output_tokens,
+        p.avg_output_tokens,
+        eta,
+        p.elapsed_hours
+    )
+}
+
+/// Renders engine events on stderr.
+struct View {
+    bar: Option<ProgressBar>,
+    last_log: Instant,
+    malformed: u64,
+}
+
+const MALFORMED_SHOWN: u64 = 20;
+
+impl View {
+    fn new(terminal: bool) -> Self {
+        View {
+            bar: terminal.then(ProgressBar::hidden),
+            last_log: Instant::now(),
+            malformed: 0,
+        }
+    }
+
+    fn say(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn show(&mut self, event: Event) {
+        match event {
+            Event::Started {
+                total,
+                already_done,
+                truncated_bytes,
+                instances,
+            } => {
+                if truncated_bytes > 0 {
+                    self.say(&format!(
+                        "resume: cut a torn final line ({truncated_bytes} bytes) left by a crash"
+                    ));
+                }
+                if already_done > 0 {
+                    self.say(&format!(
+                        "resume: {already_done} of {total} prompts already done"
+                    ));
+                }
+                for i in &instances {
+                    let line = match &i.unavailable {
+                        Some(why) => format!("  {:<24} unavailable: {why}", i.name),
+                        None => format!(
+                            "  {:<24} cap {:>5}  in-flight {:>5}  context {:>6}  sglang {}",
+                            i.name,
+                            i.server_cap.map_or("?".into(), |c| c.to_string()),
+                            i.concurrency,
+                            i.context_length.map_or("?".into(), |c| c.to_string()),
+                            i.version.as_deref().unwrap_or("?")
+                        ),
+                    };
+                    self.say(&line);
+                }
+                if let Some(bar) = &self.bar {
+                    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                    bar.set_length(total);
+                    bar.set_position(already_done);
+                    bar.set_style(
+                        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                            .expect("valid template"),
+                    );
+                }
+            }
+            Event::MalformedLine { line, error } => {
+                self.malformed += 1;
+                if self.malformed <= MALFORMED_SHOWN {
+                    self.say(&format!(
+                        "warning: prompts line {line}: {error} (recorded in failed.jsonl)"
+                    ));
+                } else if self.malformed == MALFORMED_SHOWN + 1 {
+                    self.say("warning: more malformed lines; see failed.jsonl");
+                }
+            }
+            Event::InstanceDown { name, reason } => self.say(&format!(
+                "warning: {name} taken out: {reason}; its requests go elsewhere"
+            )),
+            Event::InstanceUp { name, server_cap } => self.say(&format!(
+                "{name} is healthy again (cap {})",
+                server_cap.map_or("?".into(), |c| c.to_string())
+            )),
+            Event::Paused { stall_timeout } => self.say(&format!(
+                "warning: every instance is down: paused, giving up after {}",
+                humantime::format_duration(stall_timeout)
+            )),
+            Event::Resumed => self.say("an instance is back: resuming"),
+            Event::Watchdog(f) => {
+                let rule = "!".repeat(78);
+                self.say(&format!("{rule}\nWATCHDOG: {}\n{rule}", f.message()));
+            }
+            Event::Stopping { reason, in_flight } => self.say(&format!(
+                "stopping ({reason}): waiting for {in_flight} requests in flight"
+            )),
+            Event::Progress(p) => self.progress(&p),
+        }
+    }
+
+    fn progress(&mut self, p: &Progress) {
+        let tok_s: f64 = p.instances.iter().map(|i| i.output_tok_s).sum();
+        let eta = p.eta_hours.map_or("?".to_string(), |h| format!("{h:.2} h"));
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(p.completed + p.failed);
+                bar.set_message(format!(
+                    "{:.1} req/s  {:.0} tok/s  ETA {eta}  failed {}",
+                    p.rate_per_sec, tok_s, p.failed
+                ));
+            }
+            None => {
+                if self.last_log.elapsed() >= LOG_EVERY {
+                    self.last_log = Instant::now();
+                    eprintln!(
+                        "{}/{} done ({} failed), {:.2} req/s, {:.0} output tok/s, ETA {eta}",
+                        p.completed + p.failed,
+                        p.total,
+                        p.failed,
+                        p.rate_per_sec,
+                        tok_s
+                    );
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

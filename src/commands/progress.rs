@@ -1,0 +1,90 @@
+//! `fleet progress DIR`: a summary of a running or finished generate job from its progress.json.
+
+use std::time::SystemTime;
+
+use crate::cli::ProgressArgs;
+use crate::generate::progress::{self, PROGRESS_FILE, Status};
+
+use super::{Ctx, Outcome, UsageError};
+
+/// A running job rewrites progress.json every few seconds; older than this, it has likely stopped.
+const STALE_AFTER_SECS: u64 = 30;
+
+pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
+    let file = if args.dir.is_dir() {
+        args.dir.join(PROGRESS_FILE)
+    } else {
+        args.dir.clone()
+    };
+    if !file.exists() {
+        return Err(UsageError(format!(
+            "{}: no progress.json (is this a `fleet generate --out` directory?)",
+            file.display()
+        ))
+        .into());
+    }
+    let p = progress::read(&file)?;
+    if ctx.global.json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+        return Ok(Outcome::Ok);
+    }
+    let age = std::fs::metadata(&file)?
+        .modified()
+        .ok()
+        .and_then(|m| SystemTime::now().duration_since(m).ok())
+        .map(|d| d.as_secs());
+    let pct = if p.total > 0 {
+        100.0 * (p.completed + p.failed) as f64 / p.total as f64
+    } else {
+        100.0
+    };
+    let eta = p
+        .eta_hours
+        .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    println!("status      {}", p.status.as_str());
+    println!(
+        "done        {}/{} ({pct:.1}%), {} failed",
+        p.completed + p.failed,
+        p.total,
+        p.failed
+    );
+    println!("rate        {:.2} req/s (recent window)", p.rate_per_sec);
+    println!("eta         {eta}");
+    println!(
+        "tokens      {} in, {} out (avg {} out per completion)",
+        p.total_input_tokens, p.total_output_tokens, p.avg_output_tokens
+    );
+    println!("elapsed     {:.2} h", p.elapsed_hours);
+    if p.s3_uploaded > 0 {
+        println!("uploaded    {} shards, {} bytes", p.s3_uploaded, p.s3_bytes);
+    }
+    if let Some(age) = age
+        && p.status == Status::Running
+        && age > STALE_AFTER_SECS
+    {
+        println!(
+            "warning     last update {age}s ago: the job may have stopped (resume it with --resume)"
+        );
+    }
+    if !p.instances.is_empty() {
+        println!();
+        println!(
+            "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8} {:>10} {:>10}",
+            "instance", "healthy", "in-flight", "limit", "cap", "req/s", "out tok/s", "completed"
+        );
+        for i in &p.instances {
+            println!(
+                "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8.2} {:>10.1} {:>10}",
+                i.name,
+                if i.healthy { "yes" } else { "no" },
+                i.in_flight,
+                i.concurrency,
+                i.server_cap.map_or("?".into(), |c| c.to_string()),
+                i.rate_per_sec,
+                i.output_tok_s,
+                i.completed
+            );
+        }
+    }
+    Ok(Outcome::Ok)
+}

@@ -1,0 +1,479 @@
+//! The output directory as a crash-safe journal: completion shards and `failed.jsonl` written
+//! as whole lines in fsynced batches by one writer thread, and recovery for `--resume` (the
+//! done-set, totals so far, torn tails truncated).
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::input::{Id, RawId, key_of};
+
+pub const FAILED_FILE: &str = "failed.jsonl";
+const SHARD_PREFIX: &str = "completions-";
+const SHARD_SUFFIX: &str = ".jsonl";
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: not a journal line ({reason}); was this file written by fleet generate?", path.display())]
+    Corrupt {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error(
+        "{} already holds output of a generate run; pass --resume to continue it, or choose another --out",
+        dir.display()
+    )]
+    NotEmpty { dir: PathBuf },
+    #[error("the journal writer stopped unexpectedly")]
+    WriterGone,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub fn shard_name(index: u32) -> String {
+    format!("{SHARD_PREFIX}{index:05}{SHARD_SUFFIX}")
+}
+
+fn shard_index(name: &str) -> Option<u32> {
+    name.strip_prefix(SHARD_PREFIX)?
+        .strip_suffix(SHARD_SUFFIX)?
+        .parse()
+        .ok()
+}
+
+/// One line of a completion shard.
+#[derive(Debug, Serialize)]
+pub struct CompletionRecord<'a> {
+    pub id: &'a Id,
+    pub output: &'a str,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub finish_reason: Option<&'a str>,
+    pub instance: &'a str,
+    pub latency_s: f64,
+}
+
+/// One line of `failed.jsonl`.
+#[derive(Debug, Serialize)]
+pub struct FailureRecord<'a> {
+    pub id: &'a Id,
+    /// 1-based line number in the prompt file.
+    pub line: u64,
+    pub reason: &'a str,
+    pub error: &'a str,
+}
+
+/// A serialized line (ending in `\n`) for the writer.
+#[derive(Debug)]
+pub enum Entry {
+    Completion(Vec<u8>),
+    Failure(Vec<u8>),
+}
+
+pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    let mut v = serde_json::to_vec(record).expect("journal records always serialize");
+    v.push(b'\n');
+    v
+}
+
+/// What an output directory already holds.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Keys ([`key_of`]) of every id in the shards and `failed.jsonl`.
+    pub done: HashSet<u128>,
+    pub completed: u64,
+    pub failed: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// The shard index new completions start at.
+    pub next_shard: u32,
+    /// Bytes of torn final lines cut off.
+    pub truncated_bytes: u64,
+}
+
+#[derive(Deserialize)]
+struct DoneLine {
+    id: RawId,
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+/// Whether `dir` holds any journal file.
+pub fn has_output(dir: &Path) -> Result<bool, JournalError> {
+    Ok(!list_shards(dir)?.is_empty() || dir.join(FAILED_FILE).exists())
+}
+
+fn list_shards(dir: &Path) -> Result<Vec<(u32, PathBuf)>, JournalError> {
+    let mut shards = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(shards),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io(dir))?;
+        if let Some(i) = entry.file_name().to_str().and_then(shard_index) {
+            shards.push((i, entry.path()));
+        }
+    }
+    shards.sort();
+    Ok(shards)
+}
+
+/// Cuts a final line that has no newline: the writer was killed in the middle of a write.
+fn truncate_torn_tail(path: &Path) -> Result<u64, JournalError> {
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io(path))?;
+    let len = f.metadata().map_err(io(path))?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    // Scan backwards in chunks for the last newline; lines can be long.
+    let mut end = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    let keep = loop {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        f.seek(SeekFrom::Start(start)).map_err(io(path))?;
+        f.read_exact(chunk).map_err(io(path))?;
+        if let Some(pos) = chunk.iter().rposition(|&b| b == b'\n') {
+            break start + pos as u64 + 1;
+        }
+        if start == 0 {
+            break 0;
+        }
+        end = start;
+    };
+    if keep < len {
+        f.set_len(keep).map_err(io(path))?;
+        f.sync_all().map_err(io(path))?;
+    }
+    Ok(len - keep)
+}
+
+/// Reads what a previous run wrote, truncating torn tails so appends start on a line boundary.
+pub fn recover(dir: &Path) -> Result<Recovered, JournalError> {
+    let mut r = Recovered::default();
+    let shards = list_shards(dir)?;
+    r.next_shard = shards.last().map_or(0, |(i, _)| i + 1);
+    let failed = dir.join(FAILED_FILE);
+    let mut files: Vec<(PathBuf, bool)> = shards.into_iter().map(|(_, p)| (p, true)).collect();
+    if failed.exists() {
+        files.push((failed, false));
+    }
+    for (path, is_shard) in files {
+        r.truncated_bytes += truncate_torn_tail(&path)?;
+        let reader = BufReader::with_capacity(256 * 1024, File::open(&path).map_err(io(&path))?);
+        for (i, line) in reader.lines().enumerate() {
+            let line = line.map_err(io(&path))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let d: DoneLine = serde_json::from_str(&line).map_err(|e| JournalError::Corrupt {
+                path: path.clone(),
+                line: i as u64 + 1,
+                reason: e.to_string(),
+            })?;
+            // Counted once even if a file was copied in twice, so totals never exceed the input.
+            if !r.done.insert(key_of(&d.id.into_id().text)) {
+                continue;
+            }
+            if is_shard {
+                r.completed += 1;
+                r.input_tokens += d.prompt_tokens;
+                r.output_tokens += d.completion_tokens;
+            } else {
+                r.failed += 1;
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// When the writer syncs: after this many lines or this much time, whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncPolicy {
+    pub lines: usize,
+    pub interval: Duration,
+    /// Completions per shard before starting the next one.
+    pub shard_lines: u64,
+}
+
+impl Default for SyncPolicy {
+    fn default() -> Self {
+        SyncPolicy {
+            lines: 64,
+            interval: Duration::from_millis(200),
+            shard_lines: 100_000,
+        }
+    }
+}
+
+/// Totals the writer reports when it is closed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WriterStats {
+    pub shards_written: u32,
+    pub syncs: u64,
+}
+
+/// The sending side of the writer thread. Dropping it (or [`Journal::close`]) flushes
+/// everything and syncs.
+pub struct Journal {
+    tx: Option<mpsc::Sender<Entry>>,
+    handle: Option<tokio::task::JoinHandle<Result<WriterStats, JournalError>>>,
+}
+
+impl Journal {
+    /// Starts the writer on a blocking thread; new shards are numbered from `next_shard`.
+    pub fn start(dir: &Path, next_shard: u32, policy: SyncPolicy) -> Result<Self, JournalError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let (tx, rx) = mpsc::channel();
+        let mut writer = Writer::new(dir.to_path_buf(), next_shard, policy);
+        let handle = tokio::task::spawn_blocking(move || writer.run(rx));
+        Ok(Journal {
+            tx: Some(tx),
+            handle: Some(handle),
+        })
+    }
+
+    pub fn append(&self, entry: Entry) -> Result<(), JournalError> {
+        self.tx
+            .as_ref()
+            .ok_or(JournalError::WriterGone)?
+            .send(entry)
+            .map_err(|_| JournalError::WriterGone)
+    }
+
+    /// Flushes, syncs and joins the writer, returning its first error.
+    pub async fn close(&mut self) -> Result<WriterStats, JournalError> {
+        self.tx.take();
+        match self.handle.take() {
+            Some(h) => h.await.map_err(|_| JournalError::WriterGone)?,
+            None => Ok(WriterStats::default()),
+        }
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    policy: SyncPolicy,
+    shard: Option<(File, PathBuf, u64)>,
+    next_shard: u32,
+    failed: Option<(File, PathBuf)>,
+    shard_buf: Vec<u8>,
+    failed_buf: Vec<u8>,
+    pending_lines: usize,
+    stats: WriterStats,
+}
+
+impl Writer {
+    fn new(dir: PathBuf, next_shard: u32, policy: SyncPolicy) -> Self {
+        Writer {
+            dir,
+            policy,
+            shard: None,
+            next_shard,
+            failed: None,
+            shard_buf: Vec::new(),
+            failed_buf: Vec::new(),
+            pending_lines: 0,
+            stats: WriterStats::default(),
+        }
+    }
+
+    fn run(&mut self, rx: mpsc::Receiver<Entry>) -> Result<WriterStats, JournalError> {
+        let mut last_sync = Instant::now();
+        loop {
+            let wait = self.policy.interval.saturating_sub(last_sync.elapsed());
+            match rx.recv_timeout(wait) {
+                Ok(entry) => self.take(entry)?,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.flush()?;
+                    return Ok(self.stats);
+                }
+            }
+            // Drain what is already queued so a burst becomes one write and one fsync.
+            while self.pending_lines < self.policy.lines {
+                match rx.try_recv() {
+                    Ok(entry) => self.take(entry)?,
+                    Err(_) => break,
+                }
+            }
+            if self.pending_lines >= self.policy.lines
+                || last_sync.elapsed() >= self.policy.interval
+            {
+                self.flush()?;
+                last_sync = Instant::now();
+            }
+        }
+    }
+
+    fn take(&mut self, entry: Entry) -> Result<(), JournalError> {
+        match entry {
+            Entry::Completion(line) => {
+                let full = self
+                    .shard
+                    .as_ref()
+                    .is_some_and(|(_, _, n)| *n >= self.policy.shard_lines);
+                if full {
+                    self.flush()?;
+                    self.shard = None;
+                }
+                if self.shard.is_none() {
+                    let path = self.dir.join(shard_name(self.next_shard));
+                    self.next_shard += 1;
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .map_err(io(&path))?;
+                    self.stats.shards_written += 1;
+                    self.shard = Some((file, path, 0));
+                }
+                if let Some((_, _, n)) = &mut self.shard {
+                    *n += 1;
+                }
+                self.shard_buf.extend_from_slice(&line);
+            }
+            Entry::Failure(line) => self.failed_buf.extend_from_slice(&line),
+        }
+        self.pending_lines += 1;
+        Ok(())
+    }
+
+    /// One `write` per file of whole lines, then fsync: a kill leaves at most a torn tail that
+    /// recovery cuts, and a completed write survives the process.
+    fn flush(&mut self) -> Result<(), JournalError> {
+        if self.pending_lines == 0 {
+            return Ok(());
+        }
+        if !self.shard_buf.is_empty()
+            && let Some((file, path, _)) = &mut self.shard
+        {
+            file.write_all(&self.shard_buf).map_err(io(path))?;
+            file.sync_data().map_err(io(path))?;
+            self.shard_buf.clear();
+        }
+        if !self.failed_buf.is_empty() {
+            if self.failed.is_none() {
+                let path = self.dir.join(FAILED_FILE);
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(io(&path))?;
+                self.failed = Some((file, path));
+            }
+            let (file, path) = self.failed.as_mut().expect("opened above");
+            file.write_all(&self.failed_buf).map_err(io(path))?;
+            file.sync_data().map_err(io(path))?;
+            self.failed_buf.clear();
+        }
+        self.pending_lines = 0;
+        self.stats.syncs += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> Id {
+        Id {
+            text: s.into(),
+            numeric: false,
+        }
+    }
+
+    fn completion(i: &Id, out_tokens: u64) -> Entry {
+        Entry::Completion(encode(&CompletionRecord {
+            id: i,
+            output: "text",
+            prompt_tokens: 10,
+            completion_tokens: out_tokens,
+            finish_reason: Some("stop"),
+            instance: "a",
+            latency_s: 0.5,
+        }))
+    }
+
+    #[tokio::test]
+    async fn writes_rotates_and_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = SyncPolicy {
+            lines: 2,
+            interval: Duration::from_millis(10),
+            shard_lines: 3,
+        };
+        let mut j = Journal::start(dir.path(), 0, policy).unwrap();
+        for i in 0..7 {
+            j.append(completion(&id(&format!("c{i}")), 5)).unwrap();
+        }
+        let f = id("bad");
+        j.append(Entry::Failure(encode(&FailureRecord {
+            id: &f,
+            line: 9,
+            reason: "malformed_line",
+            error: "x",
+        })))
+        .unwrap();
+        let stats = j.close().await.unwrap();
+        assert_eq!(stats.shards_written, 3);
+        assert!(dir.path().join("completions-00002.jsonl").exists());
+
+        let r = recover(dir.path()).unwrap();
+        assert_eq!((r.completed, r.failed, r.next_shard), (7, 1, 3));
+        assert_eq!((r.input_tokens, r.output_tokens), (70, 35));
+        assert!(r.done.contains(&key_of("c6")) && r.done.contains(&key_of("bad")));
+        assert!(!r.done.contains(&key_of("c7")));
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_not_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(shard_name(0));
+        std::fs::write(
+            &p,
+            "{\"id\":\"a\",\"prompt_tokens\":1,\"completion_tokens\":2}\n{\"id\":\"b\",\"outp",
+        )
+        .unwrap();
+        let r = recover(dir.path()).unwrap();
+        assert_eq!(r.completed, 1);
+        assert_eq!(r.truncated_bytes, "{\"id\":\"b\",\"outp".len() as u64);
+        assert!(std::fs::read_to_string(&p).unwrap().ends_with("}\n"));
+        let again = recover(dir.path()).unwrap();
+        assert_eq!((again.completed, again.truncated_bytes), (1, 0));
+    }
+
+    #[test]
+    fn a_corrupt_middle_line_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FAILED_FILE), "{\"id\":\"a\"}\nnot json\n").unwrap();
+        let e = recover(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("failed.jsonl:2"), "{e}");
+    }
+}

@@ -1,0 +1,266 @@
+//! `progress.json`: its schema (the seed script's fields plus per-instance rates), sliding-window
+//! rates for an honest ETA, and the atomic temp-file-and-rename write.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+pub const PROGRESS_FILE: &str = "progress.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Running,
+    Done,
+    Failed,
+    Interrupted,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Done => "done",
+            Status::Failed => "failed",
+            Status::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// The document written to `DIR/progress.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub total: u64,
+    /// Completions in the output, including those of earlier runs of a resumed job.
+    pub completed: u64,
+    pub failed: u64,
+    /// Completions per second over the recent window (not the lifetime average).
+    pub rate_per_sec: f64,
+    /// `null` until a rate is known.
+    pub eta_hours: Option<f64>,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    pub avg_output_tokens: u64,
+    /// Wall time of this run.
+    pub elapsed_hours: f64,
+    pub s3_uploaded: u64,
+    pub s3_bytes: u64,
+    pub status: Status,
+    pub instances: Vec<InstanceProgress>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceProgress {
+    pub name: String,
+    pub url: String,
+    pub healthy: bool,
+    pub in_flight: u32,
+    /// The in-flight limit fleet currently allows this instance.
+    pub concurrency: u32,
+    /// The server's own cap (effective max running requests), when it reports one.
+    pub server_cap: Option<u64>,
+    pub completed: u64,
+    pub rate_per_sec: f64,
+    pub output_tok_s: f64,
+    /// Last `/metrics` reading.
+    pub running: Option<f64>,
+    pub queued: Option<f64>,
+}
+
+impl Progress {
+    /// What an output directory shows before any request of this run went out.
+    pub fn before_start(total: u64, r: &super::journal::Recovered, status: Status) -> Self {
+        Progress {
+            total,
+            completed: r.completed,
+            failed: r.failed,
+            rate_per_sec: 0.0,
+            eta_hours: None,
+            total_input_tokens: r.input_tokens,
+            total_output_tokens: r.output_tokens,
+            avg_output_tokens: r.output_tokens.checked_div(r.completed).unwrap_or(0),
+            elapsed_hours: 0.0,
+            s3_uploaded: 0,
+            s3_bytes: 0,
+            status,
+            instances: vec![],
+        }
+    }
+}
+
+/// Rounds for display in JSON without pretending to precision the window does not have.
+pub fn round(x: f64, decimals: i32) -> f64 {
+    let f = 10f64.powi(decimals);
+    (x * f).round() / f
+}
+
+/// Counts of completions and output tokens sampled over time; rates come from the oldest and
+/// newest samples inside the window.
+#[derive(Debug, Clone)]
+pub struct RateWindow {
+    window: Duration,
+    samples: VecDeque<(Instant, u64, u64)>,
+}
+
+impl RateWindow {
+    pub fn new(window: Duration) -> Self {
+        RateWindow {
+            window,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// Records the running totals at `now`.
+    pub fn record(&mut self, now: Instant, completed: u64, tokens: u64) {
+        self.samples.push_back((now, completed, tokens));
+        // Keep one sample older than the window so the rate spans the whole window.
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= self.window {
+            self.samples.pop_front();
+        }
+    }
+
+    /// (completions/s, output tokens/s) over the window; zero until two samples exist.
+    pub fn rates(&self) -> (f64, f64) {
+        let (Some(first), Some(last)) = (self.samples.front(), self.samples.back()) else {
+            return (0.0, 0.0);
+        };
+        let dt = last.0.duration_since(first.0).as_secs_f64();
+        if dt <= 0.0 {
+            return (0.0, 0.0);
+        }
+        (
+            (last.1 - first.1) as f64 / dt,
+            (last.2 - first.2) as f64 / dt,
+        )
+    }
+}
+
+/// Hours left at `rate` completions/s, or `None` when nothing is moving.
+pub fn eta_hours(remaining: u64, rate: f64) -> Option<f64> {
+    if remaining == 0 {
+        Some(0.0)
+    } else if rate > 0.0 {
+        Some(round(remaining as f64 / rate / 3600.0, 2))
+    } else {
+        None
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProgressError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a fleet progress file: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Writes `dir/progress.json` via a temp file and rename, so readers never see half a file.
+pub fn write_atomic(dir: &Path, p: &Progress) -> Result<(), ProgressError> {
+    let path = dir.join(PROGRESS_FILE);
+    let tmp = dir.join(".progress.json.tmp");
+    let err = |source| ProgressError::Io {
+        path: path.clone(),
+        source,
+    };
+    let body = serde_json::to_vec_pretty(p).expect("progress always serializes");
+    std::fs::write(&tmp, body).map_err(err)?;
+    std::fs::rename(&tmp, &path).map_err(err)
+}
+
+/// Reads a progress file (a directory means its `progress.json`).
+pub fn read(path: &Path) -> Result<Progress, ProgressError> {
+    let path = if path.is_dir() {
+        path.join(PROGRESS_FILE)
+    } else {
+        path.to_path_buf()
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ProgressError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ProgressError::Parse { path, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_rate_forgets_the_slow_start() {
+        let mut w = RateWindow::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        // 1/s for 30 s, then 10/s for 20 s: the window sees only the recent 10/s.
+        let mut done = 0;
+        for s in 0..=50u64 {
+            if s > 0 {
+                done += if s <= 30 { 1 } else { 10 };
+            }
+            w.record(t0 + Duration::from_secs(s), done, done * 100);
+        }
+        let (rate, tok) = w.rates();
+        assert!((rate - 10.0).abs() < 1e-9, "{rate}");
+        assert!((tok - 1000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn eta_from_rate() {
+        assert_eq!(eta_hours(654_603, 0.87), Some(209.0));
+        assert_eq!(eta_hours(5, 0.0), None);
+        assert_eq!(eta_hours(0, 0.0), Some(0.0));
+    }
+
+    #[test]
+    fn has_exactly_the_seed_fields_plus_instances() {
+        let p = Progress {
+            total: 654_676,
+            completed: 73,
+            failed: 0,
+            rate_per_sec: 0.87,
+            eta_hours: Some(208.61),
+            total_input_tokens: 7033,
+            total_output_tokens: 72126,
+            avg_output_tokens: 988,
+            elapsed_hours: 0.02,
+            s3_uploaded: 0,
+            s3_bytes: 0,
+            status: Status::Running,
+            instances: vec![],
+        };
+        let v = serde_json::to_value(&p).unwrap();
+        let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "avg_output_tokens",
+                "completed",
+                "elapsed_hours",
+                "eta_hours",
+                "failed",
+                "instances",
+                "rate_per_sec",
+                "s3_bytes",
+                "s3_uploaded",
+                "status",
+                "total",
+                "total_input_tokens",
+                "total_output_tokens"
+            ]
+        );
+        assert_eq!(v["status"], "running");
+        let dir = tempfile::tempdir().unwrap();
+        write_atomic(dir.path(), &p).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), p);
+    }
+}

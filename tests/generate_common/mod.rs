@@ -1,0 +1,328 @@
+//! Shared helpers for the `fleet generate` tests: a small SGLang stand-in served in-process,
+//! prompt files, and readers that check every id is in the output exactly once.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+/// How the stand-in behaves.
+#[derive(Clone)]
+pub struct StubSpec {
+    pub cap: u64,
+    pub context_len: u64,
+    pub latency: Duration,
+    /// Every n-th generation answers 503.
+    pub fail_every: Option<u64>,
+    /// Keep `seen` (off for benchmarks that send millions of requests).
+    pub record: bool,
+}
+
+impl Default for StubSpec {
+    fn default() -> Self {
+        StubSpec {
+            cap: 8,
+            context_len: 8192,
+            latency: Duration::from_millis(2),
+            fail_every: None,
+            record: true,
+        }
+    }
+}
+
+pub struct StubState {
+    spec: StubSpec,
+    in_flight: AtomicU64,
+    pub requests: AtomicU64,
+    /// (prompt tokens, max tokens) of every generation request, in arrival order.
+    pub seen: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+pub struct Stub {
+    pub url: String,
+    pub state: Arc<StubState>,
+    alive: tokio::sync::watch::Sender<bool>,
+}
+
+/// `TOKENS=N rest` declares an N-token prompt; otherwise one token per word.
+fn prompt_tokens(text: &str) -> u64 {
+    text.strip_prefix("TOKENS=")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| text.split_whitespace().count() as u64)
+}
+
+fn overflow(p: u64, m: u64, c: u64) -> Option<Response> {
+    let msg = if p >= c {
+        format!("The input ({p} tokens) is longer than the model's context length ({c} tokens).")
+    } else if p + m > c {
+        format!(
+            "Requested token count exceeds the model's maximum context length of {c} tokens. You requested a total of {} tokens: {p} tokens from the input messages and {m} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+            p + m
+        )
+    } else {
+        return None;
+    };
+    Some(
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"object": "error", "message": msg, "code": 400})),
+        )
+            .into_response(),
+    )
+}
+
+async fn admit(s: &StubState, p: u64, m: u64) -> Result<u64, Response> {
+    let n = s.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if s.spec.record {
+        s.seen.lock().unwrap().push((p, m));
+    }
+    if let Some(r) = overflow(p, m, s.spec.context_len) {
+        return Err(r);
+    }
+    if s.spec.fail_every.is_some_and(|k| n.is_multiple_of(k)) {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "injected failure").into_response());
+    }
+    if !s.spec.latency.is_zero() {
+        s.in_flight.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(s.spec.latency).await;
+        s.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+    Ok(m.min(7))
+}
+
+async fn generate(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
+    let text = body["text"].as_str().unwrap_or_default().to_string();
+    let p = prompt_tokens(&text);
+    let m = body["sampling_params"]["max_new_tokens"]
+        .as_u64()
+        .unwrap_or(128);
+    match admit(&s, p, m).await {
+        Ok(c) => Json(json!({"text": format!("echo:{text}"), "meta_info": {
+            "prompt_tokens": p, "completion_tokens": c,
+            "finish_reason": {"type": "length", "length": c}, "e2e_latency": 0.01}}))
+        .into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn chat(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
+    let text = body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let p = prompt_tokens(&text);
+    let m = body["max_tokens"].as_u64().unwrap_or(128);
+    match admit(&s, p, m).await {
+        Ok(c) => Json(json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": format!("chat:{text}")}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}))
+        .into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn server_info(State(s): State<Arc<StubState>>) -> Response {
+    Json(json!({"version": "stub", "max_total_num_tokens": 100000, "context_length": s.spec.context_len,
+        "served_model_name": "stub-model", "max_running_requests": null,
+        "internal_states": [{"effective_max_running_requests_per_dp": s.spec.cap}]}))
+    .into_response()
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn metrics(State(s): State<Arc<StubState>>) -> String {
+    let f = s.in_flight.load(Ordering::SeqCst);
+    let running = f.min(s.spec.cap);
+    format!(
+        "sglang:num_running_reqs{{model_name=\"stub\"}} {running}\nsglang:num_queue_reqs{{model_name=\"stub\"}} {}\n",
+        f - running
+    )
+}
+
+/// Starts a stand-in on 127.0.0.1 on its own runtime thread; it lives until the test process
+/// ends, and can be stopped (its port then refuses connections) and started again.
+pub fn start_stub(spec: StubSpec) -> Stub {
+    let state = Arc::new(StubState {
+        spec,
+        in_flight: AtomicU64::new(0),
+        requests: AtomicU64::new(0),
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let app = Router::new()
+        .route("/generate", post(generate))
+        .route("/v1/chat/completions", post(chat))
+        .route("/server_info", get(server_info))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .with_state(state.clone());
+    let (alive_tx, mut alive) = tokio::sync::watch::channel(true);
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            loop {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.set_reuseaddr(true).unwrap();
+                socket.bind(addr).unwrap();
+                let listener = socket.listen(1024).unwrap();
+                if addr.port() == 0 {
+                    addr = listener.local_addr().unwrap();
+                    addr_tx.send(addr).unwrap();
+                }
+                let mut stop = alive.clone();
+                axum::serve(listener, app.clone())
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|a| !*a).await;
+                    })
+                    .await
+                    .unwrap();
+                if alive.wait_for(|a| *a).await.is_err() {
+                    return;
+                }
+            }
+        });
+    });
+    let addr = addr_rx.recv().unwrap();
+    Stub {
+        url: format!("http://{addr}"),
+        state,
+        alive: alive_tx,
+    }
+}
+
+impl Stub {
+    /// Stops serving: the port refuses connections until [`Stub::start`].
+    pub fn stop(&self) {
+        self.alive.send(false).unwrap();
+    }
+
+    pub fn start(&self) {
+        self.alive.send(true).unwrap();
+    }
+}
+
+/// Writes `n` prompts `{"id":"p{i}","prompt":...}`.
+pub fn write_prompts(path: &Path, n: usize) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for i in 0..n {
+        writeln!(
+            f,
+            "{}",
+            json!({"id": format!("p{i}"), "prompt": format!("prompt number {i}")})
+        )
+        .unwrap();
+    }
+}
+
+pub fn write_lines(path: &Path, lines: &[String]) {
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+fn id_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Every line of every completion shard, in shard order.
+pub fn completions(dir: &Path) -> Vec<Value> {
+    let mut shards: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("completions-")
+        })
+        .collect();
+    shards.sort();
+    shards.iter().flat_map(|p| read_jsonl(p)).collect()
+}
+
+pub fn failures(dir: &Path) -> Vec<Value> {
+    let p = dir.join("failed.jsonl");
+    if p.exists() { read_jsonl(&p) } else { vec![] }
+}
+
+/// Parses a JSONL file, failing the test on any torn or invalid line.
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "{} ends in a torn line",
+        path.display()
+    );
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{}:{}: {e}: {l}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// How often each id occurs across the shards and failed.jsonl.
+pub fn id_counts(dir: &Path) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for v in completions(dir).iter().chain(failures(dir).iter()) {
+        *counts.entry(id_text(&v["id"])).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Asserts ids `p0..p{n}` each appear exactly once across output and failures.
+pub fn assert_exactly_once(dir: &Path, n: usize) {
+    let counts = id_counts(dir);
+    let dups: Vec<_> = counts.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        dups.is_empty(),
+        "ids written more than once: {:?}",
+        &dups[..dups.len().min(10)]
+    );
+    let missing: Vec<_> = (0..n)
+        .map(|i| format!("p{i}"))
+        .filter(|id| !counts.contains_key(id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} ids missing, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    assert_eq!(counts.len(), n);
+}
+
+pub fn progress(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("progress.json")).unwrap()).unwrap()
+}
+
+pub fn fleet() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"));
+    c.env_remove("FLEET_CONFIG")
+        .env_remove("FLEET_API_KEY")
+        .env("NO_COLOR", "1");
+    c
+}
