@@ -157,12 +157,14 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
 }
 
 /// What already runs on a host, looked at once before starting anything.
+#[derive(Default)]
 struct Survey {
     records: Vec<InstanceRecord>,
     table: ProcTable,
     listening: BTreeSet<u16>,
 }
 
+#[derive(Debug, PartialEq)]
 enum Action<'a> {
     Start,
     Keep(&'a InstanceRecord),
@@ -197,31 +199,10 @@ pub async fn up(
                 continue;
             }
         };
-        let ours = s.records.iter().find(|r| {
-            r.port == instance.port
-                && (s.table.liveness(r.pid, r.start_ticks) == Liveness::Running
-                    || !s.table.group(r.pid).is_empty())
-        });
-        let action = match ours {
-            Some(r) if r.fingerprint == instance.fingerprint => Action::Keep(r),
-            Some(r) if opts.replace => Action::Replace(r),
-            Some(r) => {
-                conflicts.push(Conflict::DifferentConfig {
-                    label: instance.label(),
-                    pid: r.pid,
-                    profile: r.profile.clone(),
-                });
-                continue;
-            }
-            None if s.listening.contains(&instance.port) => {
-                conflicts.push(Conflict::ForeignPort {
-                    label: instance.label(),
-                });
-                continue;
-            }
-            None => Action::Start,
-        };
-        actions.push(action);
+        match decide(instance, s, opts.replace) {
+            Ok(action) => actions.push(action),
+            Err(conflict) => conflicts.push(conflict),
+        }
     }
     if !conflicts.is_empty() {
         return Err(UpError::Conflicts(conflicts));
@@ -268,6 +249,36 @@ async fn survey(
         (name.clone(), look.await)
     });
     futures::future::join_all(looks).await.into_iter().collect()
+}
+
+/// What to do with a planned instance given what already runs on its host: keep a live
+/// instance of the same config, replace (or refuse) one of another config, refuse a port some
+/// other process listens on, else start.
+fn decide<'a>(instance: &Instance, s: &'a Survey, replace: bool) -> Result<Action<'a>, Conflict> {
+    // Ours while its leader runs, or while workers it left in its group still do. A reused
+    // pid is someone else's, and so is its group: Linux hands out no pid still in use as a
+    // group id, so our group was empty by then.
+    let ours = s.records.iter().find(|r| {
+        r.port == instance.port
+            && match s.table.liveness(r.pid, r.start_ticks) {
+                Liveness::Running => true,
+                Liveness::Dead => !s.table.group(r.pid).is_empty(),
+                Liveness::Reused => false,
+            }
+    });
+    match ours {
+        Some(r) if r.fingerprint == instance.fingerprint => Ok(Action::Keep(r)),
+        Some(r) if replace => Ok(Action::Replace(r)),
+        Some(r) => Err(Conflict::DifferentConfig {
+            label: instance.label(),
+            pid: r.pid,
+            profile: r.profile.clone(),
+        }),
+        None if s.listening.contains(&instance.port) => Err(Conflict::ForeignPort {
+            label: instance.label(),
+        }),
+        None => Ok(Action::Start),
+    }
 }
 
 /// One instance from start to ready, failed or interrupted. Also returns the record of a
@@ -511,6 +522,114 @@ mod tests {
         assert_eq!(waits(5000), [100, 200, 400, 800, 1000, 1000, 1000]);
         assert_eq!(waits(300), [100, 200, 300, 300, 300, 300, 300]);
         assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
+    }
+
+    fn record(port: u16, pid: u32, start_ticks: u64, fingerprint: &str) -> InstanceRecord {
+        InstanceRecord {
+            host: "h".into(),
+            gpu: 0,
+            port,
+            profile: "p".into(),
+            fingerprint: fingerprint.into(),
+            argv: vec![],
+            address: "127.0.0.1".into(),
+            pid,
+            start_ticks,
+            started_at: 0,
+            api_key_env: None,
+            dir: String::new(),
+            log: String::new(),
+            pidfile: String::new(),
+            record: String::new(),
+        }
+    }
+
+    fn instance(port: u16, fingerprint: &str) -> Instance {
+        let files = crate::launch::plan::RunFiles::new("/tmp/fleet", port);
+        Instance {
+            host: "h".into(),
+            gpu: 0,
+            port,
+            argv: vec!["sglang-sim".into()],
+            launcher_len: 1,
+            env: Default::default(),
+            address: "127.0.0.1".into(),
+            files,
+            fingerprint: fingerprint.into(),
+            profile: "p".into(),
+            api_key_env: None,
+        }
+    }
+
+    /// A process table line: `pid (name) state ppid pgrp ...` with start time at field 22.
+    fn proc(pid: u32, state: char, pgrp: u32, start: u64) -> String {
+        format!(
+            "{pid} (sglang-sim) {state} 1 {pgrp} {pgrp} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0\n"
+        )
+    }
+
+    #[test]
+    fn same_config_is_kept_another_is_refused_or_replaced() {
+        let survey = Survey {
+            records: vec![record(30000, 10, 500, "aaa")],
+            table: ProcTable::parse(&proc(10, 'S', 10, 500)),
+            listening: [30000].into(),
+        };
+        let same = instance(30000, "aaa");
+        assert_eq!(
+            decide(&same, &survey, false),
+            Ok(Action::Keep(&survey.records[0]))
+        );
+        let other = instance(30000, "bbb");
+        assert_eq!(
+            decide(&other, &survey, true),
+            Ok(Action::Replace(&survey.records[0]))
+        );
+        assert_eq!(
+            decide(&other, &survey, false),
+            Err(Conflict::DifferentConfig {
+                label: "h gpu0 :30000".into(),
+                pid: 10,
+                profile: "p".into()
+            })
+        );
+    }
+
+    #[test]
+    fn dead_or_reused_records_free_the_port_unless_someone_else_listens() {
+        // pid 10 is now another process (other start time); pid 20 is a zombie.
+        let survey = Survey {
+            records: vec![record(30000, 10, 500, "aaa"), record(30001, 20, 600, "aaa")],
+            table: ProcTable::parse(&(proc(10, 'S', 10, 999) + &proc(20, 'Z', 20, 600))),
+            listening: [30000].into(),
+        };
+        assert_eq!(
+            decide(&instance(30000, "aaa"), &survey, true),
+            Err(Conflict::ForeignPort {
+                label: "h gpu0 :30000".into()
+            })
+        );
+        assert_eq!(
+            decide(&instance(30001, "aaa"), &survey, false),
+            Ok(Action::Start)
+        );
+        assert_eq!(
+            decide(&instance(30002, "aaa"), &Survey::default(), false),
+            Ok(Action::Start)
+        );
+    }
+
+    #[test]
+    fn workers_outliving_their_leader_still_count_as_ours() {
+        let survey = Survey {
+            records: vec![record(30000, 10, 500, "aaa")],
+            table: ProcTable::parse(&proc(11, 'S', 10, 510)),
+            listening: [30000].into(),
+        };
+        assert_eq!(
+            decide(&instance(30000, "aaa"), &survey, false),
+            Ok(Action::Keep(&survey.records[0]))
+        );
     }
 
     #[test]
