@@ -444,6 +444,39 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
     );
     assert!(!f.run_dir().exists());
 
+    // Started for real: the key reaches the server (its /server_info demands it) and no log
+    // line, table or record shows it.
+    let out = f
+        .fleet()
+        .env("TEST_FLEET_KEY", "sk-very-secret")
+        .env("SGLANG_SIM_STARTUP_SECS", "1")
+        .args(["-vv", "up", "--profile", "keyed", "--gpus", "5", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("--api-key"),
+        "-vv shows the commands sent:\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("sk-very-secret") && !stderr.contains("sk-very-secret"),
+        "{stderr}"
+    );
+    let up: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        rows(&up)[0]["effective_max_running_requests"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let record = std::fs::read_to_string(f.run_dir().join("41405/instance.json")).unwrap();
+    assert!(
+        record.contains("TEST_FLEET_KEY") && !record.contains("sk-very-secret"),
+        "{record}"
+    );
+
     let out = f
         .fleet()
         .args(["up", "--profile", "keyed", "--dry-run"])
