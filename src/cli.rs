@@ -161,6 +161,7 @@ pub enum ProfileCommand {
 
 #[derive(Debug, Clone, Args)]
 pub struct SweepArgs {
+    /// The base profile every candidate starts from (name in --profiles-dir, or a path).
     #[arg(long)]
     pub profile: String,
     /// Mamba strategies to compare, e.g. extra_buffer,no_buffer.
@@ -169,42 +170,64 @@ pub struct SweepArgs {
     /// Another axis: server.KEY=V1,V2,... (repeatable).
     #[arg(long = "set")]
     pub set: Vec<String>,
+    /// Measure with a sample of these prompts (JSONL, as for `fleet generate`).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
-    #[arg(long)]
-    pub sample: Option<usize>,
+    /// How many prompts to sample from --prompts.
+    #[arg(long, default_value_t = 1000)]
+    pub sample: usize,
+    /// Seed of the --prompts sample: the same seed gives the same sample.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Synthetic prompt length in tokens (without --prompts).
     #[arg(long, default_value_t = 1024)]
     pub input_len: u32,
+    /// Synthetic output length in tokens (without --prompts; EOS is ignored).
     #[arg(long, default_value_t = 988)]
     pub output_len: u32,
+    /// max_tokens of --prompts requests, as `fleet generate --max-tokens`.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: u32,
+    /// generate | chat | completions, as `fleet generate --endpoint` (default: chat for
+    /// messages, generate for prompt).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// How long each trial is measured, after the warm-up.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub duration: Duration,
+    /// Load before measuring, so that batches are full when the window opens.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub warmup: Duration,
+    /// Run candidates side by side on disjoint GPUs (the default when they fit).
     #[arg(long, conflicts_with = "sequential")]
     pub parallel: bool,
+    /// Restart the whole fleet for each candidate, one at a time.
     #[arg(long)]
     pub sequential: bool,
     /// Dataset size for the ETA projection (default: lines in --prompts).
     #[arg(long)]
     pub total: Option<u64>,
+    /// Output tokens per prompt for the ETA (default: the mean the trials measured).
     #[arg(long)]
     pub expected_output_tokens: Option<f64>,
+    /// Save the winner as a profile that extends --profile and records the measured numbers.
     #[arg(long)]
     pub write_profile: Option<PathBuf>,
+    /// Leave the fleet running the winner on every GPU.
     #[arg(long)]
     pub apply: bool,
+    /// Continue the sweep in --out, skipping finished trials.
     #[arg(long)]
     pub resume: bool,
     /// Where sweep.json is written.
     #[arg(long, default_value = "sweep.json")]
     pub out: PathBuf,
+    /// List the candidates and their GPUs; start nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// How long to wait after SIGTERM before SIGKILL when stopping servers.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
 }
 
 #[derive(Debug, Clone, Args)]

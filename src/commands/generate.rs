@@ -21,7 +21,17 @@ use super::{Ctx, Outcome, UsageError};
 const LOG_EVERY: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
-    let config = config_from(args)?;
+    let mut config = config_from(args)?;
+    if let Some(name) = &args.profile {
+        let profile = crate::config::load_profile(name, &ctx.global.profiles_dir)?;
+        if profile.expected.is_none() {
+            tracing::info!(
+                "profile {name} records no measured throughput (`expected:`); the watchdog judges \
+                 by the servers' capacity signals (`fleet sweep --write-profile` records it)"
+            );
+        }
+        config.expected = profile.expected;
+    }
     // Without --url: every instance `fleet up` started, through port forwards held for the run.
     let fleet = if args.url.is_empty() {
         Some(super::instances::reachable(ctx).await?)
@@ -100,12 +110,6 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     }
     if args.upload.is_some() {
         return Err(usage("--upload is not available in this build yet".into()));
-    }
-    if args.profile.is_some() {
-        return Err(usage(
-            "--profile (the watchdog's expected throughput) is not available in this build yet"
-                .into(),
-        ));
     }
     if !args.prompts.is_file() {
         return Err(usage(format!(

@@ -148,7 +148,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
 
 /// The API key's value from the environment variable the profile names; registered as a
 /// secret so no log line shows it.
-fn api_key(profile: &Profile) -> anyhow::Result<Option<String>> {
+pub(super) fn api_key(profile: &Profile) -> anyhow::Result<Option<String>> {
     let Some(var) = &profile.api_key_env else {
         return Ok(None);
     };

@@ -85,7 +85,7 @@ impl ClientError {
         )
     }
 
-    fn from_reqwest(url: &str, e: reqwest::Error) -> Self {
+    pub(crate) fn from_reqwest(url: &str, e: reqwest::Error) -> Self {
         let url = url.to_string();
         if e.is_timeout() {
             return ClientError::Timeout { url };

@@ -5,3 +5,4 @@ pub mod client;
 pub mod flags;
 pub mod help;
 pub mod metrics;
+pub mod stream;

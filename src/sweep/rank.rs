@@ -24,12 +24,19 @@ pub struct Measured {
     pub completed: u64,
     pub errors: u64,
     pub mean_output_tokens: f64,
-    pub ttft_s: Percentiles,
-    pub itl_s: Percentiles,
+    /// `None` when no request's first token (no chunk, for ITL) arrived in the window.
+    pub ttft_s: Option<Percentiles>,
+    pub itl_s: Option<Percentiles>,
     /// Effective max running requests per server (`internal_states`), lowest over replicas.
     pub cap: u32,
+    /// In-flight requests the load kept on each server (about 1.25x the cap).
+    pub in_flight: u32,
     pub kv_tokens: u64,
-    pub startup_s: f64,
+    /// Seconds from start to ready, slowest replica; `None` when the server was already up.
+    pub startup_s: Option<f64>,
+    /// Output tokens of the requests that finished in the window, per second: what
+    /// `sglang:generation_tokens_total` counts (SGLang adds a request's tokens when it finishes).
+    pub completed_output_tok_s: f64,
     /// Output tok/s from the servers' `sglang:generation_tokens_total` over the same window.
     pub metrics_output_tok_s: Option<f64>,
 }
@@ -38,10 +45,11 @@ impl Measured {
     /// The servers' own count disagrees with the client's by more than 5%.
     pub fn metrics_disagree(&self) -> bool {
         match self.metrics_output_tok_s {
-            Some(m) if self.output_tok_s > 0.0 => {
-                ((m - self.output_tok_s) / self.output_tok_s).abs() > 0.05
+            Some(m) if self.completed_output_tok_s > 0.0 => {
+                ((m - self.completed_output_tok_s) / self.completed_output_tok_s).abs() > 0.05
             }
-            _ => false,
+            Some(m) => m > 0.0,
+            None => false,
         }
     }
 }
@@ -150,12 +158,16 @@ pub fn deciding_factor(rows: &[Ranked]) -> Option<String> {
             w.label, wm.cap, rm.cap, r.label
         ));
     }
-    if rm.itl_s.p50 > 0.0 && wm.itl_s.p50 > 0.0 && rm.itl_s.p50 >= wm.itl_s.p50 * 1.15 {
+    if let (Some(wi), Some(ri)) = (wm.itl_s, rm.itl_s)
+        && ri.p50 > 0.0
+        && wi.p50 > 0.0
+        && ri.p50 >= wi.p50 * 1.15
+    {
         return Some(format!(
             "{}: inter-token latency p50 {:.0} ms vs {:.0} ms ({}) at similar caps",
             w.label,
-            wm.itl_s.p50 * 1000.0,
-            rm.itl_s.p50 * 1000.0,
+            wi.p50 * 1000.0,
+            ri.p50 * 1000.0,
             r.label
         ));
     }
@@ -181,14 +193,16 @@ mod tests {
                 completed: 10,
                 errors: 0,
                 mean_output_tokens: 988.0,
-                ttft_s: Percentiles::default(),
-                itl_s: Percentiles {
+                ttft_s: None,
+                itl_s: Some(Percentiles {
                     p50: itl,
                     p99: itl * 2.0,
-                },
+                }),
                 cap,
+                in_flight: cap * 5 / 4,
                 kv_tokens: 100_000,
-                startup_s: 5.0,
+                startup_s: Some(5.0),
+                completed_output_tok_s: tok_s_per_gpu * 4.0,
                 metrics_output_tok_s: Some(tok_s_per_gpu * 4.0 * 1.01),
             }),
         }
@@ -267,8 +281,10 @@ mod tests {
             unreachable!()
         };
         assert!(!m.metrics_disagree());
-        m.metrics_output_tok_s = Some(m.output_tok_s * 0.9);
+        m.metrics_output_tok_s = Some(m.completed_output_tok_s * 0.9);
         assert!(m.metrics_disagree());
+        m.metrics_output_tok_s = None;
+        assert!(!m.metrics_disagree(), "no /metrics: nothing to compare");
     }
 
     #[test]

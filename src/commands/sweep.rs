@@ -1,0 +1,448 @@
+//! `fleet sweep`: builds the candidates and the workload, assigns GPUs, runs the trials with
+//! progress on stderr, prints the ranked report, and writes the winner's profile.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+
+use crate::cli::SweepArgs;
+use crate::config::{self, Expected, HostSpec, Override, Profile};
+use crate::launch::hosts::connect_all;
+use crate::launch::plan::HostFacts;
+use crate::launch::preflight::{self, host_facts};
+use crate::sglang::client::Api;
+use crate::sweep::assign;
+use crate::sweep::file::{FileError, Store, SweepSpec};
+use crate::sweep::load::{self, WorkloadSpec};
+use crate::sweep::rank::{self, Dataset, Outcome, Trial};
+use crate::sweep::report::{self, PlannedCandidate};
+use crate::sweep::run::{self, Event, Setup};
+use crate::sweep::space::{self, Candidate};
+use crate::sweep::trial::Timing;
+
+use super::up::{api_key, run_root};
+use super::{Ctx, Outcome as CommandOutcome, UsageError};
+
+/// Distinct synthetic prompts a trial cycles through.
+const SYNTHETIC_PROMPTS: usize = 1024;
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// Each candidate's profile: the base with the candidate's settings applied and validated.
+fn candidate_profiles(
+    args: &SweepArgs,
+    dir: &Path,
+    candidates: &[Candidate],
+) -> anyhow::Result<Vec<(Candidate, Profile)>> {
+    candidates
+        .iter()
+        .map(|c| {
+            let overrides = overrides(c);
+            let p = config::load_profile_with(&args.profile, dir, &overrides)
+                .with_context(|| format!("candidate {}", c.label()))?;
+            Ok((c.clone(), p))
+        })
+        .collect()
+}
+
+fn overrides(c: &Candidate) -> Vec<Override> {
+    c.settings
+        .iter()
+        .map(|(key, value)| Override {
+            key: key.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}
+
+fn check_args(args: &SweepArgs) -> anyhow::Result<()> {
+    if args.duration.is_zero() {
+        return Err(usage("--duration must be longer than 0s"));
+    }
+    if args.sample == 0 {
+        return Err(usage("--sample must be at least 1"));
+    }
+    if args.max_tokens == 0 || args.output_len == 0 || args.input_len == 0 {
+        return Err(usage(
+            "--max-tokens, --input-len and --output-len must be at least 1",
+        ));
+    }
+    if let Some(e) = args.expected_output_tokens
+        && (e.is_nan() || e <= 0.0)
+    {
+        return Err(usage("--expected-output-tokens must be positive"));
+    }
+    if let Some(p) = &args.prompts
+        && !p.is_file()
+    {
+        return Err(usage(format!("--prompts {}: no such file", p.display())));
+    }
+    if args.resume && args.dry_run {
+        return Err(usage("--resume and --dry-run do not go together"));
+    }
+    Ok(())
+}
+
+pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> {
+    check_args(args)?;
+    let axes = space::axes(&args.strategies, &args.set).map_err(|e| usage(e.to_string()))?;
+    let candidates = space::candidates(&axes);
+    let dir = &ctx.global.profiles_dir;
+    let base = config::load_profile(&args.profile, dir)?;
+    let profiles = candidate_profiles(args, dir, &candidates)?;
+    let endpoint = args
+        .endpoint
+        .as_deref()
+        .map(str::parse::<Api>)
+        .transpose()
+        .map_err(usage)?;
+    let model = base
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| base.model.clone());
+    let (workload, workload_spec) = match &args.prompts {
+        Some(path) => (
+            load::sample_prompts(
+                path,
+                args.sample,
+                args.seed,
+                args.max_tokens,
+                endpoint,
+                Some(&model),
+            )
+            .map_err(|e| usage(e.to_string()))?,
+            WorkloadSpec::Prompts {
+                path: path.clone(),
+                sample: args.sample,
+                seed: args.seed,
+                max_tokens: args.max_tokens,
+            },
+        ),
+        None => (
+            load::synthetic(
+                args.input_len,
+                args.output_len,
+                SYNTHETIC_PROMPTS,
+                endpoint,
+                Some(&model),
+            ),
+            WorkloadSpec::Synthetic {
+                input_len: args.input_len,
+                output_len: args.output_len,
+            },
+        ),
+    };
+    if workload.malformed > 0 {
+        tracing::warn!(
+            "{} lines of the prompt file are not usable prompts; they are not sampled",
+            workload.malformed
+        );
+    }
+
+    let inventory = config::load_inventory(&ctx.global.config)?;
+    let key = api_key(&base)?;
+    let root = run_root();
+    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    if let Some(e) = connected.failed.first() {
+        // A sweep compares like for like; a missing host would change the assignment.
+        anyhow::bail!("{e}\n  a sweep needs every host of the inventory; nothing was started");
+    }
+    let looks = inventory.hosts.iter().map(|h| {
+        let t = &connected.transports[&h.name];
+        let (launcher, env) = (&base.launcher, &base.env);
+        async move { (h.clone(), host_facts(t, h, launcher, env, true).await) }
+    });
+    let mut hosts: Vec<(HostSpec, HostFacts)> = Vec::new();
+    for (host, facts) in futures::future::join_all(looks).await {
+        hosts.push((host, facts?));
+    }
+    let gpus = run::host_gpus(&hosts);
+    let total_gpus: usize = gpus.iter().map(|(_, g)| g.len()).sum();
+    let mode = assign::choose_mode(candidates.len(), total_gpus, args.parallel, args.sequential);
+    let assignment =
+        assign::assign(&gpus, candidates.len(), mode).map_err(|e| usage(e.to_string()))?;
+
+    if args.dry_run {
+        return dry_run(ctx, &profiles, &assignment, &hosts, key.as_deref(), &root);
+    }
+
+    let spec = SweepSpec {
+        profile: args.profile.clone(),
+        candidates: candidates.clone(),
+        mode,
+        workload: workload_spec.clone(),
+        warmup_s: args.warmup.as_secs_f64(),
+        duration_s: args.duration.as_secs_f64(),
+    };
+    let mut store = Store::open(&args.out, spec, args.resume).map_err(|e| match e {
+        FileError::Exists { .. } | FileError::Mismatch { .. } | FileError::Parse { .. } => {
+            usage(e.to_string())
+        }
+        other => other.into(),
+    })?;
+    let skipped = candidates.iter().filter(|c| store.is_done(&c.id)).count();
+    if skipped > 0 {
+        tracing::info!(
+            "resuming: {skipped} of {} trials already finished in {}",
+            candidates.len(),
+            args.out.display()
+        );
+    }
+    store.save()?;
+    let setup = Setup {
+        candidates: profiles.clone(),
+        assignment: &assignment,
+        hosts: &hosts,
+        transports: &connected.transports,
+        run_root: &root,
+        api_key: key,
+        health: base.health.clone(),
+        workload: Arc::new(workload.clone()),
+        timing: Timing {
+            warmup: args.warmup,
+            duration: args.duration,
+        },
+        grace: args.grace,
+    };
+    let (events, receiver) = mpsc::unbounded_channel();
+    let shown = tokio::spawn(show(receiver, args.warmup, args.duration));
+    let winner = |trials: &[Trial]| {
+        rank::rank(trials, None)
+            .into_iter()
+            .find(|r| r.winner)
+            .map(|r| r.trial.candidate.id)
+    };
+    let ended = run::run(&setup, &mut store, args.apply, winner, &events, &ctx.cancel).await;
+    drop(events);
+    shown.await.context("the progress display failed")?;
+    let ended = ended?;
+
+    let trials = store.trials();
+    let dataset = args
+        .total
+        .or(workload.total_lines)
+        .zip(report::output_tokens_per_prompt(
+            trials,
+            args.expected_output_tokens,
+        ))
+        .map(|(prompts, tokens)| Dataset {
+            prompts,
+            output_tokens_per_prompt: tokens,
+            gpus: total_gpus,
+        });
+    let r = report::build(
+        &args.profile,
+        mode,
+        workload_spec,
+        args.warmup.as_secs_f64(),
+        args.duration.as_secs_f64(),
+        &candidates,
+        trials,
+        dataset,
+    );
+    if ctx.global.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", report::text(&r));
+        println!("results: {}", args.out.display());
+    }
+    if let (Some(path), Some(w)) = (&args.write_profile, r.winning()) {
+        let profile = &profiles
+            .iter()
+            .find(|(c, _)| c.id == w.trial.candidate.id)
+            .expect("the winner is a candidate")
+            .1;
+        write_profile(path, args, &base, &w.trial, profile, dir)?;
+        eprintln!("wrote {}", path.display());
+    } else if args.write_profile.is_some() && !ended.interrupted {
+        tracing::warn!("no candidate was measured: no profile written");
+    }
+    if let Some(applied) = &ended.applied {
+        let failed = applied
+            .iter()
+            .filter(|o| o.error.is_some())
+            .collect::<Vec<_>>();
+        for o in &failed {
+            tracing::error!(
+                "--apply: {} gpu{} :{}: {}",
+                o.host,
+                o.gpu,
+                o.port,
+                o.error.as_deref().unwrap_or("")
+            );
+        }
+        if failed.is_empty() && !ended.interrupted {
+            eprintln!(
+                "--apply: the fleet runs {} on {} GPUs",
+                r.winner.as_deref().unwrap_or("?"),
+                applied.len()
+            );
+        }
+    }
+    if ended.interrupted {
+        eprintln!(
+            "interrupted: stopped the servers the sweep started; continue with the same command plus --resume"
+        );
+        return Ok(CommandOutcome::Interrupted);
+    }
+    let any_failed = r
+        .rows
+        .iter()
+        .any(|row| matches!(row.trial.outcome, Outcome::Failed { .. }))
+        || ended
+            .applied
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|o| o.error.is_some()));
+    Ok(if any_failed {
+        CommandOutcome::Partial
+    } else {
+        CommandOutcome::Ok
+    })
+}
+
+fn dry_run(
+    ctx: &Ctx,
+    profiles: &[(Candidate, Profile)],
+    assignment: &assign::Assignment,
+    hosts: &[(HostSpec, HostFacts)],
+    key: Option<&str>,
+    root: &str,
+) -> anyhow::Result<CommandOutcome> {
+    let facts = run::facts_by_host(hosts);
+    let planned: Vec<PlannedCandidate> = profiles
+        .iter()
+        .zip(&assignment.gpus)
+        .map(|((c, p), slots)| {
+            let instances = run::plan_on(p, hosts, slots, key, root);
+            let (argv, problem) = match &instances {
+                Ok(i) => (
+                    i.first().map(|i| i.display_argv()).unwrap_or_default(),
+                    preflight::preflight(i, &facts).err().map(|e| e.to_string()),
+                ),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            PlannedCandidate {
+                id: c.id.clone(),
+                label: c.label(),
+                gpus: slots.clone(),
+                argv,
+                problem,
+            }
+        })
+        .collect();
+    if ctx.global.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "mode": assignment.mode,
+                "candidates": planned,
+            }))?
+        );
+    } else {
+        print!("{}", report::plan_text(assignment.mode, &planned));
+    }
+    Ok(CommandOutcome::Ok)
+}
+
+/// `extends:` names the base the way `fleet profile show` will find it from the new file: by
+/// name when the new file sits in the profiles directory, else by absolute path.
+fn base_reference(args: &SweepArgs, base: &Profile, path: &Path, dir: &Path) -> String {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let same_dir = match (
+        parent.map(std::fs::canonicalize),
+        std::fs::canonicalize(dir),
+    ) {
+        (Some(Ok(a)), Ok(b)) => a == b,
+        _ => false,
+    };
+    let by_name = !args.profile.contains('/') && !args.profile.ends_with(".yaml");
+    if same_dir && by_name {
+        args.profile.clone()
+    } else {
+        std::fs::canonicalize(&base.path)
+            .unwrap_or_else(|_| PathBuf::from(&base.path))
+            .display()
+            .to_string()
+    }
+}
+
+fn write_profile(
+    path: &Path,
+    args: &SweepArgs,
+    base: &Profile,
+    trial: &Trial,
+    profile: &Profile,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let Outcome::Ok(m) = &trial.outcome else {
+        unreachable!("a winner is always measured")
+    };
+    let expected = Expected {
+        output_tok_s_per_gpu: (m.output_tok_s_per_gpu * 10.0).round() / 10.0,
+        max_running_requests: m.cap,
+    };
+    let comment = format!(
+        "Written by `fleet sweep` from {}: the winner {} ({:.1} output tok/s per GPU, cap {}).",
+        args.profile,
+        trial.candidate.label(),
+        m.output_tok_s_per_gpu,
+        m.cap
+    );
+    let text = config::derived_profile_yaml(
+        &base_reference(args, base, path, dir),
+        &overrides(&trial.candidate),
+        Some(&expected),
+        &comment,
+    );
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    // The written file must load back to the winner's config.
+    let back = config::load_profile_file(path, dir, &[])
+        .with_context(|| format!("{} does not load back", path.display()))?;
+    if back.server != profile.server {
+        anyhow::bail!(
+            "{} loads back with other server settings than the winner's",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Progress on stderr: one line per step and per finished trial.
+async fn show(
+    mut events: mpsc::UnboundedReceiver<Event>,
+    warmup: std::time::Duration,
+    duration: std::time::Duration,
+) {
+    while let Some(e) = events.recv().await {
+        match e {
+            Event::Starting { labels, servers } => {
+                tracing::info!("starting {} on {servers} servers", labels.join(", "))
+            }
+            Event::Measuring { labels } => tracing::info!(
+                "measuring {}: warm-up {}, then {}",
+                labels.join(", "),
+                humantime::format_duration(warmup),
+                humantime::format_duration(duration)
+            ),
+            Event::TrialDone(t) => match &t.outcome {
+                Outcome::Ok(m) => tracing::info!(
+                    "{}: {:.1} output tok/s per GPU (cap {}, {} GPUs)",
+                    t.candidate.label(),
+                    m.output_tok_s_per_gpu,
+                    m.cap,
+                    m.gpus
+                ),
+                Outcome::Failed { reason, .. } => {
+                    tracing::warn!("{}: failed: {reason}", t.candidate.label())
+                }
+            },
+            Event::Applying { label, servers } => {
+                tracing::info!("--apply: starting {label} on all {servers} GPUs")
+            }
+        }
+    }
+}

@@ -1,0 +1,554 @@
+//! `fleet sweep` end to end: the real `fleet` binary against `sglang-sim` servers on a local
+//! simulated fleet (and one case through sshd + a fake `pct`): the seed scenario, a scenario
+//! the overlap strategy wins, an axis value that runs out of memory, interrupt and resume,
+//! `--write-profile` round trip and `--apply`.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
+const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
+
+/// Sweeps measure throughput: one at a time, so that they do not share the CPUs they measure.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A port base with `n` free ports above it.
+fn free_port_base(n: u16) -> u16 {
+    let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
+    for i in 0..200u64 {
+        let base = 41_000 + ((seed.wrapping_mul(2_654_435_761) + i * 7_919) % 18_000) as u16;
+        if (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no {n} free ports found");
+}
+
+/// A local simulated fleet: an inventory of `gpus` GPUs, a profiles dir, a run dir.
+struct Fleet {
+    dir: TempDir,
+    gpus: u32,
+}
+
+impl Fleet {
+    /// `server` and `env` are YAML lines added under the profile's `server:` and `env:`.
+    fn new(gpus: u32, server: &[&str], env: &[(&str, &str)]) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
+        std::fs::write(
+            dir.path().join("fleet.yaml"),
+            format!("hosts:\n  - name: local\n    gpus: [{}]\n", list.join(", ")),
+        )
+        .unwrap();
+        let fleet = Fleet { dir, gpus };
+        fleet.write_profile(
+            "base",
+            &fleet.profile_yaml(server, env, free_port_base(gpus as u16)),
+        );
+        fleet
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn profile_yaml(&self, server: &[&str], env: &[(&str, &str)], port_base: u16) -> String {
+        let mut yaml = format!(
+            "model: /models/sim-27b\nserved_model_name: sim\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  context_length: 8192\n"
+        );
+        for s in server {
+            yaml.push_str(&format!("  {s}\n"));
+        }
+        yaml.push_str("env:\n");
+        let gpus = self.path().join("gpus");
+        let mut all = vec![
+            ("SGLANG_SIM_TIME_SCALE", "1"),
+            ("SGLANG_SIM_STARTUP_SECS", "0.5"),
+            ("SGLANG_SIM_MEAN_OUTPUT_TOKENS", "40"),
+        ];
+        all.extend_from_slice(env);
+        for (k, v) in all {
+            yaml.push_str(&format!("  {k}: \"{v}\"\n"));
+        }
+        yaml.push_str(&format!(
+            "  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
+            gpus.display()
+        ));
+        yaml
+    }
+
+    fn write_profile(&self, name: &str, yaml: &str) {
+        std::fs::create_dir_all(self.path().join("profiles")).unwrap();
+        std::fs::write(self.path().join(format!("profiles/{name}.yaml")), yaml).unwrap();
+    }
+
+    fn prompts(&self, n: usize) -> PathBuf {
+        let path = self.path().join("prompts.jsonl");
+        let lines: Vec<String> = (0..n)
+            .map(|i| {
+                serde_json::json!({"id": i, "prompt": format!("question {i}: {}", "word ".repeat(20 + i % 50))})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        path
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(FLEET);
+        cmd.args(["--config", "fleet.yaml", "--profiles-dir", "profiles"])
+            .args(args)
+            .current_dir(self.path())
+            .env("FLEET_RUN_DIR", self.path().join("run"))
+            .env_remove("FLEET_CONFIG")
+            .env_remove("FLEET_PROFILES_DIR")
+            .env_remove("FLEET_LOG")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs fleet; returns exit code, stdout, stderr.
+    fn fleet(&self, args: &[&str]) -> (i32, String, String) {
+        let out = self.command(args).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn sweep_json(&self, args: &[&str]) -> (i32, Value, String) {
+        let mut all = vec!["--json", "sweep", "--profile", "base"];
+        all.extend_from_slice(args);
+        let (code, out, err) = self.fleet(&all);
+        let v = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {out}\nstderr:\n{err}"));
+        (code, v, err)
+    }
+
+    /// The instance records left on the (local) target: what still runs.
+    fn records(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.path().join("run"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(text) = std::fs::read_to_string(e.path().join("instance.json")) {
+                out.push(serde_json::from_str(&text).unwrap());
+            }
+        }
+        out
+    }
+
+    /// Fake GPU state files of live sims.
+    fn busy_gpus(&self) -> usize {
+        std::fs::read_dir(self.path().join("gpus")).map_or(0, |d| d.count())
+    }
+
+    fn file(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.path().join("sweep.json")).unwrap())
+            .unwrap()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        // Stops whatever a failed test left running, from fleet's own records.
+        let _ = self.fleet(&["down", "--grace", "2s"]);
+    }
+}
+
+fn row<'a>(report: &'a Value, label: &str) -> &'a Value {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["label"] == label)
+        .unwrap_or_else(|| panic!("no row {label}: {report:#}"))
+}
+
+fn tok_per_gpu(row: &Value) -> f64 {
+    row["trial"]["outcome"]["output_tok_s_per_gpu"]
+        .as_f64()
+        .unwrap()
+}
+
+#[test]
+fn seed_scenario_no_buffer_wins_by_far_and_the_winner_round_trips_as_a_profile() {
+    let _g = serial();
+    let f = Fleet::new(
+        2,
+        &["mem_fraction_static: 0.85", "mamba_strategy: extra_buffer"],
+        &[],
+    );
+    f.prompts(500);
+    let (code, r, err) = f.sweep_json(&[
+        "--strategies",
+        "extra_buffer,no_buffer",
+        "--prompts",
+        "prompts.jsonl",
+        "--sample",
+        "100",
+        "--warmup",
+        "2s",
+        "--duration",
+        "4s",
+        "--write-profile",
+        "profiles/winner.yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["mode"], "parallel");
+    assert_eq!(r["winner"], "no_buffer", "{r:#}");
+    let (nb, eb) = (row(&r, "no_buffer"), row(&r, "extra_buffer"));
+    assert_eq!(nb["rank"], 1);
+    assert_eq!(nb["trial"]["outcome"]["cap"], 72);
+    assert_eq!(eb["trial"]["outcome"]["cap"], 37);
+    let ratio = tok_per_gpu(nb) / tok_per_gpu(eb);
+    assert!(
+        ratio > 5.0,
+        "no_buffer should win by a wide margin, got {ratio:.2}x"
+    );
+    assert!(eb["ratio"].as_f64().unwrap() < 0.2);
+    assert!(
+        r["deciding_factor"]
+            .as_str()
+            .unwrap()
+            .starts_with("no_buffer: cap 72 vs 37"),
+        "{r:#}"
+    );
+    // The ETA is for every line of --prompts on every GPU, at the measured mean output.
+    assert_eq!(r["dataset"]["prompts"], 500);
+    assert_eq!(r["dataset"]["gpus"], 2);
+    let (eta_nb, eta_eb) = (
+        nb["eta_hours"].as_f64().unwrap(),
+        eb["eta_hours"].as_f64().unwrap(),
+    );
+    assert!(eta_eb > 5.0 * eta_nb, "{eta_eb} vs {eta_nb}");
+    // Each candidate ran on its own GPU; the servers are gone afterwards.
+    assert_ne!(nb["trial"]["gpus"], eb["trial"]["gpus"]);
+    assert!(f.records().is_empty(), "{:?}", f.records());
+    assert_eq!(f.busy_gpus(), 0);
+    assert_eq!(f.file()["trials"].as_array().unwrap().len(), 2);
+
+    let (code, shown, err) = f.fleet(&["profile", "show", "profiles/winner.yaml"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(shown.contains("mamba_strategy: no_buffer"), "{shown}");
+    assert!(shown.contains("max_running_requests: 72"), "{shown}");
+    let expected = format!("output_tok_s_per_gpu: {:.1}", tok_per_gpu(nb));
+    assert!(shown.contains(&expected), "{expected} in\n{shown}");
+    let written = std::fs::read_to_string(f.path().join("profiles/winner.yaml")).unwrap();
+    assert!(written.contains("extends: base"), "{written}");
+}
+
+#[test]
+fn extra_buffer_wins_when_state_copies_are_free_and_apply_runs_it_everywhere() {
+    let _g = serial();
+    // Equal caps (32 each), no copy cost, and overlap worth 1.6x: the overlap strategy wins.
+    let f = Fleet::new(
+        2,
+        &["mem_fraction_static: 0.85", "max_running_requests: 32"],
+        &[
+            ("SGLANG_SIM_EXTRA_BUFFER_COPY_MS", "0"),
+            ("SGLANG_SIM_OVERLAP_RESERVE_GIB", "0"),
+            ("SGLANG_SIM_OVERLAP_SPEEDUP", "1.6"),
+        ],
+    );
+    let (code, r, err) = f.sweep_json(&[
+        "--strategies",
+        "no_buffer,extra_buffer",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "2s",
+        "--duration",
+        "4s",
+        "--total",
+        "100000",
+        "--apply",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["winner"], "extra_buffer", "{r:#}");
+    let (eb, nb) = (row(&r, "extra_buffer"), row(&r, "no_buffer"));
+    assert_eq!(eb["trial"]["outcome"]["cap"], 32);
+    assert_eq!(nb["trial"]["outcome"]["cap"], 32);
+    let ratio = tok_per_gpu(eb) / tok_per_gpu(nb);
+    assert!(ratio > 1.25, "expected about 1.6x, got {ratio:.2}x");
+    assert!(
+        r["deciding_factor"]
+            .as_str()
+            .unwrap_or("")
+            .contains("inter-token latency"),
+        "{r:#}"
+    );
+    assert_eq!(r["dataset"]["prompts"], 100000);
+    // --apply: the winner on every GPU.
+    let records = f.records();
+    assert_eq!(records.len(), 2, "{records:?}");
+    for rec in &records {
+        let argv: Vec<&str> = rec["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let i = argv
+            .iter()
+            .position(|a| a.starts_with("--mamba-"))
+            .expect("a strategy flag");
+        assert_eq!(argv[i + 1], "extra_buffer", "{argv:?}");
+    }
+    let (code, _, err) = f.fleet(&["down", "--grace", "2s"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(f.records().is_empty());
+}
+
+#[test]
+fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on() {
+    let _g = serial();
+    let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
+    let (code, r, err) = f.sweep_json(&[
+        "--set",
+        "server.mem_fraction_static=0.30,0.85",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(code, 1, "a failed trial makes the exit code 1: {err}");
+    assert_eq!(r["winner"], "mem_fraction_static=0.85");
+    let bad = row(&r, "mem_fraction_static=0.30");
+    assert_eq!(bad["trial"]["outcome"]["state"], "failed");
+    assert!(
+        bad["trial"]["outcome"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("exited during startup"),
+        "{bad:#}"
+    );
+    let tail: Vec<&str> = bad["trial"]["outcome"]["log_tail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        tail.iter().any(|l| l.contains("Not enough memory")),
+        "{tail:?}"
+    );
+    assert!(tok_per_gpu(row(&r, "mem_fraction_static=0.85")) > 100.0);
+    // The text report shows the failure and its log.
+    let (_, text, _) = f.fleet(&[
+        "sweep",
+        "--profile",
+        "base",
+        "--set",
+        "server.mem_fraction_static=0.30,0.85",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+        "--resume",
+    ]);
+    assert!(text.contains("failed: mem_fraction_static=0.30:"), "{text}");
+    assert!(text.contains("    | "), "{text}");
+    assert!(f.records().is_empty());
+}
+
+#[test]
+fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trials() {
+    let _g = serial();
+    let f = Fleet::new(1, &["mem_fraction_static: 0.85"], &[]);
+    let args = [
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "no_buffer,extra_buffer_lazy,extra_buffer",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+        "--json",
+    ];
+    let child = f
+        .command(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = std::fs::read_to_string(f.path().join("sweep.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .map_or(0, |v| v["trials"].as_array().map_or(0, Vec::len));
+        if done >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no trial finished in time");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Mid-sweep: the second candidate is starting or being measured.
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    assert!(
+        f.records().is_empty(),
+        "the interrupted sweep left servers: {:?}",
+        f.records()
+    );
+    let before = f.file();
+    let finished = before["trials"].as_array().unwrap().clone();
+    assert!((1..3).contains(&finished.len()), "{before:#}");
+    assert_eq!(
+        finished[0]["candidate"]["id"],
+        "server.mamba_strategy=no_buffer"
+    );
+
+    let mut resumed: Vec<&str> = args.to_vec();
+    resumed.push("--resume");
+    let (code, out, err) = f.fleet(&resumed);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "resuming: {} of 3 trials already finished",
+            finished.len()
+        )),
+        "{err}"
+    );
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["rows"].as_array().unwrap().len(), 3);
+    assert!(r["pending"].as_array().unwrap().is_empty());
+    let after = f.file();
+    let trials = after["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 3);
+    // Finished trials were not run again: their measurements are unchanged.
+    assert_eq!(trials[..finished.len()], finished[..]);
+    // A fresh sweep does not overwrite them.
+    let (code, _, err) = f.fleet(&args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--resume"), "{err}");
+}
+
+#[test]
+fn dry_run_lists_candidates_and_their_gpus_and_bad_axes_are_usage_errors() {
+    let f = Fleet::new(8, &["mem_fraction_static: 0.85"], &[]);
+    let (code, out, err) = f.fleet(&[
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "extra_buffer,no_buffer",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2 candidates, parallel"), "{out}");
+    assert!(out.contains("local:0,2,4,6"), "{out}");
+    assert!(out.contains("local:1,3,5,7"), "{out}");
+    assert_eq!(f.busy_gpus(), 0);
+    let (code, out, err) = f.fleet(&[
+        "--json",
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "no_buffer",
+        "--sequential",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["mode"], "sequential");
+    assert_eq!(
+        v["candidates"][0]["gpus"].as_array().unwrap().len(),
+        f.gpus as usize
+    );
+
+    let (code, _, err) = f.fleet(&["sweep", "--profile", "base", "--strategies", "no_bufer"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no_bufer"), "{err}");
+    let (code, _, err) = f.fleet(&[
+        "sweep",
+        "--profile",
+        "base",
+        "--set",
+        "server.mem_fraction_static",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected KEY=V1,V2"), "{err}");
+}
+
+#[test]
+fn a_sweep_through_ssh_and_pct() {
+    let _g = serial();
+    let sshd = common::Sshd::start_with_env(&[("FAKE_PCT_RUNNING", "200")]);
+    let home = sshd.home("pve");
+    let f = Fleet::new(2, &["mem_fraction_static: 0.85"], &[]);
+    let inventory = home.write_inventory(
+        "hosts:\n  - name: ct200\n    ssh: pve\n    container: 200\n    address: 127.0.0.1\n    gpus: [0, 1]\n",
+    );
+    let profiles = f.path().join("profiles");
+    let out = home
+        .fleet()
+        .args(["--config"])
+        .arg(&inventory)
+        .arg("--profiles-dir")
+        .arg(&profiles)
+        .args([
+            "--json",
+            "sweep",
+            "--profile",
+            "base",
+            "--strategies",
+            "extra_buffer,no_buffer",
+            "--input-len",
+            "32",
+            "--output-len",
+            "24",
+            "--warmup",
+            "1s",
+            "--duration",
+            "2s",
+        ])
+        .env("FLEET_RUN_DIR", f.path().join("run"))
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}\nsshd:\n{}", sshd.log());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["winner"], "no_buffer", "{r:#}");
+    assert_eq!(row(&r, "no_buffer")["trial"]["gpus"][0]["host"], "ct200");
+    assert!(tok_per_gpu(row(&r, "no_buffer")) > 3.0 * tok_per_gpu(row(&r, "extra_buffer")));
+    assert!(f.records().is_empty(), "{:?}", f.records());
+}
