@@ -332,6 +332,9 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         "1s",
         "--duration",
         "2s",
+        // Through the OpenAI chat endpoint, streamed with usage in the last chunk.
+        "--endpoint",
+        "chat",
     ]);
     assert_eq!(code, 1, "a failed trial makes the exit code 1: {err}");
     assert_eq!(r["winner"], "mem_fraction_static=0.85");
@@ -354,7 +357,17 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         tail.iter().any(|l| l.contains("Not enough memory")),
         "{tail:?}"
     );
-    assert!(tok_per_gpu(row(&r, "mem_fraction_static=0.85")) > 100.0);
+    let good = &row(&r, "mem_fraction_static=0.85")["trial"]["outcome"];
+    assert!(
+        good["output_tok_s_per_gpu"].as_f64().unwrap() > 100.0,
+        "{good:#}"
+    );
+    assert!(good["completed"].as_u64().unwrap() > 0, "{good:#}");
+    let mean = good["mean_output_tokens"].as_f64().unwrap();
+    assert!(
+        mean > 1.0 && mean <= 24.0,
+        "chat usage gives the output tokens: {mean}"
+    );
     // The text report shows the failure and its log.
     let (_, text, _) = f.fleet(&[
         "sweep",
@@ -370,11 +383,44 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         "1s",
         "--duration",
         "2s",
+        "--endpoint",
+        "chat",
         "--resume",
     ]);
     assert!(text.contains("failed: mem_fraction_static=0.30:"), "{text}");
     assert!(text.contains("    | "), "{text}");
     assert!(f.records().is_empty());
+}
+
+#[test]
+fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
+    let _g = serial();
+    let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
+    let (code, r, err) = f.sweep_json(&[
+        "--set",
+        "env.SGLANG_SIM_DIE_AFTER=1000000,20",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let dead = row(&r, "env.SGLANG_SIM_DIE_AFTER=20");
+    let reason = dead["trial"]["outcome"]["reason"].as_str().unwrap();
+    assert!(reason.contains("stopped answering mid-trial"), "{dead:#}");
+    assert!(
+        !dead["trial"]["outcome"]["log_tail"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{dead:#}"
+    );
+    assert_eq!(r["winner"], "env.SGLANG_SIM_DIE_AFTER=1000000");
+    assert!(f.records().is_empty(), "{:?}", f.records());
 }
 
 #[test]
