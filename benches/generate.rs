@@ -18,7 +18,12 @@ use tokio_util::sync::CancellationToken;
 const SEED_TOTAL: usize = 654_676;
 
 fn instant() -> StubSpec {
-    StubSpec { latency: Duration::ZERO, cap: 64, record: false, ..StubSpec::default() }
+    StubSpec {
+        latency: Duration::ZERO,
+        cap: 64,
+        record: false,
+        ..StubSpec::default()
+    }
 }
 
 fn config(prompts: &Path, out: &Path) -> GenerateConfig {
@@ -43,7 +48,12 @@ fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
             let out = tmp.path().join(format!("out{round}"));
             let endpoints = urls.iter().map(|u| Endpoint::from_url(u)).collect();
             let s = rt
-                .block_on(generate::run(config(&prompts, &out), endpoints, |_| {}, CancellationToken::new()))
+                .block_on(generate::run(
+                    config(&prompts, &out),
+                    endpoints,
+                    |_| {},
+                    CancellationToken::new(),
+                ))
                 .unwrap();
             assert_eq!(s.progress.completed, N as u64);
             std::fs::remove_dir_all(&out).unwrap();
@@ -60,7 +70,9 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     write_prompts(&prompts, SEED_TOTAL);
     let out = tmp.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
-    let mut shard = std::io::BufWriter::new(std::fs::File::create(out.join("completions-00000.jsonl")).unwrap());
+    let mut shard = std::io::BufWriter::new(
+        std::fs::File::create(out.join("completions-00000.jsonl")).unwrap(),
+    );
     for i in 0..600_000 {
         writeln!(
             shard,
@@ -80,7 +92,12 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                 cfg.resume = true;
                 let cancel = CancellationToken::new();
                 let t0 = Instant::now();
-                let run = rt.spawn(generate::run(cfg, vec![Endpoint::from_url(&stub.url)], |_| {}, cancel.clone()));
+                let run = rt.spawn(generate::run(
+                    cfg,
+                    vec![Endpoint::from_url(&stub.url)],
+                    |_| {},
+                    cancel.clone(),
+                ));
                 while stub.state.requests.load(Ordering::SeqCst) == before {
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -96,7 +113,10 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
 
 /// The real binary over the seed's 654,676 prompts against two instant servers: req/s and
 /// the process's peak RSS (from wait4's rusage).
-#[allow(clippy::zombie_processes, reason = "reaped by wait4, which also reports its rusage")]
+#[allow(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also reports its rusage"
+)]
 fn binary_run() {
     let a = start_stub(instant());
     let b = start_stub(instant());
@@ -119,7 +139,10 @@ fn binary_run() {
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
     let secs = t0.elapsed().as_secs_f64();
     assert_eq!(pid, child.id() as i32);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fleet generate failed");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "fleet generate failed"
+    );
     println!(
         "fleet generate (binary): {SEED_TOTAL} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",
         SEED_TOTAL as f64 / secs,
@@ -128,9 +151,15 @@ fn binary_run() {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut c = Criterion::default().configure_from_args();
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_default();
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
     if filter.is_empty() || "binary_654676".contains(&filter) {
         binary_run();
     }

@@ -74,7 +74,14 @@ impl GpuProbe for NvidiaSmi {
             format!("--query-gpu={NVIDIA_SMI_QUERY}"),
             "--format=csv,noheader,nounits".to_string(),
         ];
-        let out = self.transport.run(&argv).await?;
+        let out = match self.transport.run(&argv).await {
+            Err(RemoteError::Spawn { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(GpuError::NoNvidiaSmi { host });
+            }
+            other => other?,
+        };
         if !out.success() {
             // 127: the shell (or pct's exec) could not find the program.
             let stderr = out.stderr_lossy();

@@ -2,6 +2,7 @@
 //!
 //! Data flows one way: arguments → validated [`config`] → pure plan → async execution through
 //! [`remote`] transports and HTTP → typed results → [`report`] (tables, JSON, progress).
+//! [`sim`] is the `sglang-sim` stand-in server, a separate program that shares only the crate.
 
 pub mod cli;
 pub mod commands;
@@ -12,4 +13,5 @@ pub mod launch;
 pub mod remote;
 pub mod report;
 pub mod sglang;
+pub mod sim;
 pub mod sweep;

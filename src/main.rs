@@ -7,6 +7,16 @@ use fleet::cli::Cli;
 use fleet::commands::{self, Ctx};
 
 fn main() -> ExitCode {
+    // A multi-call binary: under the name `sglang-sim` (a link `fleet demo` makes), fleet is the
+    // simulator, so the demo needs nothing but this one executable.
+    let invoked_as = std::env::args_os().next().map(std::path::PathBuf::from);
+    if invoked_as
+        .as_deref()
+        .and_then(|p| p.file_stem())
+        .is_some_and(|n| n == "sglang-sim")
+    {
+        return fleet::sim::main();
+    }
     let cli = Cli::parse();
     commands::init_logging(&cli.global);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -37,7 +37,11 @@ pub fn gpus_text(hosts: &[HostGpus]) -> String {
     let mut out = String::new();
     for h in hosts {
         match &h.error {
-            Some(e) => out.push_str(&format!("{}: error: {e}\n\n", h.host)),
+            Some(e) => {
+                // Transport and GPU errors already lead with the host.
+                let e = e.strip_prefix(&format!("{}: ", h.host)).unwrap_or(e);
+                out.push_str(&format!("{}: error: {e}\n\n", h.host));
+            }
             None => {
                 out.push_str(&format!("{} ({} GPUs)\n", h.host, h.gpus.len()));
                 let rows = h.gpus.iter().map(|g| {

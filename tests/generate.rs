@@ -573,3 +573,105 @@ fn watchdog_names_a_client_that_is_too_slow_and_abort_below_stops_the_run() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_exactly_once(&out, 2000);
 }
+
+#[test]
+fn a_dying_instance_is_taken_out_its_requests_go_elsewhere_and_it_comes_back() {
+    let spec = StubSpec {
+        latency: Duration::from_millis(20),
+        ..StubSpec::default()
+    };
+    let a = start_stub(spec.clone());
+    let b = start_stub(spec);
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, 3000);
+    let out = tmp.path().join("out");
+    let child = generate(&out, &prompts, &[&a.url, &b.url])
+        .args(["--max-retries", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    b.stop();
+    std::thread::sleep(Duration::from_millis(1000));
+    let b_before = b.state.requests.load(std::sync::atomic::Ordering::SeqCst);
+    b.start();
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let b_name = &b.url[7..];
+    assert!(stderr.contains(&format!("{b_name} taken out")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{b_name} is healthy again")),
+        "{stderr}"
+    );
+    // Nothing lost and nothing failed, even with no retries allowed: a dead server's requests
+    // are re-dispatched, not retried.
+    assert_exactly_once(&out, 3000);
+    assert!(failures(&out).is_empty());
+    let b_after = b.state.requests.load(std::sync::atomic::Ordering::SeqCst) - b_before;
+    assert!(
+        b_after > 100,
+        "b served {b_after} requests after coming back"
+    );
+}
+
+#[test]
+fn all_instances_down_pauses_then_resumes_or_gives_up_after_the_stall_timeout() {
+    let spec = StubSpec {
+        latency: Duration::from_millis(10),
+        ..StubSpec::default()
+    };
+    let a = start_stub(spec);
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, 1000);
+
+    // Back within the stall timeout: the run pauses, then finishes.
+    let out = tmp.path().join("out");
+    let child = generate(&out, &prompts, &[&a.url])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    a.stop();
+    std::thread::sleep(Duration::from_millis(1500));
+    a.start();
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("every instance is down: paused"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("resuming"), "{stderr}");
+    assert_exactly_once(&out, 1000);
+
+    // Not back: give up after --stall-timeout, keep what was written.
+    let out = tmp.path().join("out2");
+    let child = generate(&out, &prompts, &[&a.url])
+        .args(["--stall-timeout", "2s"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    a.stop();
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no instance was healthy for --stall-timeout (2s)"),
+        "{stderr}"
+    );
+    assert_eq!(progress(&out)["status"], "failed");
+    a.start();
+    let o = generate(&out, &prompts, &[&a.url])
+        .arg("--resume")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_exactly_once(&out, 1000);
+}

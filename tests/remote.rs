@@ -69,6 +69,21 @@ async fn assert_exit_codes_and_stderr(t: &dyn Transport) {
     assert_eq!(out.stderr_lossy(), "err\n");
     let out = t.run(&argv(&["true"])).await.expect("run true");
     assert!(out.success());
+    // Megabytes on both streams at once, and output after the exit status is known to the
+    // shell: everything up to the channel's close arrives.
+    let out = t
+        .run(&argv(&[
+            "sh",
+            "-c",
+            "head -c 3000000 /dev/zero; head -c 2000000 /dev/zero >&2; echo end",
+        ]))
+        .await
+        .expect("run big output");
+    assert_eq!(
+        (out.status, out.stdout.len(), out.stderr.len()),
+        (Some(0), 3_000_004, 2_000_000)
+    );
+    assert!(out.stdout.ends_with(b"end\n"));
     // stdin is at EOF: `cat` must return at once instead of hanging.
     let out = t.run(&argv(&["cat"])).await.expect("run cat");
     assert_eq!((out.status, out.stdout.len()), (Some(0), 0));
@@ -98,6 +113,29 @@ async fn ssh_plus_pct_passes_values_literally_and_reports_exit_status() {
     assert_values_arrive_literally(t.as_ref()).await;
     assert_exit_codes_and_stderr(t.as_ref()).await;
     assert_eq!(t.server_address().await.unwrap(), "127.0.0.1");
+}
+
+#[tokio::test]
+async fn a_container_address_not_in_the_inventory_is_discovered_once_with_hostname_i() {
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let mut spec = sshd.host_spec("ct200", Some(200), &kh);
+    spec.address = None;
+    let t = connect(&spec).await;
+    // The fake container is this machine, so its `hostname -I` is ours.
+    let ours = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .unwrap();
+    let first = String::from_utf8_lossy(&ours.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(t.server_address().await.unwrap(), first);
+    assert_eq!(t.server_address().await.unwrap(), first);
+    let sessions = sshd.log().matches("Starting session: command").count();
+    assert_eq!(sessions, 1, "hostname -I should run once:\n{}", sshd.log());
 }
 
 #[tokio::test]
@@ -442,6 +480,52 @@ async fn a_key_the_server_does_not_accept_is_reported_with_the_keys_tried() {
         msg.contains(&wrong.display().to_string()) && msg.contains("authorized_keys"),
         "{msg}"
     );
+}
+
+#[tokio::test]
+async fn rsa_keys_sign_with_the_sha2_hash_the_server_accepts() {
+    // OpenSSH ≥ 8.8 refuses SHA-1 `ssh-rsa` signatures, so this only logs in if the client asks
+    // for the server's best RSA hash.
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let rsa = common::keygen_typed(sshd.dir.path(), "client_rsa", "rsa");
+    sshd.authorize(&rsa);
+    let t = connect(&sshd.host_spec_with_key("gpu1", None, &kh, &rsa)).await;
+    assert!(t.run(&argv(&["true"])).await.unwrap().success());
+    assert!(
+        sshd.log().contains("Accepted publickey") && sshd.log().contains("RSA SHA256:"),
+        "{}",
+        sshd.log()
+    );
+}
+
+#[tokio::test]
+async fn a_passphrase_protected_key_is_skipped_with_a_hint_and_no_passphrase_prompt() {
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let locked = sshd.dir.path().join("locked_key");
+    std::fs::copy(&sshd.client_key, &locked).unwrap();
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-p", "-N", "not-logged-passphrase", "-P", "", "-f"])
+        .arg(&locked)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let err = connect_err(
+        &sshd.host_spec_with_key("gpu1", None, &kh, &locked),
+        &ConnectOptions::default(),
+    )
+    .await;
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(
+            "{} (passphrase-protected: load it with `ssh-add",
+            locked.display()
+        )),
+        "{msg}"
+    );
+    assert!(!msg.contains("not-logged-passphrase"), "{msg}");
 }
 
 #[tokio::test]

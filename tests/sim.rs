@@ -832,8 +832,7 @@ async fn measured_throughput_matches_the_reported_ideal() {
         .text()
         .await
         .unwrap();
-    let labels =
-        "{model_name=\"/models/test\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}";
+    let labels = "{engine_type=\"unified\",model_name=\"/models/test\",tp_rank=\"0\"}";
     assert!(
         metrics.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")),
         "{metrics}"
@@ -864,4 +863,37 @@ async fn measured_throughput_matches_the_reported_ideal() {
         sim.log()
             .contains("Decode batch, #running-req: 72, #token: ")
     );
+}
+
+/// With the state-copy cost set to zero and a cap both strategies reach, extra_buffer's overlap
+/// makes it the faster one: the knobs let a sweep find either winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_buffer_wins_when_the_cap_does_not_bind() {
+    let env = [("SGLANG_SIM_EXTRA_BUFFER_COPY_MS", "0")];
+    let mut sims: Vec<Sim> = ["no_buffer", "extra_buffer"]
+        .iter()
+        .map(|s| {
+            Sim::spawn(
+                &[
+                    "--mamba-radix-cache-strategy",
+                    s,
+                    "--max-running-requests",
+                    "32",
+                ],
+                &env,
+            )
+        })
+        .collect();
+    let mut ideal = Vec::new();
+    for sim in sims.iter_mut() {
+        sim.wait_ready(Duration::from_secs(10)).await;
+        let info = sim.get_json("/server_info").await;
+        assert_eq!(
+            info["internal_states"][0]["effective_max_running_requests_per_dp"],
+            32
+        );
+        assert_eq!(info["max_running_requests"], 32);
+        ideal.push(info["sim"]["ideal_output_tok_s"].as_f64().unwrap());
+    }
+    assert!(ideal[1] > 1.1 * ideal[0], "{ideal:?}");
 }

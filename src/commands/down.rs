@@ -29,7 +29,9 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
         for t in connected.transports.values() {
             match state::read_records(t.as_ref(), &run_root).await {
                 Ok(records) => rows.extend(
-                    records.into_iter().filter(|r| profile.as_ref().is_none_or(|p| &r.profile == p)),
+                    records
+                        .into_iter()
+                        .filter(|r| profile.as_ref().is_none_or(|p| &r.profile == p)),
                 ),
                 Err(e) => {
                     tracing::error!("{e}");
@@ -41,10 +43,17 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             println!("{}", serde_json::to_string_pretty(&rows)?);
         } else {
             for r in &rows {
-                println!("would stop {} gpu{} :{} (pid {}, profile {})", r.host, r.gpu, r.port, r.pid, r.profile);
+                println!(
+                    "would stop {} gpu{} :{} (pid {}, profile {})",
+                    r.host, r.gpu, r.port, r.pid, r.profile
+                );
             }
         }
-        return Ok(if partial { Outcome::Partial } else { Outcome::Ok });
+        return Ok(if partial {
+            Outcome::Partial
+        } else {
+            Outcome::Ok
+        });
     }
     let (run_root, profile) = (&run_root, profile.as_deref());
     let stops = inventory.hosts.iter().filter_map(|h| {
@@ -71,7 +80,12 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             tracing::error!("{} gpu{} :{}: {e}", o.host, o.gpu, o.port);
         }
         if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > RELEASED_MIB) {
-            tracing::warn!("{} gpu{}: still {used} MiB in use after stopping :{}", o.host, o.gpu, o.port);
+            tracing::warn!(
+                "{} gpu{}: still {used} MiB in use after stopping :{}",
+                o.host,
+                o.gpu,
+                o.port
+            );
         }
     }
     if ctx.global.json {
@@ -81,6 +95,12 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
     } else {
         print!("{}", report::down_table(&outcomes));
     }
-    partial |= outcomes.iter().any(|o| o.state == StopState::Failed || !o.port_closed);
-    Ok(if partial { Outcome::Partial } else { Outcome::Ok })
+    partial |= outcomes
+        .iter()
+        .any(|o| o.state == StopState::Failed || !o.port_closed);
+    Ok(if partial {
+        Outcome::Partial
+    } else {
+        Outcome::Ok
+    })
 }

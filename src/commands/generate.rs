@@ -22,19 +22,28 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let config = config_from(args)?;
-    let endpoints = endpoints_from(args)?;
+    // Without --url: every instance `fleet up` started, through port forwards held for the run.
+    let fleet = if args.url.is_empty() {
+        Some(super::instances::reachable(ctx).await?)
+    } else {
+        None
+    };
+    let endpoints = match &fleet {
+        Some(f) => f.endpoints.clone(),
+        None => endpoints_from(args)?,
+    };
     let json = ctx.global.json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
-    let summary = generate::run(config, endpoints, |e| view.show(e), ctx.cancel.clone())
-        .await
-        .map_err(|e| match e {
-            // The user's input or --out choice, not a failure of the fleet.
-            GenerateError::Journal(JournalError::NotEmpty { .. })
-            | GenerateError::Input(InputError::Duplicate { .. }) => {
-                UsageError(e.to_string()).into()
-            }
-            other => anyhow::Error::new(other),
-        })?;
+    let result = generate::run(config, endpoints, |e| view.show(e), ctx.cancel.clone()).await;
+    if let Some(f) = fleet {
+        f.close().await;
+    }
+    let summary = result.map_err(|e| match e {
+        // The user's input or --out choice, not a failure of the fleet.
+        GenerateError::Journal(JournalError::NotEmpty { .. })
+        | GenerateError::Input(InputError::Duplicate { .. }) => UsageError(e.to_string()).into(),
+        other => anyhow::Error::new(other),
+    })?;
     view.finish();
     let p = &summary.progress;
     if json {
@@ -121,14 +130,6 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
 }
 
 fn endpoints_from(args: &GenerateArgs) -> anyhow::Result<Vec<Endpoint>> {
-    if args.url.is_empty() {
-        return Err(UsageError(
-            "no servers: pass --url http://HOST:PORT once per server \
-             (sending to the instances `fleet up` started is not available in this build yet)"
-                .into(),
-        )
-        .into());
-    }
     let api_key = std::env::var("FLEET_API_KEY")
         .ok()
         .filter(|k| !k.is_empty());

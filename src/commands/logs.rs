@@ -18,11 +18,7 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     if let Selector::HostGpu { host, .. } = &selector
         && !inventory.hosts.iter().any(|h| &h.name == host)
     {
-        return Err(UsageError(format!(
-            "no host `{host}` in {}",
-            inventory.path.display()
-        ))
-        .into());
+        return Err(UsageError(format!("no host `{host}` in {}", inventory.path.display())).into());
     }
     let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
     for e in &connected.failed {
@@ -40,9 +36,21 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
             let _ = stdout.flush();
         }
     });
-    let result = logs::read(t.as_ref(), &path, args.lines, args.follow, &sender, &ctx.cancel).await;
+    let result = logs::read(
+        t.as_ref(),
+        &path,
+        args.lines,
+        args.follow,
+        &sender,
+        &ctx.cancel,
+    )
+    .await;
     drop(sender);
     printer.await?;
     result?;
-    Ok(if ctx.cancel.is_cancelled() { Outcome::Interrupted } else { Outcome::Ok })
+    Ok(if ctx.cancel.is_cancelled() {
+        Outcome::Interrupted
+    } else {
+        Outcome::Ok
+    })
 }

@@ -11,6 +11,7 @@ pub mod down;
 pub mod exec;
 pub mod generate;
 pub mod gpus;
+pub mod instances;
 pub mod logs;
 pub mod profile;
 pub mod progress;

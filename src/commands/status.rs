@@ -23,7 +23,9 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     }
     let run_root = run_root();
     let probe = Probe::new(None);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let verbose = ctx.global.verbose > 0;
     let (run_root, probe) = (&run_root, &probe);
     let looks = inventory.hosts.iter().filter_map(|h| {
@@ -66,6 +68,13 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
         print!("{}", report::status_table(&statuses));
         eprint!("{}", report::dead_tails(&statuses));
     }
-    partial |= statuses.iter().any(|s| s.liveness != Liveness::Running || s.health != Some(200));
-    Ok(if partial { Outcome::Partial } else { Outcome::Ok })
+    // Loading is not a failure; dead, gone or unreachable is.
+    partial |= statuses
+        .iter()
+        .any(|s| s.liveness != Liveness::Running || s.health.is_none());
+    Ok(if partial {
+        Outcome::Partial
+    } else {
+        Outcome::Ok
+    })
 }

@@ -153,8 +153,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     }
     let looks = inventory.hosts.iter().map(|h| {
         let t = &connected.transports[&h.name];
-        let launcher = &base.launcher;
-        async move { (h.clone(), host_facts(t, h, launcher, true).await) }
+        let (launcher, env) = (&base.launcher, &base.env);
+        async move { (h.clone(), host_facts(t, h, launcher, env, true).await) }
     });
     let mut hosts: Vec<(HostSpec, HostFacts)> = Vec::new();
     for (host, facts) in futures::future::join_all(looks).await {

@@ -33,15 +33,22 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         tracing::error!("{e}");
         partial = true;
     }
-    let launcher = &profile.launcher;
+    let (launcher, env) = (&profile.launcher, &profile.env);
     let looks = inventory.hosts.iter().filter_map(|h| {
         let t = connected.transports.get(&h.name)?;
         Some(async move {
-            (h.clone(), host_facts(t, h, launcher, !args.skip_preflight).await)
+            (
+                h.clone(),
+                host_facts(t, h, launcher, env, !args.skip_preflight).await,
+            )
         })
     });
+    let looked = tokio::select! {
+        looked = futures::future::join_all(looks) => looked,
+        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
+    };
     let mut hosts: Vec<(config::HostSpec, HostFacts)> = Vec::new();
-    for (host, facts) in futures::future::join_all(looks).await {
+    for (host, facts) in looked {
         match facts {
             Ok(f) => hosts.push((host, f)),
             Err(e) => {
@@ -61,21 +68,33 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         &run_root,
     )
     .map_err(|e| UsageError(e.to_string()))?;
-    let facts: BTreeMap<String, HostFacts> =
-        hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
-    let versions: BTreeMap<String, Option<String>> =
-        facts.iter().map(|(name, f)| (name.clone(), f.version.clone())).collect();
+    let facts: BTreeMap<String, HostFacts> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
+    let versions: BTreeMap<String, Option<String>> = facts
+        .iter()
+        .map(|(name, f)| (name.clone(), f.version.clone()))
+        .collect();
     for instance in &instances {
-        tracing::debug!("{}: {}", instance.label(), instance.display_argv().join(" "));
+        tracing::debug!(
+            "{}: {}",
+            instance.label(),
+            instance.display_argv().join(" ")
+        );
     }
     preflight::preflight(&instances, &facts).map_err(|e| UsageError(e.to_string()))?;
     if args.dry_run {
         if ctx.global.json {
-            println!("{}", serde_json::to_string_pretty(&report::plan_json(&instances))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report::plan_json(&instances))?
+            );
         } else {
             print!("{}", report::plan_table(&instances, &versions));
         }
-        return Ok(if partial { Outcome::Partial } else { Outcome::Ok });
+        return Ok(if partial {
+            Outcome::Partial
+        } else {
+            Outcome::Ok
+        });
     }
 
     let probe = Probe::new(api_key);
@@ -112,13 +131,19 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         return Ok(Outcome::Interrupted);
     }
     partial |= outcomes.iter().any(|o| o.state == UpState::Failed);
-    Ok(if partial { Outcome::Partial } else { Outcome::Ok })
+    Ok(if partial {
+        Outcome::Partial
+    } else {
+        Outcome::Ok
+    })
 }
 
 /// The API key's value from the environment variable the profile names; registered as a
 /// secret so no log line shows it.
 pub(super) fn api_key(profile: &Profile) -> anyhow::Result<Option<String>> {
-    let Some(var) = &profile.api_key_env else { return Ok(None) };
+    let Some(var) = &profile.api_key_env else {
+        return Ok(None);
+    };
     match std::env::var(var) {
         Ok(key) if !key.is_empty() => {
             crate::remote::add_secret(&key);
@@ -145,7 +170,11 @@ fn labels(instances: &[Instance]) -> Vec<String> {
 }
 
 /// Renders progress events: live bars on a terminal, otherwise one log line per change.
-async fn show_progress(labels: Vec<String>, mut events: mpsc::UnboundedReceiver<UpEvent>, live: bool) {
+async fn show_progress(
+    labels: Vec<String>,
+    mut events: mpsc::UnboundedReceiver<UpEvent>,
+    live: bool,
+) {
     let multi = MultiProgress::with_draw_target(if live {
         ProgressDrawTarget::stderr()
     } else {

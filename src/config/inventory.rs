@@ -142,7 +142,7 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
             );
             BTreeMap::new()
         }
-        Some(n) => ssh_options(c, n, &f.field("ssh_options")),
+        Some(n) => ssh_options(c, n, &f.field("ssh_options"), ssh.as_ref()),
         None => BTreeMap::new(),
     };
     let gpus_loc = f.get("gpus").map_or(f.loc, |n| n.loc);
@@ -287,7 +287,13 @@ fn gpus(c: &mut Checker, node: &Node, field: &str) -> Option<GpuSelection> {
     }
 }
 
-fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, String> {
+/// `ssh_options:`, by canonical name; a User or Port that contradicts `ssh:` is a problem.
+fn ssh_options(
+    c: &mut Checker,
+    node: &Node,
+    path: &str,
+    target: Option<&SshTarget>,
+) -> BTreeMap<String, String> {
     let mut options = BTreeMap::new();
     for (key, value) in c.entries(node, path) {
         let field = format!("{path}.{}", key.name);
@@ -315,6 +321,21 @@ fn ssh_options(c: &mut Checker, node: &Node, path: &str) -> BTreeMap<String, Str
                 .map(|s| s.to_string()),
             _ => c.string(value, &field),
         };
+        let in_target = match *name {
+            "User" => target.and_then(|t| t.user.clone()),
+            "Port" => target.and_then(|t| t.port).map(|p| p.to_string()),
+            _ => None,
+        };
+        if let (Some(set), Some(text)) = (&in_target, &text)
+            && set != text
+        {
+            c.report(
+                key.loc,
+                &field,
+                format!("`{text}` contradicts `{set}` in `ssh:`"),
+                Some("set it in one place".into()),
+            );
+        }
         if options.contains_key(*name) {
             c.report(
                 key.loc,
@@ -525,6 +546,15 @@ mod tests {
         let p = shown("hosts:\n  - name: a\n    ssh_options: {Port: 22}\n");
         assert_eq!(p.len(), 1);
         assert!(p[0].contains("set on a host without `ssh`"), "{p:?}");
+        let p = shown(
+            "hosts:\n  - name: a\n    ssh: me@h:2222\n    ssh_options: {Port: 22, user: me}\n",
+        );
+        assert_eq!(
+            p,
+            [
+                "fleet.yaml:4:19: hosts[0].ssh_options.Port: `22` contradicts `2222` in `ssh:` (set it in one place)"
+            ]
+        );
     }
 
     #[test]

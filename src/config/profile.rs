@@ -614,16 +614,33 @@ fn env(c: &mut Checker, node: Option<&Node>) -> std::collections::BTreeMap<Strin
 
 fn health(c: &mut Checker, node: Option<&Node>) -> HealthSettings {
     let f = node.and_then(|n| c.fields(n, "health", HEALTH_KEYS));
-    let mut duration = |name: &str, default: Duration| {
+    let node = |name: &str| {
         f.as_ref()
             .and_then(|f| f.get(name).map(|n| (n, f.field(name))))
-            .and_then(|(n, field)| c.duration(n, &field))
-            .unwrap_or(default)
     };
-    HealthSettings {
+    let mut duration = |name: &str, default: Duration| match node(name) {
+        Some((n, field)) => c.duration(n, &field).unwrap_or(default),
+        None => default,
+    };
+    let health = HealthSettings {
         startup_timeout: duration("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
         poll: duration("poll", DEFAULT_POLL),
+    };
+    if health.poll >= health.startup_timeout
+        && let Some((n, field)) = node("poll").or_else(|| node("startup_timeout"))
+    {
+        c.report(
+            n.loc,
+            &field,
+            "the poll interval must be shorter than startup_timeout",
+            Some(format!(
+                "startup_timeout is {}, poll is {}",
+                humantime::format_duration(health.startup_timeout),
+                humantime::format_duration(health.poll)
+            )),
+        );
     }
+    health
 }
 
 fn api_key_env(c: &mut Checker, node: &Node) -> Option<String> {
@@ -994,9 +1011,11 @@ api_key_env: FLEET_API_KEY
             Some(&expected),
             "winner of fleet sweep\n\nmeasured 2026-11-29",
         );
-        assert!(
-            text.starts_with("# winner of fleet sweep\n#\n# measured"),
-            "{text}"
+        assert_eq!(
+            text,
+            "# winner of fleet sweep\n#\n# measured 2026-11-29\nextends: base\nserver:\n  \
+             mamba_strategy: extra_buffer\nexpected:\n  output_tok_s_per_gpu: 1180.5\n  \
+             max_running_requests: 72\n"
         );
         fs::write(dir.path().join("won.yaml"), &text).unwrap();
         let p = load_profile("won", dir.path()).unwrap();
@@ -1126,6 +1145,24 @@ env: {A: "true", B: "0x10", C: "-", D: ""}
                 .as_deref()
                 .unwrap()
                 .contains("environment variable")
+        );
+    }
+
+    #[test]
+    fn poll_must_be_shorter_than_the_startup_timeout() {
+        let dir = dir_with(&[(
+            "p.yaml",
+            "model: m\nlauncher: [x]\nhealth: {startup_timeout: 30s, poll: 1m}\n",
+        )]);
+        let p = problems(load_profile("p", dir.path()));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(
+            (p[0].line, p[0].column, p[0].field.as_str()),
+            (3, 38, "health.poll")
+        );
+        assert_eq!(
+            p[0].hint.as_deref(),
+            Some("startup_timeout is 30s, poll is 1m")
         );
     }
 }

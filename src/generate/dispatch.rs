@@ -803,7 +803,6 @@ impl Run<'_> {
                 if !inst.up {
                     return;
                 }
-                inst.health_failures = 0;
                 if let (Some(running), Some(queued)) = (m.num_running_reqs, m.num_queue_reqs) {
                     inst.ctl.observe(running, queued, inst.in_flight);
                     if warm {

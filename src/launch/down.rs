@@ -64,7 +64,10 @@ pub struct StopOutcome {
 }
 
 mod secs {
-    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
     }
 }
@@ -78,7 +81,9 @@ pub async fn down_host(
     grace: Duration,
 ) -> Result<Vec<StopOutcome>, StateError> {
     let records = state::read_records(t, run_root).await?;
-    let selected = records.iter().filter(|r| profile.is_none_or(|p| r.profile == p));
+    let selected = records
+        .iter()
+        .filter(|r| profile.is_none_or(|p| r.profile == p));
     Ok(futures::future::join_all(selected.map(|r| stop(t, r, grace))).await)
 }
 
@@ -95,7 +100,10 @@ pub async fn stop(t: &dyn Transport, record: &InstanceRecord, grace: Duration) -
     };
     let error = error.or_else(|| {
         (!port_closed && state != StopState::Failed).then(|| {
-            format!("port {} still has a listener after the server stopped", record.port)
+            format!(
+                "port {} still has a listener after the server stopped",
+                record.port
+            )
         })
     });
     if state != StopState::Failed
@@ -136,8 +144,10 @@ where
         };
         let mut released = true;
         for o in outcomes.iter_mut().filter(|o| o.state != StopState::Failed) {
-            o.gpu_memory_used_mib =
-                readings.iter().find(|g| g.index == o.gpu).map(|g| g.memory_used_mib);
+            o.gpu_memory_used_mib = readings
+                .iter()
+                .find(|g| g.index == o.gpu)
+                .map(|g| g.memory_used_mib);
             released &= o.gpu_memory_used_mib.is_none_or(|m| m <= RELEASED_MIB);
         }
         if released || Instant::now() >= deadline {
@@ -184,7 +194,11 @@ async fn stop_group(
     }
 }
 
-async fn wait_group_gone(t: &dyn Transport, pgid: u32, within: Duration) -> Result<bool, StateError> {
+async fn wait_group_gone(
+    t: &dyn Transport,
+    pgid: u32,
+    within: Duration,
+) -> Result<bool, StateError> {
     let deadline = Instant::now() + within;
     loop {
         if state::proc_table(t).await?.group(pgid).is_empty() {

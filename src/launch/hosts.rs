@@ -14,8 +14,13 @@ pub struct Connected {
 }
 
 pub async fn connect_all(hosts: &[HostSpec], opts: &ConnectOptions) -> Connected {
-    let attempts = hosts.iter().map(|h| async move { (h.name.clone(), remote::connect(h, opts).await) });
-    let mut connected = Connected { transports: BTreeMap::new(), failed: Vec::new() };
+    let attempts = hosts
+        .iter()
+        .map(|h| async move { (h.name.clone(), remote::connect(h, opts).await) });
+    let mut connected = Connected {
+        transports: BTreeMap::new(),
+        failed: Vec::new(),
+    };
     for (name, result) in futures::future::join_all(attempts).await {
         match result {
             Ok(t) => {

@@ -35,16 +35,21 @@ pub enum LogsError {
     #[error(transparent)]
     Remote(#[from] RemoteError),
     #[error("{host}: cannot read {path}: {message}")]
-    Read { host: String, path: String, message: String },
+    Read {
+        host: String,
+        path: String,
+        message: String,
+    },
 }
 
 impl Selector {
     pub fn parse(s: &str) -> Result<Selector, LogsError> {
         let bad = || LogsError::BadSelector(s.to_string());
         match s.rsplit_once(':') {
-            Some((host, gpu)) if !host.is_empty() => {
-                Ok(Selector::HostGpu { host: host.to_string(), gpu: gpu.parse().map_err(|_| bad())? })
-            }
+            Some((host, gpu)) if !host.is_empty() => Ok(Selector::HostGpu {
+                host: host.to_string(),
+                gpu: gpu.parse().map_err(|_| bad())?,
+            }),
             Some(_) => Err(bad()),
             None => s.parse().map(Selector::Port).map_err(|_| bad()),
         }
@@ -80,7 +85,10 @@ pub async fn locate(
     {
         let log = RunFiles::new(run_root, *port).log;
         for (name, t) in transports {
-            if t.run(&["test".into(), "-f".into(), log.clone()]).await?.success() {
+            if t.run(&["test".into(), "-f".into(), log.clone()])
+                .await?
+                .success()
+            {
                 found.push((name.clone(), log.clone()));
             }
         }
@@ -97,7 +105,11 @@ pub async fn locate(
                 Selector::Port(p) => *p,
                 Selector::HostGpu { .. } => 0,
             },
-            hosts: found.into_iter().map(|(h, _)| h).collect::<Vec<_>>().join(", "),
+            hosts: found
+                .into_iter()
+                .map(|(h, _)| h)
+                .collect::<Vec<_>>()
+                .join(", "),
         }),
     }
 }
@@ -114,8 +126,14 @@ pub async fn read(
 ) -> Result<(), LogsError> {
     // The size is taken first and the tail read from those bytes only, so following starts
     // exactly where the tail ended.
-    let script = r#"size=$(wc -c <"$1") || exit 1; echo "$size"; head -c "$size" "$1" | tail -n "$2""#;
-    let first = run(t, path, &["sh", "-c", script, "sh", path, &lines.to_string()]).await?;
+    let script =
+        r#"size=$(wc -c <"$1") || exit 1; echo "$size"; head -c "$size" "$1" | tail -n "$2""#;
+    let first = run(
+        t,
+        path,
+        &["sh", "-c", script, "sh", path, &lines.to_string()],
+    )
+    .await?;
     let (size, text) = first.split_once('\n').unwrap_or((first.as_str(), ""));
     let mut offset: u64 = size.trim().parse().unwrap_or(0);
     let _ = out.send(text.to_string());
@@ -157,11 +175,17 @@ mod tests {
     fn selectors() {
         assert_eq!(
             Selector::parse("ct200:5").unwrap(),
-            Selector::HostGpu { host: "ct200".into(), gpu: 5 }
+            Selector::HostGpu {
+                host: "ct200".into(),
+                gpu: 5
+            }
         );
         assert_eq!(Selector::parse("30005").unwrap(), Selector::Port(30005));
         for bad in ["ct200:x", ":5", "nope", "70000"] {
-            assert!(matches!(Selector::parse(bad), Err(LogsError::BadSelector(_))), "{bad}");
+            assert!(
+                matches!(Selector::parse(bad), Err(LogsError::BadSelector(_))),
+                "{bad}"
+            );
         }
     }
 }

@@ -113,15 +113,21 @@ pub fn plan(
     }
     if let Some(only) = only_gpus {
         let known: Vec<u32> = hosts.iter().flat_map(|(h, f)| host_gpus(h, f)).collect();
-        let missing: Vec<String> =
-            only.iter().filter(|g| !known.contains(g)).map(u32::to_string).collect();
+        let missing: Vec<String> = only
+            .iter()
+            .filter(|g| !known.contains(g))
+            .map(u32::to_string)
+            .collect();
         if !missing.is_empty() {
             let have = hosts
                 .iter()
                 .map(|(h, f)| format!("{}: {}", h.name, join(&host_gpus(h, f))))
                 .collect::<Vec<_>>()
                 .join("; ");
-            return Err(PlanError::UnknownGpus { gpus: missing.join(","), have });
+            return Err(PlanError::UnknownGpus {
+                gpus: missing.join(","),
+                have,
+            });
         }
     }
     let mut instances: Vec<Instance> = Vec::new();
@@ -147,14 +153,20 @@ fn instance(
     run_root: &str,
 ) -> Instance {
     let bind_host = profile.server.host.as_deref().unwrap_or(&facts.address);
-    let render = Render { help: facts.help.as_ref(), bind_host, port, api_key };
+    let render = Render {
+        help: facts.help.as_ref(),
+        bind_host,
+        port,
+        api_key,
+    };
     let mut argv = profile.launcher.clone();
     argv.extend(flags::server_args(profile, &render));
     let mut env = profile.env.clone();
     env.insert("CUDA_VISIBLE_DEVICES".to_string(), gpu.to_string());
     // CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi, the inventory and
     // `fleet gpus` number them by PCI bus, so pin by that order.
-    env.entry("CUDA_DEVICE_ORDER".to_string()).or_insert_with(|| "PCI_BUS_ID".to_string());
+    env.entry("CUDA_DEVICE_ORDER".to_string())
+        .or_insert_with(|| "PCI_BUS_ID".to_string());
     let fingerprint = fingerprint(&flags::masked(&argv), &env);
     Instance {
         host: host.name.clone(),
@@ -193,11 +205,18 @@ fn fingerprint(masked_argv: &[String], env: &BTreeMap<String, String>) -> String
         hash.update(v.as_bytes());
         hash.update([0]);
     }
-    hash.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+    hash.finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn join(gpus: &[u32]) -> String {
-    gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -231,18 +250,39 @@ mod tests {
     fn one_instance_per_gpu_pinned_with_its_port_and_files() {
         let mut p = profile();
         p.env.insert("HF_HUB_OFFLINE".into(), "1".into());
-        let hosts = vec![(host("ct200", GpuSelection::List(vec![0, 5])), facts("10.1.2.50"))];
+        let hosts = vec![(
+            host("ct200", GpuSelection::List(vec![0, 5])),
+            facts("10.1.2.50"),
+        )];
         let plan = plan(&p, &hosts, None, None, "/tmp/fleet").unwrap();
         assert_eq!(plan.len(), 2);
         let i = &plan[1];
         assert_eq!((i.host.as_str(), i.gpu, i.port), ("ct200", 5, 30005));
         assert_eq!(i.label(), "ct200 gpu5 :30005");
         assert_eq!(&i.argv[..3], &p.launcher[..]);
-        assert_eq!(i.server_args()[..8], ["--model-path", "/models/Qwen3.6-27B", "--served-model-name", "qwen3.6-27b", "--host", "10.1.2.50", "--port", "30005"]);
+        assert_eq!(
+            i.server_args()[..8],
+            [
+                "--model-path",
+                "/models/Qwen3.6-27B",
+                "--served-model-name",
+                "qwen3.6-27b",
+                "--host",
+                "10.1.2.50",
+                "--port",
+                "30005"
+            ]
+        );
         assert!(i.argv.contains(&"--mamba-scheduler-strategy".to_string()));
-        assert_eq!(i.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str), Some("5"));
+        assert_eq!(
+            i.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
+            Some("5")
+        );
         assert_eq!(i.env.get("HF_HUB_OFFLINE").map(String::as_str), Some("1"));
-        assert_eq!(i.env.get("CUDA_DEVICE_ORDER").map(String::as_str), Some("PCI_BUS_ID"));
+        assert_eq!(
+            i.env.get("CUDA_DEVICE_ORDER").map(String::as_str),
+            Some("PCI_BUS_ID")
+        );
         assert_eq!(
             i.files,
             RunFiles {
@@ -259,15 +299,24 @@ mod tests {
     fn gpus_all_uses_the_discovered_gpus_and_the_filter_applies() {
         let hosts = vec![(host("local", GpuSelection::All), facts("127.0.0.1"))];
         let plan = plan(&profile(), &hosts, Some(&[1, 3]), None, "/run/x/").unwrap();
-        assert_eq!(plan.iter().map(|i| i.port).collect::<Vec<_>>(), vec![30001, 30003]);
+        assert_eq!(
+            plan.iter().map(|i| i.port).collect::<Vec<_>>(),
+            vec![30001, 30003]
+        );
         assert_eq!(plan[0].files.dir, "/run/x/30001");
     }
 
     #[test]
     fn unknown_gpu_in_the_filter_names_what_exists() {
-        let hosts = vec![(host("ct200", GpuSelection::List(vec![0, 1])), facts("127.0.0.1"))];
+        let hosts = vec![(
+            host("ct200", GpuSelection::List(vec![0, 1])),
+            facts("127.0.0.1"),
+        )];
         let err = plan(&profile(), &hosts, Some(&[1, 9]), None, DEFAULT_RUN_ROOT).unwrap_err();
-        assert_eq!(err.to_string(), "--gpus 9: not in the inventory of any host (hosts have: ct200: 0,1)");
+        assert_eq!(
+            err.to_string(),
+            "--gpus 9: not in the inventory of any host (hosts have: ct200: 0,1)"
+        );
     }
 
     #[test]
@@ -296,6 +345,9 @@ mod tests {
         ));
         let mut pinned = profile();
         pinned.env.insert("CUDA_VISIBLE_DEVICES".into(), "0".into());
-        assert!(matches!(plan(&pinned, &hosts, None, None, DEFAULT_RUN_ROOT), Err(PlanError::EnvPinsGpu)));
+        assert!(matches!(
+            plan(&pinned, &hosts, None, None, DEFAULT_RUN_ROOT),
+            Err(PlanError::EnvPinsGpu)
+        ));
     }
 }

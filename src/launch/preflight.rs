@@ -23,40 +23,80 @@ pub enum FactsError {
     #[error(
         "{host}: `{command}` failed (exit {status}): {stderr}\n  hint: check the profile's launcher; --skip-preflight starts without checking flags"
     )]
-    Help { host: String, command: String, status: String, stderr: String },
-    #[error("{host}: `{command}` listed no options; --skip-preflight starts without checking flags")]
+    Help {
+        host: String,
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error(
+        "{host}: `{command}` listed no options; --skip-preflight starts without checking flags"
+    )]
     EmptyHelp { host: String, command: String },
-    #[error("{0}\n  hint: `gpus: all` reads the GPUs from the host; or list them, e.g. gpus: [0,1,2,3]")]
+    #[error(
+        "{0}\n  hint: `gpus: all` reads the GPUs from the host; or list them, e.g. gpus: [0,1,2,3]"
+    )]
     Gpus(#[from] GpuError),
 }
 
 /// Everything planning needs to know about one host; `--help` is read only when `preflight`.
+/// `--help` and the version are read with the profile's `env`, as the servers will run.
 pub async fn host_facts(
     t: &Arc<dyn Transport>,
     host: &HostSpec,
     launcher: &[String],
+    env: &BTreeMap<String, String>,
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
     let address = t.server_address().await?;
     let t_ref = t.as_ref();
-    let help_text = if preflight { Some(read_help(t_ref, launcher).await?) } else { None };
+    let with_env = |argv: Vec<String>| -> Vec<String> {
+        if env.is_empty() {
+            return argv;
+        }
+        let mut full = vec!["env".to_string()];
+        full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        full.extend(argv);
+        full
+    };
+    let help_text = if preflight {
+        let mut argv = launcher.to_vec();
+        argv.push("--help".to_string());
+        Some(read_help(t_ref, with_env(argv)).await?)
+    } else {
+        None
+    };
     let version = match python_of(launcher) {
-        Some(python) => read_version(t_ref, python).await,
+        Some(python) => {
+            let argv = vec![
+                python.to_string(),
+                "-c".to_string(),
+                VERSION_SCRIPT.to_string(),
+            ];
+            read_version(t_ref, with_env(argv)).await
+        }
         None => help_text.as_deref().and_then(help::stated_version),
     };
     let gpus_present = match host.gpus {
         GpuSelection::All => {
             let local = host.ssh.is_none() && host.container.is_none();
-            gpu::read_host(t.clone(), local).await?.iter().map(|g| g.index).collect()
+            gpu::read_host(t.clone(), local)
+                .await?
+                .iter()
+                .map(|g| g.index)
+                .collect()
         }
         GpuSelection::List(_) => Vec::new(),
     };
-    Ok(HostFacts { help: help_text.map(|t| HelpSpec::parse(&t)), version, address, gpus_present })
+    Ok(HostFacts {
+        help: help_text.map(|t| HelpSpec::parse(&t)),
+        version,
+        address,
+        gpus_present,
+    })
 }
 
-async fn read_help(t: &dyn Transport, launcher: &[String]) -> Result<String, FactsError> {
-    let mut argv = launcher.to_vec();
-    argv.push("--help".to_string());
+async fn read_help(t: &dyn Transport, argv: Vec<String>) -> Result<String, FactsError> {
     let out = t.run(&argv).await?;
     let command = argv.join(" ");
     if !out.success() {
@@ -65,13 +105,18 @@ async fn read_help(t: &dyn Transport, launcher: &[String]) -> Result<String, Fac
         return Err(FactsError::Help {
             host: t.host().to_string(),
             command,
-            status: out.status.map_or("by signal".to_string(), |s| s.to_string()),
+            status: out
+                .status
+                .map_or("by signal".to_string(), |s| s.to_string()),
             stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
         });
     }
     let text = out.stdout_lossy();
     if HelpSpec::parse(&text).is_empty() {
-        return Err(FactsError::EmptyHelp { host: t.host().to_string(), command });
+        return Err(FactsError::EmptyHelp {
+            host: t.host().to_string(),
+            command,
+        });
     }
     Ok(text)
 }
@@ -84,12 +129,15 @@ fn python_of(launcher: &[String]) -> Option<&str> {
 }
 
 /// The version is only shown, so failing to read it is a warning, not an error.
-async fn read_version(t: &dyn Transport, python: &str) -> Option<String> {
-    let argv = vec![python.to_string(), "-c".to_string(), VERSION_SCRIPT.to_string()];
+async fn read_version(t: &dyn Transport, argv: Vec<String>) -> Option<String> {
     match t.run(&argv).await {
         Ok(out) if out.success() => Some(out.stdout_lossy().trim().to_string()),
         Ok(out) => {
-            tracing::warn!("{}: cannot read the SGLang version: {}", t.host(), out.stderr_lossy().trim());
+            tracing::warn!(
+                "{}: cannot read the SGLang version: {}",
+                t.host(),
+                out.stderr_lossy().trim()
+            );
             None
         }
         Err(e) => {
@@ -122,7 +170,11 @@ impl fmt::Display for PreflightFailure {
         write!(f, "preflight: {count} flag problem(s); nothing was started")?;
         for h in &self.hosts {
             let version = h.version.as_deref().unwrap_or("version unknown");
-            write!(f, "\n  {} (SGLang {version}, `{} --help`):", h.host, h.launcher)?;
+            write!(
+                f,
+                "\n  {} (SGLang {version}, `{} --help`):",
+                h.host, h.launcher
+            )?;
             for p in &h.problems {
                 write!(f, "\n    {p}")?;
             }
@@ -139,7 +191,9 @@ pub fn preflight(
 ) -> Result<(), PreflightFailure> {
     let mut hosts: Vec<HostMismatches> = Vec::new();
     for instance in instances {
-        let Some(f) = facts.get(&instance.host) else { continue };
+        let Some(f) = facts.get(&instance.host) else {
+            continue;
+        };
         let Some(help) = &f.help else { continue };
         let problems = flags::check(instance.server_args(), help);
         if problems.is_empty() {
@@ -163,7 +217,11 @@ pub fn preflight(
             }
         }
     }
-    if hosts.is_empty() { Ok(()) } else { Err(PreflightFailure { hosts }) }
+    if hosts.is_empty() {
+        Ok(())
+    } else {
+        Err(PreflightFailure { hosts })
+    }
 }
 
 #[cfg(test)]
@@ -232,7 +290,10 @@ mod tests {
     #[test]
     fn python_launchers_are_recognised() {
         let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(python_of(&l(&["/venv/bin/python3.11", "-m", "sglang.launch_server"])), Some("/venv/bin/python3.11"));
+        assert_eq!(
+            python_of(&l(&["/venv/bin/python3.11", "-m", "sglang.launch_server"])),
+            Some("/venv/bin/python3.11")
+        );
         assert_eq!(python_of(&l(&["sglang-sim"])), None);
     }
 }

@@ -65,7 +65,10 @@ impl Probe {
 
     /// The same client with another key (a server started by another profile).
     pub fn with_key(&self, api_key: Option<String>) -> Probe {
-        Probe { client: self.client.clone(), api_key }
+        Probe {
+            client: self.client.clone(),
+            api_key,
+        }
     }
 
     async fn get(&self, url: &str) -> Result<reqwest::Response, ProbeError> {
@@ -73,7 +76,10 @@ impl Probe {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        request.send().await.map_err(|source| ProbeError::Http { url: url.to_string(), source })
+        request.send().await.map_err(|source| ProbeError::Http {
+            url: url.to_string(),
+            source,
+        })
     }
 
     /// `/health`'s status code: 503 while loading, 200 once ready.
@@ -90,10 +96,15 @@ impl Probe {
             response = self.get(&url).await?;
         }
         if !response.status().is_success() {
-            return Err(ProbeError::Status { url, status: response.status().as_u16() });
+            return Err(ProbeError::Status {
+                url,
+                status: response.status().as_u16(),
+            });
         }
-        let raw: RawServerInfo =
-            response.json().await.map_err(|source| ProbeError::Http { url, source })?;
+        let raw: RawServerInfo = response
+            .json()
+            .await
+            .map_err(|source| ProbeError::Http { url, source })?;
         Ok(ServerInfo {
             version: raw.version,
             max_total_num_tokens: raw.max_total_num_tokens,
@@ -110,9 +121,15 @@ impl Probe {
         let url = format!("{base}/metrics");
         let response = self.get(&url).await?;
         if !response.status().is_success() {
-            return Err(ProbeError::Status { url, status: response.status().as_u16() });
+            return Err(ProbeError::Status {
+                url,
+                status: response.status().as_u16(),
+            });
         }
-        let text = response.text().await.map_err(|source| ProbeError::Http { url, source })?;
+        let text = response
+            .text()
+            .await
+            .map_err(|source| ProbeError::Http { url, source })?;
         Ok(parse_gauges(&text))
     }
 }
@@ -121,8 +138,12 @@ impl Probe {
 pub fn parse_gauges(text: &str) -> Gauges {
     let mut g = Gauges::default();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else { continue };
-        let Ok(value) = value.trim().parse::<f64>() else { continue };
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
         let name = series.split('{').next().unwrap_or(series).trim();
         match name {
             "sglang:num_running_reqs" => g.running += value,
@@ -151,7 +172,12 @@ sglang:token_usage{model_name=\"qwen\"} 0.42\n\
 sglang:generation_tokens_total{model_name=\"qwen\"} 12345.0\n";
         assert_eq!(
             parse_gauges(text),
-            Gauges { running: 72.0, queued: 3.0, gen_throughput: 1180.5, token_usage: 0.42 }
+            Gauges {
+                running: 72.0,
+                queued: 3.0,
+                gen_throughput: 1180.5,
+                token_usage: 0.42
+            }
         );
     }
 }

@@ -50,7 +50,11 @@ pub fn plan_json(instances: &[Instance]) -> Value {
 /// The table `fleet up` ends with. The version is the server's own, else the host's.
 pub fn up_table(outcomes: &[UpOutcome], versions: &BTreeMap<String, Option<String>>) -> String {
     let rows = outcomes.iter().map(|o| {
-        let version = o.info.version.clone().or_else(|| versions.get(&o.host).cloned().flatten());
+        let version = o
+            .info
+            .version
+            .clone()
+            .or_else(|| versions.get(&o.host).cloned().flatten());
         vec![
             o.host.clone(),
             o.gpu.to_string(),
@@ -64,7 +68,17 @@ pub fn up_table(outcomes: &[UpOutcome], versions: &BTreeMap<String, Option<Strin
         ]
     });
     table(
-        &["HOST", "GPU", "PORT", "PID", "STATE", "READY AFTER", "MAX RUNNING", "KV TOKENS", "VERSION"],
+        &[
+            "HOST",
+            "GPU",
+            "PORT",
+            "PID",
+            "STATE",
+            "READY AFTER",
+            "MAX RUNNING",
+            "KV TOKENS",
+            "VERSION",
+        ],
         rows,
     )
 }
@@ -107,13 +121,34 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             opt(load.map(|l| l.queued)),
             opt(load.map(|l| format!("{:.0}", l.gen_throughput))),
             opt(load.map(|l| format!("{:.0}%", l.token_usage * 100.0))),
-            opt(s.gpu_reading.as_ref().map(|g| format!("{}/{} MiB", g.memory_used_mib, g.memory_total_mib))),
-            opt(s.gpu_reading.as_ref().and_then(|g| g.utilization_pct).map(|u| format!("{u}%"))),
+            opt(s
+                .gpu_reading
+                .as_ref()
+                .map(|g| format!("{}/{} MiB", g.memory_used_mib, g.memory_total_mib))),
+            opt(s
+                .gpu_reading
+                .as_ref()
+                .and_then(|g| g.utilization_pct)
+                .map(|u| format!("{u}%"))),
             s.profile.clone(),
         ]
     });
     table(
-        &["HOST", "GPU", "PORT", "PID", "STATE", "UP", "RUNNING", "QUEUED", "GEN TOK/S", "TOKEN USAGE", "GPU MEM", "GPU UTIL", "PROFILE"],
+        &[
+            "HOST",
+            "GPU",
+            "PORT",
+            "PID",
+            "STATE",
+            "UP",
+            "RUNNING",
+            "QUEUED",
+            "GEN TOK/S",
+            "TOKEN USAGE",
+            "GPU MEM",
+            "GPU UTIL",
+            "PROFILE",
+        ],
         rows,
     )
 }
@@ -124,7 +159,14 @@ pub fn dead_tails(statuses: &[InstanceStatus]) -> String {
         .iter()
         .filter(|s| s.log_tail.is_some())
         .map(|s| {
-            format!("{} gpu{} :{} ({}):\n{}", s.host, s.gpu, s.port, s.state(), indented_tail(s.log_tail.as_deref()))
+            format!(
+                "{} gpu{} :{} ({}):\n{}",
+                s.host,
+                s.gpu,
+                s.port,
+                s.state(),
+                indented_tail(s.log_tail.as_deref())
+            )
         })
         .collect()
 }
@@ -152,7 +194,12 @@ pub fn down_table(outcomes: &[StopOutcome]) -> String {
             opt(o.gpu_memory_used_mib.map(|m| format!("{m} MiB"))),
         ]
     });
-    table(&["HOST", "GPU", "PORT", "PID", "PROFILE", "RESULT", "TOOK", "PORT", "GPU MEM"], rows)
+    table(
+        &[
+            "HOST", "GPU", "PORT", "PID", "PROFILE", "RESULT", "TOOK", "PORT", "GPU MEM",
+        ],
+        rows,
+    )
 }
 
 #[cfg(test)]
@@ -191,7 +238,12 @@ mod tests {
         let header: Vec<&str> = lines[0].split_whitespace().collect();
         assert_eq!(header[..5], ["HOST", "GPU", "PORT", "PID", "STATE"]);
         let row: Vec<&str> = lines[1].split_whitespace().collect();
-        assert_eq!(row, ["ct200", "5", "30005", "4242", "ready", "94.0s", "72", "1234567", "0.5.10"]);
+        assert_eq!(
+            row,
+            [
+                "ct200", "5", "30005", "4242", "ready", "94.0s", "72", "1234567", "0.5.10"
+            ]
+        );
     }
 
     #[test]
@@ -220,8 +272,28 @@ mod tests {
             error: None,
         };
         let text = down_table(&[o]);
-        let row: Vec<&str> = text.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
-        assert_eq!(row, ["h", "0", "30000", "7", "p", "already dead", "0.1s", "OPEN", "0 MiB"]);
+        let row: Vec<&str> = text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            row,
+            [
+                "h",
+                "0",
+                "30000",
+                "7",
+                "p",
+                "already dead",
+                "0.1s",
+                "OPEN",
+                "0 MiB"
+            ]
+        );
     }
 
     #[test]

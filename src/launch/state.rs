@@ -86,7 +86,11 @@ pub enum Liveness {
 
 impl ProcTable {
     pub fn parse(text: &str) -> ProcTable {
-        let by_pid = text.lines().filter_map(ProcStat::parse).map(|p| (p.pid, p)).collect();
+        let by_pid = text
+            .lines()
+            .filter_map(ProcStat::parse)
+            .map(|p| (p.pid, p))
+            .collect();
         ProcTable { by_pid }
     }
 
@@ -100,11 +104,11 @@ impl ProcTable {
 
     /// Running members of process group `pgid` (a server's workers outlive a dead leader).
     pub fn group(&self, pgid: u32) -> Vec<u32> {
-        self.by_pid.values().filter(|p| p.pgrp == pgid && p.running()).map(|p| p.pid).collect()
-    }
-
-    pub fn get(&self, pid: u32) -> Option<&ProcStat> {
-        self.by_pid.get(&pid)
+        self.by_pid
+            .values()
+            .filter(|p| p.pgrp == pgid && p.running())
+            .map(|p| p.pid)
+            .collect()
     }
 }
 
@@ -117,7 +121,9 @@ pub fn parse_listening(text: &str) -> BTreeSet<u16> {
             let local = fields.nth(1)?;
             let state = fields.nth(1)?;
             let port = local.rsplit_once(':')?.1;
-            (state == LISTEN).then(|| u16::from_str_radix(port, 16).ok()).flatten()
+            (state == LISTEN)
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
         })
         .collect()
 }
@@ -128,7 +134,11 @@ pub enum StateError {
     #[error(transparent)]
     Remote(#[from] RemoteError),
     #[error("{host}: `{command}` failed: {stderr}")]
-    Command { host: String, command: String, stderr: String },
+    Command {
+        host: String,
+        command: String,
+        stderr: String,
+    },
 }
 
 /// Runs an argv and insists on success.
@@ -151,14 +161,21 @@ fn argv(parts: &[&str]) -> Vec<String> {
 
 /// Every instance record under the run root. A record that does not parse (half-written by an
 /// interrupted `up`) is skipped with a warning naming its port.
-pub async fn read_records(t: &dyn Transport, run_root: &str) -> Result<Vec<InstanceRecord>, StateError> {
-    let script = r#"for f in "$1"/*/instance.json; do [ -f "$f" ] && cat "$f" && printf '\000'; done; true"#;
+pub async fn read_records(
+    t: &dyn Transport,
+    run_root: &str,
+) -> Result<Vec<InstanceRecord>, StateError> {
+    let script =
+        r#"for f in "$1"/*/instance.json; do [ -f "$f" ] && cat "$f" && printf '\000'; done; true"#;
     let text = run_ok(t, &argv(&["sh", "-c", script, "sh", run_root])).await?;
     let mut records = Vec::new();
     for item in text.split('\0').filter(|s| !s.trim().is_empty()) {
         match serde_json::from_str::<InstanceRecord>(item) {
             Ok(r) => records.push(r),
-            Err(e) => tracing::warn!("{}: skipping an unreadable record under {run_root}: {e}", t.host()),
+            Err(e) => tracing::warn!(
+                "{}: skipping an unreadable record under {run_root}: {e}",
+                t.host()
+            ),
         }
     }
     records.sort_by_key(|r| (r.gpu, r.port));
@@ -169,33 +186,52 @@ pub async fn write_record(t: &dyn Transport, record: &InstanceRecord) -> Result<
     let json = serde_json::to_string(record).expect("a record always serializes");
     // Written aside and renamed so that a reader never sees half a record.
     let script = r#"printf '%s\n' "$1" > "$2.tmp" && mv -f "$2.tmp" "$2""#;
-    run_ok(t, &argv(&["sh", "-c", script, "sh", &json, &record.record])).await.map(drop)
+    run_ok(t, &argv(&["sh", "-c", script, "sh", &json, &record.record]))
+        .await
+        .map(drop)
 }
 
 /// Forgets a stopped instance; its log stays for `fleet logs PORT`.
 pub async fn remove_record(t: &dyn Transport, record: &InstanceRecord) -> Result<(), StateError> {
-    run_ok(t, &argv(&["rm", "-f", &record.record, &record.pidfile])).await.map(drop)
+    run_ok(t, &argv(&["rm", "-f", &record.record, &record.pidfile]))
+        .await
+        .map(drop)
 }
 
 pub async fn proc_table(t: &dyn Transport) -> Result<ProcTable, StateError> {
     let script = "cat /proc/[0-9]*/stat 2>/dev/null; true";
-    Ok(ProcTable::parse(&run_ok(t, &argv(&["sh", "-c", script])).await?))
+    Ok(ProcTable::parse(
+        &run_ok(t, &argv(&["sh", "-c", script])).await?,
+    ))
 }
 
 /// One process's stat line, or `None` when it is gone.
 pub async fn proc_stat(t: &dyn Transport, pid: u32) -> Result<Option<ProcStat>, StateError> {
     let out = t.run(&argv(&["cat", &format!("/proc/{pid}/stat")])).await?;
-    Ok(if out.success() { ProcStat::parse(out.stdout_lossy().trim()) } else { None })
+    Ok(if out.success() {
+        ProcStat::parse(out.stdout_lossy().trim())
+    } else {
+        None
+    })
 }
 
 pub async fn listening_ports(t: &dyn Transport) -> Result<BTreeSet<u16>, StateError> {
     let script = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; true";
-    Ok(parse_listening(&run_ok(t, &argv(&["sh", "-c", script])).await?))
+    Ok(parse_listening(
+        &run_ok(t, &argv(&["sh", "-c", script])).await?,
+    ))
 }
 
 /// Sends `signal` (e.g. `TERM`, `KILL`) to a whole process group.
 pub async fn signal_group(t: &dyn Transport, pgid: u32, signal: &str) -> Result<(), StateError> {
-    let out = t.run(&argv(&["kill", &format!("-{signal}"), "--", &format!("-{pgid}")])).await?;
+    let out = t
+        .run(&argv(&[
+            "kill",
+            &format!("-{signal}"),
+            "--",
+            &format!("-{pgid}"),
+        ]))
+        .await?;
     // A group that emptied since the last look is what we wanted anyway.
     if out.success() || out.stderr_lossy().contains("No such process") {
         Ok(())
@@ -211,7 +247,11 @@ pub async fn signal_group(t: &dyn Transport, pgid: u32, signal: &str) -> Result<
 /// The last `lines` lines of a file on the target (empty when it does not exist).
 pub async fn tail(t: &dyn Transport, path: &str, lines: usize) -> Result<String, StateError> {
     let script = r#"[ -f "$2" ] && tail -n "$1" "$2"; true"#;
-    run_ok(t, &argv(&["sh", "-c", script, "sh", &lines.to_string(), path])).await
+    run_ok(
+        t,
+        &argv(&["sh", "-c", script, "sh", &lines.to_string(), path]),
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -220,10 +260,16 @@ mod tests {
 
     #[test]
     fn proc_stat_with_awkward_command_names() {
-        let line = "4242 (python3 (sgl) x) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 987654 0 0";
+        let line =
+            "4242 (python3 (sgl) x) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 987654 0 0";
         assert_eq!(
             ProcStat::parse(line),
-            Some(ProcStat { pid: 4242, state: 'S', pgrp: 4242, start_ticks: 987654 })
+            Some(ProcStat {
+                pid: 4242,
+                state: 'S',
+                pgrp: 4242,
+                start_ticks: 987654
+            })
         );
         assert_eq!(ProcStat::parse("garbage"), None);
     }

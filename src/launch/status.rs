@@ -95,7 +95,10 @@ async fn instance_status(
         return status;
     }
     // The key lives in the environment variable the profile named, here as at `up`.
-    let key = r.api_key_env.as_ref().and_then(|var| std::env::var(var).ok());
+    let key = r
+        .api_key_env
+        .as_ref()
+        .and_then(|var| std::env::var(var).ok());
     let probe = probe.with_key(key);
     match t.forward(&r.address, r.port).await {
         Ok(tunnel) => {

@@ -94,15 +94,18 @@ pub struct UpOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Conflict {
     /// Our instance runs a different config on this port.
-    DifferentConfig { label: String, pid: u32, profile: String },
+    DifferentConfig {
+        label: String,
+        pid: u32,
+        profile: String,
+    },
     /// Something fleet did not start listens on the port.
     ForeignPort { label: String },
 }
 
+/// Why `up` started nothing: every conflict on every port, at once.
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error(transparent)]
-    State(#[from] StateError),
     #[error("{}", conflicts_message(.0))]
     Conflicts(Vec<Conflict>),
 }
@@ -140,6 +143,8 @@ enum Action<'a> {
     Start,
     Keep(&'a InstanceRecord),
     Replace(&'a InstanceRecord),
+    /// The host could not be looked at.
+    Unavailable(String),
 }
 
 /// Starts the planned instances and waits for each to become ready or fail. Refuses (starting
@@ -150,12 +155,24 @@ pub async fn up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> Result<Vec<UpOutcome>, UpError> {
-    let Run { transports, run_root, cancel, .. } = *run;
-    let surveys = survey(transports, run_root).await?;
+    let Run {
+        transports,
+        run_root,
+        cancel,
+        ..
+    } = *run;
+    let surveys = survey(transports, run_root).await;
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
-        let s = &surveys[&instance.host];
+        let s = match &surveys[&instance.host] {
+            Ok(s) => s,
+            // That host's instances fail; the other hosts go on.
+            Err(e) => {
+                actions.push(Action::Unavailable(e.to_string()));
+                continue;
+            }
+        };
         let ours = s.records.iter().find(|r| {
             r.port == instance.port
                 && (s.table.liveness(r.pid, r.start_ticks) == Liveness::Running
@@ -173,7 +190,9 @@ pub async fn up(
                 continue;
             }
             None if s.listening.contains(&instance.port) => {
-                conflicts.push(Conflict::ForeignPort { label: instance.label() });
+                conflicts.push(Conflict::ForeignPort {
+                    label: instance.label(),
+                });
                 continue;
             }
             None => Action::Start,
@@ -183,10 +202,14 @@ pub async fn up(
     if !conflicts.is_empty() {
         return Err(UpError::Conflicts(conflicts));
     }
-    let runs = instances.iter().zip(actions).enumerate().map(|(key, (instance, action))| {
-        let t = transports[&instance.host].as_ref();
-        bring_up(key, instance, action, t, health, opts, run)
-    });
+    let runs = instances
+        .iter()
+        .zip(actions)
+        .enumerate()
+        .map(|(key, (instance, action))| {
+            let t = transports[&instance.host].as_ref();
+            bring_up(key, instance, action, t, health, opts, run)
+        });
     let results = futures::future::join_all(runs).await;
     if cancel.is_cancelled() && !opts.keep_on_interrupt {
         let started = results.iter().filter_map(|(_, record)| record.as_ref());
@@ -208,15 +231,19 @@ pub async fn up(
 async fn survey(
     transports: &BTreeMap<String, Arc<dyn Transport>>,
     run_root: &str,
-) -> Result<BTreeMap<String, Survey>, StateError> {
+) -> BTreeMap<String, Result<Survey, StateError>> {
     let looks = transports.iter().map(|(name, t)| async move {
         let t = t.as_ref();
-        let records = state::read_records(t, run_root).await?;
-        let table = state::proc_table(t).await?;
-        let listening = state::listening_ports(t).await?;
-        Ok::<_, StateError>((name.clone(), Survey { records, table, listening }))
+        let look = async {
+            Ok(Survey {
+                records: state::read_records(t, run_root).await?,
+                table: state::proc_table(t).await?,
+                listening: state::listening_ports(t).await?,
+            })
+        };
+        (name.clone(), look.await)
     });
-    futures::future::try_join_all(looks).await.map(|v| v.into_iter().collect())
+    futures::future::join_all(looks).await.into_iter().collect()
 }
 
 /// One instance from start to ready, failed or interrupted. Also returns the record of a
@@ -230,7 +257,12 @@ async fn bring_up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> (UpOutcome, Option<InstanceRecord>) {
-    let Run { probe, events, cancel, .. } = *run;
+    let Run {
+        probe,
+        events,
+        cancel,
+        ..
+    } = *run;
     let mut outcome = UpOutcome {
         host: instance.host.clone(),
         gpu: instance.gpu,
@@ -243,76 +275,97 @@ async fn bring_up(
         log_tail: None,
         argv: instance.display_argv(),
     };
-    match action {
-        Action::Keep(record) => {
-            let _ = events.send(UpEvent::AlreadyRunning { key, pid: record.pid });
-            outcome.pid = Some(record.pid);
-            outcome.state = UpState::AlreadyRunning;
-            outcome.info = server_info(t, instance, probe).await.unwrap_or_default();
-            return (outcome, None);
-        }
+    let fail = |outcome: &mut UpOutcome, reason: String| {
+        let _ = events.send(UpEvent::Failed {
+            key,
+            reason: reason.clone(),
+        });
+        outcome.error = Some(reason);
+    };
+    let kept = match action {
+        Action::Keep(record) => Some(record.clone()),
         Action::Replace(record) => {
             let stopped = down::stop(t, record, opts.grace).await;
             if stopped.state == StopState::Failed || !stopped.port_closed {
-                let reason = format!(
-                    "could not stop the old server (pid {}): {}",
-                    record.pid,
-                    stopped.error.unwrap_or_default()
+                let why = stopped.error.unwrap_or_default();
+                fail(
+                    &mut outcome,
+                    format!("could not stop the old server (pid {}): {why}", record.pid),
                 );
-                let _ = events.send(UpEvent::Failed { key, reason: reason.clone() });
-                outcome.error = Some(reason);
                 return (outcome, None);
             }
+            None
         }
-        Action::Start => {}
-    }
+        Action::Start => None,
+        Action::Unavailable(why) => {
+            fail(&mut outcome, why);
+            return (outcome, None);
+        }
+    };
     if cancel.is_cancelled() {
         outcome.state = UpState::Interrupted;
         return (outcome, None);
     }
-    let record = match start(t, instance).await {
-        Ok(record) => record,
-        Err(e) => {
-            let reason = e.to_string();
-            let _ = events.send(UpEvent::Failed { key, reason: reason.clone() });
-            outcome.error = Some(reason);
-            return (outcome, None);
-        }
+    let started_here = kept.is_none();
+    let record = match kept {
+        Some(record) => record,
+        None => match start(t, instance).await {
+            Ok(record) => {
+                let _ = events.send(UpEvent::Started {
+                    key,
+                    pid: record.pid,
+                });
+                record
+            }
+            Err(e) => {
+                fail(&mut outcome, e.to_string());
+                return (outcome, None);
+            }
+        },
     };
     outcome.pid = Some(record.pid);
-    let _ = events.send(UpEvent::Started { key, pid: record.pid });
+    // Only what this run started is undone after an interrupt.
+    let ours = started_here.then(|| record.clone());
     let started = Instant::now();
+    // An instance left running by an earlier `up` may still be loading: it is waited for too.
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
         w = wait_ready(t, instance, &record, health, probe) => Some(w),
     };
     let after = started.elapsed();
     match waited {
-        None => {
-            outcome.state = UpState::Interrupted;
-            return (outcome, Some(record));
-        }
+        None => outcome.state = UpState::Interrupted,
         Some(Ok(())) => {
-            let _ = events.send(UpEvent::Ready { key, after });
-            outcome.state = UpState::Ready;
-            outcome.ready_after = Some((after.as_secs_f64() * 10.0).round() / 10.0);
+            if started_here {
+                let _ = events.send(UpEvent::Ready { key, after });
+                outcome.state = UpState::Ready;
+                outcome.ready_after = Some((after.as_secs_f64() * 10.0).round() / 10.0);
+            } else {
+                let _ = events.send(UpEvent::AlreadyRunning {
+                    key,
+                    pid: record.pid,
+                });
+                outcome.state = UpState::AlreadyRunning;
+            }
             match server_info(t, instance, probe).await {
                 Ok(info) => outcome.info = info,
                 Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
             }
         }
         Some(Err(failure)) => {
-            let reason = failure.to_string();
-            if let Failure::Timeout(_) = failure {
+            let mut reason = failure.to_string();
+            if started_here && matches!(failure, Failure::Timeout(_)) {
                 // A server that never became ready still holds its GPU.
                 down::stop(t, &record, opts.grace).await;
+                reason.push_str("; stopped it");
             }
-            outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES).await.ok();
-            let _ = events.send(UpEvent::Failed { key, reason: reason.clone() });
-            outcome.error = Some(reason);
+            outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES)
+                .await
+                .ok();
+            fail(&mut outcome, reason);
         }
     }
-    (outcome, Some(record))
+    (outcome, ours)
 }
 
 async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord, StateError> {
@@ -336,7 +389,9 @@ async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord,
         address: instance.address.clone(),
         pid,
         start_ticks,
-        started_at: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
         api_key_env: instance.api_key_env.clone(),
         dir: instance.files.dir.clone(),
         log: instance.files.log.clone(),
@@ -351,7 +406,7 @@ async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord,
 enum Failure {
     #[error("the server process exited during startup")]
     Died,
-    #[error("not ready after {}; stopped it", humantime::format_duration(*.0))]
+    #[error("not ready after {}", humantime::format_duration(*.0))]
     Timeout(Duration),
     #[error(transparent)]
     State(#[from] StateError),
@@ -370,9 +425,8 @@ async fn wait_ready(
 ) -> Result<(), Failure> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
     let base = format!("http://{}", tunnel.local_addr());
-    let cap = health.poll.clamp(FIRST_POLL, MAX_POLL);
     let started = Instant::now();
-    let mut wait = FIRST_POLL;
+    let mut waits = poll_waits(health.poll);
     let result = loop {
         if let Ok(200) = probe.health(&base).await {
             break Ok(());
@@ -386,11 +440,17 @@ async fn wait_ready(
         if started.elapsed() >= health.startup_timeout {
             break Err(Failure::Timeout(health.startup_timeout));
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(cap);
+        tokio::time::sleep(waits.next().unwrap_or(MAX_POLL)).await;
     };
     tunnel.close().await;
     result
+}
+
+/// The waits between health checks: doubling from [`FIRST_POLL`] up to the profile's poll
+/// period, never more than [`MAX_POLL`], so a server turning ready is seen within a second.
+fn poll_waits(poll: Duration) -> impl Iterator<Item = Duration> {
+    let cap = poll.clamp(FIRST_POLL, MAX_POLL);
+    std::iter::successors(Some(FIRST_POLL.min(cap)), move |w| Some((*w * 2).min(cap)))
 }
 
 async fn server_info(
@@ -399,7 +459,50 @@ async fn server_info(
     probe: &Probe,
 ) -> Result<ServerInfo, Box<dyn std::error::Error + Send + Sync>> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
-    let info = probe.server_info(&format!("http://{}", tunnel.local_addr())).await;
+    let info = probe
+        .server_info(&format!("http://{}", tunnel.local_addr()))
+        .await;
     tunnel.close().await;
     Ok(info?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waits(poll_ms: u64) -> Vec<u64> {
+        poll_waits(Duration::from_millis(poll_ms))
+            .take(7)
+            .map(|d| d.as_millis() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn health_polls_start_fast_and_never_exceed_a_second() {
+        assert_eq!(waits(1000), [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(waits(5000), [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(waits(300), [100, 200, 300, 300, 300, 300, 300]);
+        assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
+    }
+
+    #[test]
+    fn conflicts_name_each_instance_and_the_way_out() {
+        let message = conflicts_message(&[
+            Conflict::DifferentConfig {
+                label: "ct200 gpu0 :30000".into(),
+                pid: 7,
+                profile: "old".into(),
+            },
+            Conflict::ForeignPort {
+                label: "ct200 gpu1 :30001".into(),
+            },
+        ]);
+        assert_eq!(
+            message,
+            "nothing was started:\n  \
+             ct200 gpu0 :30000: already running a different config (profile old, pid 7)\n  \
+             ct200 gpu1 :30001: the port is in use by a process fleet did not start; stop it or change port_base\n  \
+             hint: --replace restarts them with this config; `fleet down` stops them"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! POSIX sh script, run through the transport like any argv, that starts the process with
 //! `setsid -f` and reports the pid the process itself wrote to the pidfile.
 
-use super::{CommandOutput, Detached, RemoteError};
+use super::{CommandOutput, Detached, RemoteError, mask};
 
 /// `$1` log, `$2` pidfile, then `env` arguments (`-- NAME=VALUE... argv...`). The inner `sh`
 /// writes its own pid (it then `exec`s the program, keeping the pid, which `setsid` made a
@@ -25,7 +25,7 @@ cat -- "$pidfile""#;
 pub(super) fn spawn_argv(host: &str, d: &Detached) -> Result<Vec<String>, RemoteError> {
     let bad = |message: String| RemoteError::Command {
         host: host.to_string(),
-        command: d.argv.join(" "),
+        command: mask(&d.argv.join(" ")),
         status: "not started".into(),
         stderr: message,
     };
@@ -61,7 +61,7 @@ pub(super) fn parse_pid(host: &str, d: &Detached, out: &CommandOutput) -> Result
         host: host.to_string(),
         command: format!(
             "setsid -f {} (log {}, pidfile {})",
-            d.argv.join(" "),
+            mask(&d.argv.join(" ")),
             d.log,
             d.pidfile
         ),

@@ -9,10 +9,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 use tokio::task::JoinHandle;
@@ -142,8 +141,8 @@ pub enum RemoteError {
 
     #[error(
         "{host}: no SSH session with {target} within {after:?}\n  hint: check that the address \
-         and port are right and reach an SSH server (firewall, VPN); raise --connect-timeout for \
-         slow links"
+         and port are right and reach an SSH server (firewall, VPN); for slow links raise \
+         --connect-timeout or the host's ConnectTimeout"
     )]
     Timeout {
         host: String,
@@ -180,8 +179,8 @@ pub enum RemoteError {
 
     #[error(
         "{host}: {user}@{target} refused authentication; tried: {}\n  hint: check that one of these \
-         keys is in the host's ~{user}/.ssh/authorized_keys, the User, or IdentityFile in \
-         ~/.ssh/config or ssh_options",
+         keys is authorized for {user} on the host (~{user}/.ssh/authorized_keys), and the User and \
+         IdentityFile in ~/.ssh/config or the host's ssh_options",
         tried_list(.tried)
     )]
     AuthRefused {
@@ -284,7 +283,7 @@ pub fn quote_argv(host: &str, argv: &[String]) -> Result<String, RemoteError> {
     for arg in argv {
         let quoted = shlex::try_quote(arg).map_err(|_| RemoteError::Quote {
             host: host.to_string(),
-            arg: arg.clone(),
+            arg: mask(arg),
         })?;
         words.push(quoted);
     }

@@ -13,7 +13,7 @@ use russh::client::{self, AuthResult, Handle};
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
-use russh::{ChannelMsg, Disconnect};
+use russh::{ChannelMsg, ChannelOpenFailure, Disconnect};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -26,6 +26,9 @@ use crate::config::{HostSpec, SshTarget};
 /// OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay below it so that
 /// forwarded ports and other clients' sessions still fit.
 const MAX_CONCURRENT_EXECS: usize = 8;
+
+/// Retries of a refused session open back off from 2 ms, doubling, until this (about 0.5 s).
+const SESSION_RETRY_LIMIT: Duration = Duration::from_millis(300);
 
 /// Also answers a dead connection within a minute instead of at the next TCP timeout.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -47,6 +50,8 @@ impl fmt::Debug for SshTransport {
     }
 }
 
+static KNOWN_HOSTS_LOCK: Mutex<()> = Mutex::new(());
+
 /// What the host key check concluded when it refused a key; read after the handshake fails.
 #[derive(Debug)]
 enum KeyVerdict {
@@ -65,6 +70,9 @@ struct Client {
 
 impl Client {
     fn check(&self, key: &PublicKey) -> Result<bool, KeyVerdict> {
+        // Hosts of one inventory often share a Proxmox host and connect at once: read and
+        // record under one lock so a new key is written once.
+        let _known_hosts = KNOWN_HOSTS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         let known = russh::keys::known_hosts::known_host_keys_path(
             &self.hostname,
@@ -181,12 +189,13 @@ impl SshTransport {
         let name = resolved.known_hosts_name();
         let target_label = format!("{}@{name}", resolved.user);
         tracing::debug!(host = %host.name, "ssh: connecting to {target_label}");
-        let handle = tokio::time::timeout(opts.connect_timeout, open(&host.name, &resolved, opts))
+        let timeout = resolved.connect_timeout.unwrap_or(opts.connect_timeout);
+        let handle = tokio::time::timeout(timeout, open(&host.name, &resolved, opts))
             .await
             .map_err(|_| RemoteError::Timeout {
                 host: host.name.clone(),
                 target: name.clone(),
-                after: opts.connect_timeout,
+                after: timeout,
             })??;
         Ok(SshTransport {
             host: host.name.clone(),
@@ -194,6 +203,23 @@ impl SshTransport {
             handle: Arc::new(handle),
             execs: Semaphore::new(MAX_CONCURRENT_EXECS),
         })
+    }
+
+    /// sshd frees a session slot only when it garbage-collects the closed channel, which can be
+    /// after it has already read our next open request; such a refusal is retried briefly.
+    async fn open_session(&self) -> Result<russh::Channel<client::Msg>, RemoteError> {
+        let mut delay = Duration::from_millis(2);
+        loop {
+            match self.handle.channel_open_session().await {
+                Err(russh::Error::ChannelOpenFailure(
+                    ChannelOpenFailure::ConnectFailed | ChannelOpenFailure::ResourceShortage,
+                )) if delay < SESSION_RETRY_LIMIT => {
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other.map_err(|e| self.broken(e)),
+            }
+        }
     }
 
     fn broken(&self, e: russh::Error) -> RemoteError {
@@ -390,11 +416,7 @@ impl Transport for SshTransport {
             target: self.target.clone(),
             message: "connection closed".into(),
         })?;
-        let mut channel = self
-            .handle
-            .channel_open_session()
-            .await
-            .map_err(|e| self.broken(e))?;
+        let mut channel = self.open_session().await?;
         channel
             .exec(true, command.as_bytes())
             .await

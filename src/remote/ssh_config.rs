@@ -6,19 +6,11 @@
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ssh2_config::{ParseRule, SshConfig};
 
-use crate::config::SshTarget;
-
-/// The `ssh_options` keys fleet understands (OpenSSH spelling, matched case-insensitively).
-const SUPPORTED_OPTIONS: [&str; 5] = [
-    "HostName",
-    "Port",
-    "User",
-    "IdentityFile",
-    "UserKnownHostsFile",
-];
+use crate::config::{SSH_OPTIONS, SshTarget};
 
 const DEFAULT_IDENTITIES: [&str; 3] = ["id_ed25519", "id_ecdsa", "id_rsa"];
 
@@ -31,6 +23,8 @@ pub(super) struct Resolved {
     /// Keys to offer, in order. Explicit `IdentityFile`s replace the defaults, as in OpenSSH.
     pub identity_files: Vec<PathBuf>,
     pub known_hosts: PathBuf,
+    /// `ConnectTimeout` (seconds) from ssh_options or `~/.ssh/config`; else `--connect-timeout`.
+    pub connect_timeout: Option<Duration>,
 }
 
 impl Resolved {
@@ -106,12 +100,19 @@ pub(super) fn resolve(
             None => return Err("$HOME is not set, so there is no ~/.ssh/known_hosts; set UserKnownHostsFile in ssh_options".into()),
         },
     };
+    let connect_timeout = match options.get("connecttimeout") {
+        Some(t) => Some(Duration::from_secs(t.parse().map_err(|_| {
+            format!("ssh_options ConnectTimeout {t:?} is not a number of seconds")
+        })?)),
+        None => params.as_ref().and_then(|p| p.connect_timeout),
+    };
     Ok(Resolved {
         hostname,
         port,
         user,
         identity_files,
         known_hosts,
+        connect_timeout,
     })
 }
 
@@ -121,12 +122,12 @@ fn normalise_options(
     options
         .iter()
         .map(|(k, v)| {
-            if SUPPORTED_OPTIONS.iter().any(|s| s.eq_ignore_ascii_case(k)) {
+            if SSH_OPTIONS.iter().any(|s| s.eq_ignore_ascii_case(k)) {
                 Ok((k.to_ascii_lowercase(), v.clone()))
             } else {
                 Err(format!(
                     "unsupported ssh_options key `{k}` (supported: {})",
-                    SUPPORTED_OPTIONS.join(", ")
+                    SSH_OPTIONS.join(", ")
                 ))
             }
         })
@@ -250,6 +251,24 @@ mod tests {
                 home.path().join(".ssh/id_rsa")
             ]
         );
+    }
+
+    #[test]
+    fn connect_timeout_comes_from_options_then_config() {
+        let home = home_with_config("Host ct-host\n  ConnectTimeout 7\n");
+        let t = target(Some("u"), "ct-host", None);
+        let r = resolve(&t, &BTreeMap::new(), Some(home.path())).unwrap();
+        assert_eq!(r.connect_timeout, Some(Duration::from_secs(7)));
+        let opts = BTreeMap::from([("ConnectTimeout".to_string(), "3".to_string())]);
+        let r = resolve(&t, &opts, Some(home.path())).unwrap();
+        assert_eq!(r.connect_timeout, Some(Duration::from_secs(3)));
+        let r = resolve(
+            &target(Some("u"), "other", None),
+            &BTreeMap::new(),
+            Some(home.path()),
+        )
+        .unwrap();
+        assert_eq!(r.connect_timeout, None);
     }
 
     #[test]

@@ -42,20 +42,12 @@ impl Endpoint {
 pub enum ClientError {
     #[error("cannot build the HTTP client: {0}")]
     Build(#[source] reqwest::Error),
-    #[error("{url}: cannot connect: {source}")]
-    Connect {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
+    #[error("{url}: cannot connect: {reason}")]
+    Connect { url: String, reason: String },
     #[error("{url}: timed out")]
     Timeout { url: String },
-    #[error("{url}: connection failed: {source}")]
-    Transport {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
+    #[error("{url}: connection failed: {reason}")]
+    Transport { url: String, reason: String },
     #[error("{url}: HTTP {status}: {body}")]
     Status {
         url: String,
@@ -93,14 +85,23 @@ impl ClientError {
         )
     }
 
-    fn from_reqwest(url: &str, e: reqwest::Error) -> Self {
+    pub(crate) fn from_reqwest(url: &str, e: reqwest::Error) -> Self {
         let url = url.to_string();
         if e.is_timeout() {
-            ClientError::Timeout { url }
-        } else if e.is_connect() {
-            ClientError::Connect { url, source: e }
+            return ClientError::Timeout { url };
+        }
+        // reqwest's own message repeats the URL; the innermost cause says what happened
+        // ("Connection refused", "connection closed before message completed").
+        let mut reason = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            reason = s.to_string();
+            source = s.source();
+        }
+        if e.is_connect() {
+            ClientError::Connect { url, reason }
         } else {
-            ClientError::Transport { url, source: e }
+            ClientError::Transport { url, reason }
         }
     }
 }

@@ -102,22 +102,50 @@ pub fn masked(argv: &[String]) -> Vec<String> {
 /// One argument the target's SGLang would reject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mismatch {
-    Unknown { flag: String, nearest: Option<String> },
-    InvalidChoice { flag: String, value: String, choices: Vec<String> },
-    MissingValue { flag: String },
-    UnexpectedValue { flag: String, value: String },
-    Stray { value: String },
+    Unknown {
+        flag: String,
+        nearest: Option<String>,
+    },
+    InvalidChoice {
+        flag: String,
+        value: String,
+        choices: Vec<String>,
+    },
+    MissingValue {
+        flag: String,
+    },
+    UnexpectedValue {
+        flag: String,
+        value: String,
+    },
+    Stray {
+        value: String,
+    },
 }
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Mismatch::Unknown { flag, nearest: Some(n) } => {
+            Mismatch::Unknown {
+                flag,
+                nearest: Some(n),
+            } => {
                 write!(f, "unrecognized argument {flag} (did you mean {n}?)")
             }
-            Mismatch::Unknown { flag, nearest: None } => write!(f, "unrecognized argument {flag}"),
-            Mismatch::InvalidChoice { flag, value, choices } => {
-                write!(f, "{flag}: invalid choice '{value}' (choose from {})", choices.join(", "))
+            Mismatch::Unknown {
+                flag,
+                nearest: None,
+            } => write!(f, "unrecognized argument {flag}"),
+            Mismatch::InvalidChoice {
+                flag,
+                value,
+                choices,
+            } => {
+                write!(
+                    f,
+                    "{flag}: invalid choice '{value}' (choose from {})",
+                    choices.join(", ")
+                )
             }
             Mismatch::MissingValue { flag } => write!(f, "{flag}: expected a value"),
             Mismatch::UnexpectedValue { flag, value } => {
@@ -136,7 +164,9 @@ pub fn check(args: &[String], help: &HelpSpec) -> Vec<Mismatch> {
         let arg = &args[i];
         i += 1;
         if !looks_like_option(arg) {
-            problems.push(Mismatch::Stray { value: masked_value(args, i - 1) });
+            problems.push(Mismatch::Stray {
+                value: masked_value(args, i - 1),
+            });
             continue;
         }
         let (flag, inline) = match arg.split_once('=') {
@@ -173,7 +203,9 @@ pub fn check(args: &[String], help: &HelpSpec) -> Vec<Mismatch> {
                 value: values.remove(0),
             }),
             Arity::One | Arity::OneOrMore if values.is_empty() => {
-                problems.push(Mismatch::MissingValue { flag: flag.to_string() })
+                problems.push(Mismatch::MissingValue {
+                    flag: flag.to_string(),
+                })
             }
             _ => {}
         }
@@ -216,7 +248,11 @@ pub(crate) mod tests {
             path: "profiles/p.yaml".into(),
             model: "/models/Qwen3.6-27B".into(),
             served_model_name: Some("qwen3.6-27b".into()),
-            launcher: vec!["/venv/bin/python".into(), "-m".into(), "sglang.launch_server".into()],
+            launcher: vec![
+                "/venv/bin/python".into(),
+                "-m".into(),
+                "sglang.launch_server".into(),
+            ],
             port_base: 30000,
             server: ServerSettings {
                 mem_fraction_static: Some(0.85),
@@ -245,7 +281,12 @@ pub(crate) mod tests {
     fn render(profile: &Profile, help: &HelpSpec, api_key: Option<&str>) -> Vec<String> {
         server_args(
             profile,
-            &Render { help: Some(help), bind_host: "127.0.0.1", port: 30005, api_key },
+            &Render {
+                help: Some(help),
+                bind_host: "127.0.0.1",
+                port: 30005,
+                api_key,
+            },
         )
     }
 
@@ -256,10 +297,23 @@ pub(crate) mod tests {
         assert_eq!(
             new,
             s(&[
-                "--model-path", "/models/Qwen3.6-27B", "--served-model-name", "qwen3.6-27b",
-                "--host", "127.0.0.1", "--port", "30005", "--mem-fraction-static", "0.85",
-                "--context-length", "8192", "--attention-backend", "flashinfer",
-                "--mamba-radix-cache-strategy", "no_buffer", "--enable-metrics",
+                "--model-path",
+                "/models/Qwen3.6-27B",
+                "--served-model-name",
+                "qwen3.6-27b",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "30005",
+                "--mem-fraction-static",
+                "0.85",
+                "--context-length",
+                "8192",
+                "--attention-backend",
+                "flashinfer",
+                "--mamba-radix-cache-strategy",
+                "no_buffer",
+                "--enable-metrics",
                 "--trust-remote-code",
             ])
         );
@@ -287,8 +341,16 @@ pub(crate) mod tests {
         assert_eq!(
             args,
             s(&[
-                "--model-path", "/models/Qwen3.6-27B", "--host", "127.0.0.1", "--port", "30005",
-                "--max-running-requests", "72", "--api-key", "sk-secret",
+                "--model-path",
+                "/models/Qwen3.6-27B",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "30005",
+                "--max-running-requests",
+                "72",
+                "--api-key",
+                "sk-secret",
             ])
         );
         assert_eq!(masked(&args)[9], MASK);
@@ -297,10 +359,24 @@ pub(crate) mod tests {
 
     #[test]
     fn masks_secret_values_in_every_spelling() {
-        let argv = s(&["--api-key", "k1", "--admin-api-key=k2", "--port", "1", "--api-key"]);
+        let argv = s(&[
+            "--api-key",
+            "k1",
+            "--admin-api-key=k2",
+            "--port",
+            "1",
+            "--api-key",
+        ]);
         assert_eq!(
             masked(&argv),
-            s(&["--api-key", MASK, "--admin-api-key=********", "--port", "1", "--api-key"])
+            s(&[
+                "--api-key",
+                MASK,
+                "--admin-api-key=********",
+                "--port",
+                "1",
+                "--api-key"
+            ])
         );
     }
 
@@ -328,9 +404,21 @@ pub(crate) mod tests {
     fn reports_every_problem_at_once() {
         let help = HelpSpec::parse(HELP_0_5_23);
         let args = s(&[
-            "--mem-fraction-statc", "0.8", "--trust-remote-code=yes", "--context-length",
-            "--dtype", "bf17", "stray", "--numa-node", "0", "1", "--cuda-graph-max-bs", "8",
-            "--port=30001", "--max-total-tokens", "-1",
+            "--mem-fraction-statc",
+            "0.8",
+            "--trust-remote-code=yes",
+            "--context-length",
+            "--dtype",
+            "bf17",
+            "stray",
+            "--numa-node",
+            "0",
+            "1",
+            "--cuda-graph-max-bs",
+            "8",
+            "--port=30001",
+            "--max-total-tokens",
+            "-1",
         ]);
         assert_eq!(
             check(&args, &help),
@@ -339,14 +427,21 @@ pub(crate) mod tests {
                     flag: "--mem-fraction-statc".into(),
                     nearest: Some("--mem-fraction-static".into())
                 },
-                Mismatch::UnexpectedValue { flag: "--trust-remote-code".into(), value: "yes".into() },
-                Mismatch::MissingValue { flag: "--context-length".into() },
+                Mismatch::UnexpectedValue {
+                    flag: "--trust-remote-code".into(),
+                    value: "yes".into()
+                },
+                Mismatch::MissingValue {
+                    flag: "--context-length".into()
+                },
                 Mismatch::InvalidChoice {
                     flag: "--dtype".into(),
                     value: "bf17".into(),
                     choices: s(&["auto", "half", "float16", "bfloat16", "float", "float32"]),
                 },
-                Mismatch::Stray { value: "stray".into() },
+                Mismatch::Stray {
+                    value: "stray".into()
+                },
                 Mismatch::Unknown {
                     flag: "--cuda-graph-max-bs".into(),
                     nearest: Some("--cuda-graph-max-bs-decode".into())

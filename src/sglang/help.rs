@@ -18,12 +18,6 @@ pub enum Arity {
     OneOrMore,
 }
 
-impl Arity {
-    pub fn takes_value(self) -> bool {
-        self != Arity::Flag
-    }
-}
-
 /// One option entry of `--help`, shared by all its aliases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptionSpec {
@@ -48,7 +42,9 @@ impl HelpSpec {
     pub fn parse(text: &str) -> HelpSpec {
         let mut spec = HelpSpec::default();
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix("  ") else { continue };
+            let Some(rest) = line.strip_prefix("  ") else {
+                continue;
+            };
             if !rest.starts_with('-') {
                 continue;
             }
@@ -101,9 +97,10 @@ impl HelpSpec {
 /// The SGLang version a `--help` text states, if any. Real SGLang does not say it; sglang-sim
 /// does ("emulating SGLang 0.5.10"), so a sim host needs no Python to tell its version.
 pub fn stated_version(text: &str) -> Option<String> {
-    const MARK: &str = "emulating SGLang ";
+    const MARK: &str = "emulating SGLang";
     let at = text.find(MARK)? + MARK.len();
     let version: String = text[at..]
+        .trim_start()
         .chars()
         .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
         .collect();
@@ -132,7 +129,11 @@ fn parse_entry(head: &str) -> Option<OptionSpec> {
             choices = choices_of(value);
         }
     }
-    Some(OptionSpec { names, arity, choices })
+    Some(OptionSpec {
+        names,
+        arity,
+        choices,
+    })
 }
 
 /// argparse renders nargs as `X`, `[X]`, `[X ...]` and `X [X ...]`; a choice list replaces `X`.
@@ -140,7 +141,11 @@ fn arity_of(value: &str) -> Arity {
     if value.is_empty() {
         Arity::Flag
     } else if value.starts_with('[') {
-        if value.ends_with(" ...]") { Arity::ZeroOrMore } else { Arity::Optional }
+        if value.ends_with(" ...]") {
+            Arity::ZeroOrMore
+        } else {
+            Arity::Optional
+        }
     } else if value.ends_with(" ...]") {
         Arity::OneOrMore
     } else {
@@ -151,7 +156,12 @@ fn arity_of(value: &str) -> Arity {
 fn choices_of(value: &str) -> Option<Vec<String>> {
     let start = value.find('{')?;
     let end = start + value[start..].find('}')?;
-    Some(value[start + 1..end].split(',').map(str::to_string).collect())
+    Some(
+        value[start + 1..end]
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -180,7 +190,10 @@ mod tests {
         assert_eq!(model.arity, Arity::One);
         assert_eq!(spec.get("--model-path"), Some(model));
         let ep = spec.get("--ep").unwrap();
-        assert_eq!(ep.names, strings(&["--ep-size", "--expert-parallel-size", "--ep"]));
+        assert_eq!(
+            ep.names,
+            strings(&["--ep-size", "--expert-parallel-size", "--ep"])
+        );
         let help = spec.get("-h").unwrap();
         assert_eq!(help.names, strings(&["-h", "--help"]));
         assert_eq!(help.arity, Arity::Flag);
@@ -193,7 +206,12 @@ mod tests {
         assert_eq!(strategy.arity, Arity::One);
         assert_eq!(
             strategy.choices,
-            Some(strings(&["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]))
+            Some(strings(&[
+                "auto",
+                "no_buffer",
+                "extra_buffer",
+                "extra_buffer_lazy"
+            ]))
         );
         assert!(!new.has("--mamba-scheduler-strategy"));
         let old = HelpSpec::parse(HELP_0_5_10);
@@ -208,11 +226,27 @@ mod tests {
         assert_eq!(new.get("--model-checksum").unwrap().arity, Arity::Optional);
         let modules = new.get("--lora-target-modules").unwrap();
         assert_eq!(modules.arity, Arity::ZeroOrMore);
-        assert_eq!(modules.choices.as_ref().unwrap().first().map(String::as_str), Some("q_proj"));
+        assert_eq!(
+            modules
+                .choices
+                .as_ref()
+                .unwrap()
+                .first()
+                .map(String::as_str),
+            Some("q_proj")
+        );
         // A choice list far wider than 80 columns stays on its line and is read whole.
-        let a2a = new.get("--moe-a2a-backend").unwrap().choices.clone().unwrap();
+        let a2a = new
+            .get("--moe-a2a-backend")
+            .unwrap()
+            .choices
+            .clone()
+            .unwrap();
         assert_eq!(a2a.last().map(String::as_str), Some("flashinfer_megamoe"));
-        assert_eq!(new.get("--no-enable-tf32-matmul").unwrap().arity, Arity::Flag);
+        assert_eq!(
+            new.get("--no-enable-tf32-matmul").unwrap().arity,
+            Arity::Flag
+        );
     }
 
     #[test]
@@ -229,7 +263,10 @@ mod tests {
     #[test]
     fn nearest_suggests_only_likely_typos() {
         let spec = HelpSpec::parse(HELP_0_5_23);
-        assert_eq!(spec.nearest("--mem-fraction-statc"), Some("--mem-fraction-static"));
+        assert_eq!(
+            spec.nearest("--mem-fraction-statc"),
+            Some("--mem-fraction-static")
+        );
         assert_eq!(spec.nearest("--trust-remote"), Some("--trust-remote-code"));
         assert_eq!(spec.nearest("--zzzzzz-qqqq"), None);
     }
@@ -239,6 +276,10 @@ mod tests {
         assert_eq!(
             stated_version("usage: sglang-sim [-h]\n\nsglang-sim: emulating SGLang 0.5.10.\n"),
             Some("0.5.10".to_string())
+        );
+        assert_eq!(
+            stated_version("sglang-sim emulating SGLang\n0.5.23: a stand-in"),
+            Some("0.5.23".to_string())
         );
         assert_eq!(stated_version(HELP_0_5_23), None);
     }

@@ -36,17 +36,6 @@ pub fn stream_body(req: &CompletionRequest, ignore_eos: bool) -> Option<Value> {
     Some(body)
 }
 
-fn request_error(url: &str, e: reqwest::Error) -> ClientError {
-    let url = url.to_string();
-    if e.is_timeout() {
-        ClientError::Timeout { url }
-    } else if e.is_connect() {
-        ClientError::Connect { url, source: e }
-    } else {
-        ClientError::Transport { url, source: e }
-    }
-}
-
 /// What one SSE `data:` payload says.
 #[derive(Debug, Clone, PartialEq)]
 enum Event {
@@ -162,10 +151,16 @@ pub async fn stream(
     if let Some(key) = &endpoint.api_key {
         rb = rb.bearer_auth(key);
     }
-    let resp = rb.send().await.map_err(|e| request_error(&url, e))?;
+    let resp = rb
+        .send()
+        .await
+        .map_err(|e| ClientError::from_reqwest(&url, e))?;
     let status = resp.status().as_u16();
     if status != 200 {
-        let text = resp.text().await.map_err(|e| request_error(&url, e))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&url, e))?;
         if status == 400
             && let Some(overflow) = parse_overflow(&text)
         {
@@ -183,7 +178,7 @@ pub async fn stream(
     let mut tokens = 0u64;
     let mut finish = None;
     while let Some(chunk) = bytes.next().await {
-        let chunk = chunk.map_err(|e| request_error(&url, e))?;
+        let chunk = chunk.map_err(|e| ClientError::from_reqwest(&url, e))?;
         pending.extend_from_slice(&chunk);
         // A chunk may end inside a multi-byte character: keep the incomplete tail for later.
         let valid = match std::str::from_utf8(&pending) {

@@ -34,9 +34,14 @@ pub fn unique(prefix: &str) -> String {
 
 /// Generates an ed25519 key pair without passphrase; returns the private key path.
 pub fn keygen(dir: &Path, name: &str) -> PathBuf {
+    keygen_typed(dir, name, "ed25519")
+}
+
+/// Generates a key pair of `kind` (`ed25519`, `rsa`, `ecdsa`) without passphrase.
+pub fn keygen_typed(dir: &Path, name: &str, kind: &str) -> PathBuf {
     let path = dir.join(name);
     let status = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .args(["-q", "-t", kind, "-N", "", "-C", name, "-f"])
         .arg(&path)
         .stdin(Stdio::null())
         .status()
@@ -117,8 +122,13 @@ impl Sshd {
             public_key(&client_key) + "\n",
         )
         .expect("authorized_keys");
+        // A fresh HOME for sessions: the login user's own dotfiles (bash sources ~/.bashrc for
+        // every SSH command) must not slow down or change what the tests run.
+        let remote_home = dir.path().join("remote-home");
+        std::fs::create_dir_all(&remote_home).expect("remote HOME");
         let mut set_env = format!(
-            "PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME={} PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            remote_home.display(),
             fixtures_bin().display()
         );
         for (k, v) in env {
@@ -189,6 +199,16 @@ impl Sshd {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Adds `key` (a private key path) to the authorized keys; sshd reads them at each login.
+    pub fn authorize(&self, key: &Path) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("authorized_keys"))
+            .expect("open authorized_keys");
+        writeln!(f, "{}", public_key(key)).expect("append authorized key");
     }
 
     /// What sshd logged so far (for assertion messages).
@@ -308,5 +328,61 @@ impl TestHome {
             .env_remove("FLEET_LOG")
             .current_dir(self.path());
         cmd
+    }
+}
+
+/// A private `ssh-agent` holding the given keys, killed when dropped.
+pub struct Agent {
+    pub sock: PathBuf,
+    _dir: TempDir,
+    child: Child,
+}
+
+impl Agent {
+    pub fn start(keys: &[&Path]) -> Self {
+        let dir = tempfile::tempdir().expect("agent dir");
+        let sock = dir.path().join("agent.sock");
+        let child = Command::new("ssh-agent")
+            .arg("-D")
+            .arg("-a")
+            .arg(&sock)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("ssh-agent (apt-get install openssh-client)");
+        let mut agent = Agent {
+            sock,
+            _dir: dir,
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !agent.sock.exists() {
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                panic!("ssh-agent exited at start ({status})");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ssh-agent did not create its socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for key in keys {
+            let status = Command::new("ssh-add")
+                .arg("-q")
+                .arg(key)
+                .env("SSH_AUTH_SOCK", &agent.sock)
+                .stdin(Stdio::null())
+                .status()
+                .expect("ssh-add");
+            assert!(status.success(), "ssh-add {} failed", key.display());
+        }
+        agent
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -49,12 +49,12 @@ pub struct StubState {
     pub requests: AtomicU64,
     /// (prompt tokens, max tokens) of every generation request, in arrival order.
     pub seen: std::sync::Mutex<Vec<(u64, u64)>>,
-    pub down: AtomicBool,
 }
 
 pub struct Stub {
     pub url: String,
     pub state: Arc<StubState>,
+    alive: tokio::sync::watch::Sender<bool>,
 }
 
 /// `TOKENS=N rest` declares an N-token prompt; otherwise one token per word.
@@ -86,9 +86,6 @@ fn overflow(p: u64, m: u64, c: u64) -> Option<Response> {
 }
 
 async fn admit(s: &StubState, p: u64, m: u64) -> Result<u64, Response> {
-    if s.down.load(Ordering::SeqCst) {
-        return Err((StatusCode::SERVICE_UNAVAILABLE, "down").into_response());
-    }
     let n = s.requests.fetch_add(1, Ordering::SeqCst) + 1;
     if s.spec.record {
         s.seen.lock().unwrap().push((p, m));
@@ -145,12 +142,8 @@ async fn server_info(State(s): State<Arc<StubState>>) -> Response {
     .into_response()
 }
 
-async fn health(State(s): State<Arc<StubState>>) -> StatusCode {
-    if s.down.load(Ordering::SeqCst) {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    }
+async fn health() -> StatusCode {
+    StatusCode::OK
 }
 
 async fn metrics(State(s): State<Arc<StubState>>) -> String {
@@ -162,14 +155,14 @@ async fn metrics(State(s): State<Arc<StubState>>) -> String {
     )
 }
 
-/// Starts a stand-in on 127.0.0.1 on its own runtime thread; it lives until the test process ends.
+/// Starts a stand-in on 127.0.0.1 on its own runtime thread; it lives until the test process
+/// ends, and can be stopped (its port then refuses connections) and started again.
 pub fn start_stub(spec: StubSpec) -> Stub {
     let state = Arc::new(StubState {
         spec,
         in_flight: AtomicU64::new(0),
         requests: AtomicU64::new(0),
         seen: std::sync::Mutex::new(Vec::new()),
-        down: AtomicBool::new(false),
     });
     let app = Router::new()
         .route("/generate", post(generate))
@@ -178,22 +171,53 @@ pub fn start_stub(spec: StubSpec) -> Stub {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(state.clone());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
+    let (alive_tx, mut alive) = tokio::sync::watch::channel(true);
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, app).await.unwrap();
+            let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            loop {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.set_reuseaddr(true).unwrap();
+                socket.bind(addr).unwrap();
+                let listener = socket.listen(1024).unwrap();
+                if addr.port() == 0 {
+                    addr = listener.local_addr().unwrap();
+                    addr_tx.send(addr).unwrap();
+                }
+                let mut stop = alive.clone();
+                axum::serve(listener, app.clone())
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|a| !*a).await;
+                    })
+                    .await
+                    .unwrap();
+                if alive.wait_for(|a| *a).await.is_err() {
+                    return;
+                }
+            }
         });
     });
+    let addr = addr_rx.recv().unwrap();
     Stub {
         url: format!("http://{addr}"),
         state,
+        alive: alive_tx,
+    }
+}
+
+impl Stub {
+    /// Stops serving: the port refuses connections until [`Stub::start`].
+    pub fn stop(&self) {
+        self.alive.send(false).unwrap();
+    }
+
+    pub fn start(&self) {
+        self.alive.send(true).unwrap();
     }
 }
 

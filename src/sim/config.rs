@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value as Json};
 
-use crate::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
-use crate::model::{Params, Settings, Strategy};
+use crate::sim::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
+use crate::sim::model::{Params, Settings, Strategy};
 
 pub const DEFAULT_VERSION: &str = "0.5.23";
 

@@ -15,9 +15,9 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 use tokio::sync::{oneshot, watch};
 
-use crate::http::{Shared, json_response, openai_error};
-use crate::scheduler::{Job, Progress, Reply};
-use crate::text;
+use crate::sim::http::{Shared, json_response, openai_error};
+use crate::sim::scheduler::{Job, Progress, Reply};
+use crate::sim::text;
 
 /// A request ready to run: its lengths and how it will end.
 struct Prepared {
@@ -87,7 +87,7 @@ fn prepare(
 }
 
 /// Numbers the request and draws whether `--sim-fail-rate` fails it.
-fn admit(app: &Shared) -> (u64, bool) {
+fn number_request(app: &Shared) -> (u64, bool) {
     let n = app.requests.fetch_add(1, Ordering::Relaxed);
     let draw = text::mix(app.cfg.seed ^ text::mix(n.wrapping_add(1)));
     let fail = ((draw >> 11) as f64 / (1u64 << 53) as f64) < app.cfg.fail_rate;
@@ -107,12 +107,11 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-enum Failure {
-    ShuttingDown,
-}
+/// The scheduler is gone: the server is shutting down (or crashing).
+struct ShuttingDown;
 
 /// Runs a non-streamed request to completion; returns its completion tokens.
-async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Failure> {
+async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, ShuttingDown> {
     if app.cfg.instant || p.output_tokens == 0 {
         app.metrics.finished(p.prompt_tokens, p.output_tokens);
         return Ok(p.output_tokens);
@@ -124,15 +123,15 @@ async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Failure> {
         counts: true,
         reply: Reply::Once(tx),
     };
-    app.jobs
-        .send(job)
-        .await
-        .map_err(|_| Failure::ShuttingDown)?;
-    rx.await.map_err(|_| Failure::ShuttingDown)
+    app.jobs.send(job).await.map_err(|_| ShuttingDown)?;
+    rx.await.map_err(|_| ShuttingDown)
 }
 
 /// Starts a streamed request; the receiver follows its progress.
-async fn run_streamed(app: &Shared, p: &Prepared) -> Result<watch::Receiver<Progress>, Failure> {
+async fn run_streamed(
+    app: &Shared,
+    p: &Prepared,
+) -> Result<watch::Receiver<Progress>, ShuttingDown> {
     if app.cfg.instant || p.output_tokens == 0 {
         app.metrics.finished(p.prompt_tokens, p.output_tokens);
         let (_tx, rx) = watch::channel(Progress {
@@ -148,10 +147,7 @@ async fn run_streamed(app: &Shared, p: &Prepared) -> Result<watch::Receiver<Prog
         counts: true,
         reply: Reply::Stream(tx),
     };
-    app.jobs
-        .send(job)
-        .await
-        .map_err(|_| Failure::ShuttingDown)?;
+    app.jobs.send(job).await.map_err(|_| ShuttingDown)?;
     Ok(rx)
 }
 
@@ -258,7 +254,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
             .and_then(|s| s.max_new_tokens)
             .unwrap_or(NATIVE_DEFAULT_MAX_NEW_TOKENS),
     );
-    let (n, fail) = admit(&app);
+    let (n, fail) = number_request(&app);
     let rid = req.rid.clone().unwrap_or_else(|| request_id(&app, n));
     let p = match prepare(&app, prompt_tokens, prompt_hash, max_new) {
         Ok(p) => p,
@@ -293,7 +289,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
     if req.stream {
         let rx = match run_streamed(&app, &p).await {
             Ok(rx) => rx,
-            Err(Failure::ShuttingDown) => return shutting_down_native(),
+            Err(ShuttingDown) => return shutting_down_native(),
         };
         let mut text_so_far = String::new();
         return sse(rx, Vec::new(), move |from, to, done| {
@@ -309,7 +305,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
                 "meta_info": meta(&p, completion, true, started),
             }),
         ),
-        Err(Failure::ShuttingDown) => shutting_down_native(),
+        Err(ShuttingDown) => shutting_down_native(),
     }
 }
 
@@ -382,18 +378,154 @@ fn bad_request(msg: &str) -> Response {
     openai_error(StatusCode::BAD_REQUEST, "BadRequestError", msg)
 }
 
-fn injected_failure() -> Response {
-    openai_error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "InternalServerError",
-        "Internal server error: simulated failure (--sim-fail-rate)",
-    )
+/// The two OpenAI generation routes differ only in their object names and choice shapes.
+#[derive(Clone, Copy)]
+enum OpenAi {
+    Chat,
+    Completion,
 }
 
-fn streaming_error(msg: &str) -> Response {
-    sse_error(json!({"error": {
-        "object": "error", "message": msg, "type": "BadRequestError", "param": null, "code": 400,
-    }}))
+impl OpenAi {
+    fn object(self, streamed: bool) -> &'static str {
+        match (self, streamed) {
+            (OpenAi::Chat, false) => "chat.completion",
+            (OpenAi::Chat, true) => "chat.completion.chunk",
+            (OpenAi::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A streamed choice carrying `text` (`None`: the final, empty one with the finish reason).
+    fn chunk_choice(self, p: &Prepared, text: Option<String>) -> Json {
+        let (finish, matched) = match text {
+            Some(_) => (Json::Null, Json::Null),
+            None => (json!(p.finish_reason()), p.matched_stop()),
+        };
+        let mut choice = json!({
+            "index": 0, "logprobs": null, "finish_reason": finish, "matched_stop": matched,
+        });
+        match self {
+            OpenAi::Chat => {
+                choice["delta"] = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                }
+            }
+            OpenAi::Completion => choice["text"] = json!(text.unwrap_or_default()),
+        }
+        choice
+    }
+
+    fn full_choice(self, p: &Prepared, text: String) -> Json {
+        let mut choice = json!({
+            "index": 0, "logprobs": null,
+            "finish_reason": p.finish_reason(), "matched_stop": p.matched_stop(),
+        });
+        match self {
+            OpenAi::Chat => {
+                choice["message"] = json!({
+                    "role": "assistant", "content": text,
+                    "reasoning_content": null, "tool_calls": null,
+                })
+            }
+            OpenAi::Completion => choice["text"] = json!(text),
+        }
+        choice
+    }
+}
+
+/// What both OpenAI routes extract from their request before generating.
+struct OpenAiReq {
+    kind: OpenAi,
+    model: Option<String>,
+    prompt_tokens: u64,
+    prompt_hash: u64,
+    max_new: Option<u64>,
+    stream: bool,
+    include_usage: bool,
+}
+
+async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
+    let (n, fail) = number_request(&app);
+    let p = match prepare(&app, req.prompt_tokens, req.prompt_hash, req.max_new) {
+        Ok(p) => p,
+        Err(msg) if req.stream => {
+            return sse_error(json!({"error": {
+                "object": "error", "message": msg, "type": "BadRequestError",
+                "param": null, "code": 400,
+            }}));
+        }
+        Err(msg) => return bad_request(&msg),
+    };
+    if fail {
+        return openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "Internal server error: simulated failure (--sim-fail-rate)",
+        );
+    }
+    let kind = req.kind;
+    let id = request_id(&app, n);
+    let created = unix_now();
+    let model = req
+        .model
+        .unwrap_or_else(|| app.cfg.served_model_name.clone());
+    if req.stream {
+        let rx = match run_streamed(&app, &p).await {
+            Ok(rx) => rx,
+            Err(ShuttingDown) => return shutting_down_openai(),
+        };
+        let chunk = move |choices: Json, usage: Json| {
+            json!({
+                "id": id, "object": kind.object(true), "created": created, "model": model,
+                "choices": choices, "usage": usage,
+            })
+            .to_string()
+        };
+        let head = match kind {
+            OpenAi::Chat => vec![chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": null, "finish_reason": null, "matched_stop": null}]),
+                Json::Null,
+            )],
+            OpenAi::Completion => Vec::new(),
+        };
+        let include_usage = req.include_usage;
+        return sse(rx, head, move |from, to, done| {
+            let mut out = Vec::new();
+            if to > from {
+                let text = text_of(&p, from, to);
+                out.push(chunk(
+                    json!([kind.chunk_choice(&p, Some(text))]),
+                    Json::Null,
+                ));
+            }
+            if done {
+                out.push(chunk(json!([kind.chunk_choice(&p, None)]), Json::Null));
+                if include_usage {
+                    out.push(chunk(json!([]), p.usage(to)));
+                }
+            }
+            out
+        });
+    }
+    match run_once(&app, &p).await {
+        Ok(completion) => {
+            let text = text::output_text(p.prompt_hash, completion);
+            let mut body = json!({
+                "id": id,
+                "object": kind.object(false),
+                "created": created,
+                "model": model,
+                "choices": [kind.full_choice(&p, text)],
+                "usage": p.usage(completion),
+            });
+            if let OpenAi::Chat = kind {
+                body["metadata"] = json!({"weight_version": "default"});
+            }
+            json_response(StatusCode::OK, &body)
+        }
+        Err(ShuttingDown) => shutting_down_openai(),
+    }
 }
 
 pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
@@ -408,88 +540,16 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
         .collect();
     let prompt_tokens = text::chat_tokens(texts.iter().map(String::as_str));
     let prompt_hash = text::hash(texts.join("\u{1f}").as_bytes());
-    let (n, fail) = admit(&app);
-    let max_new = req.max_completion_tokens.or(req.max_tokens);
-    let p = match prepare(&app, prompt_tokens, prompt_hash, max_new) {
-        Ok(p) => p,
-        Err(msg) if req.stream => return streaming_error(&msg),
-        Err(msg) => return bad_request(&msg),
+    let req = OpenAiReq {
+        kind: OpenAi::Chat,
+        model: req.model,
+        prompt_tokens,
+        prompt_hash,
+        max_new: req.max_completion_tokens.or(req.max_tokens),
+        stream: req.stream,
+        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
     };
-    if fail {
-        return injected_failure();
-    }
-    let id = request_id(&app, n);
-    let created = unix_now();
-    let model = req
-        .model
-        .clone()
-        .unwrap_or_else(|| app.cfg.served_model_name.clone());
-    if req.stream {
-        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let rx = match run_streamed(&app, &p).await {
-            Ok(rx) => rx,
-            Err(Failure::ShuttingDown) => return shutting_down_openai(),
-        };
-        let chunk = move |choices: Json, usage: Json| {
-            json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": choices, "usage": usage,
-            })
-            .to_string()
-        };
-        let head = vec![chunk(
-            json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                    "logprobs": null, "finish_reason": null, "matched_stop": null}]),
-            Json::Null,
-        )];
-        return sse(rx, head, move |from, to, done| {
-            let mut out = Vec::new();
-            if to > from {
-                out.push(chunk(
-                    json!([{"index": 0, "delta": {"content": text_of(&p, from, to)},
-                            "logprobs": null, "finish_reason": null, "matched_stop": null}]),
-                    Json::Null,
-                ));
-            }
-            if done {
-                out.push(chunk(
-                    json!([{"index": 0, "delta": {}, "logprobs": null,
-                            "finish_reason": p.finish_reason(), "matched_stop": p.matched_stop()}]),
-                    Json::Null,
-                ));
-                if include_usage {
-                    out.push(chunk(json!([]), p.usage(to)));
-                }
-            }
-            out
-        });
-    }
-    match run_once(&app, &p).await {
-        Ok(completion) => json_response(
-            StatusCode::OK,
-            &json!({
-                "id": id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [{
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": text::output_text(p.prompt_hash, completion),
-                        "reasoning_content": null,
-                        "tool_calls": null,
-                    },
-                    "logprobs": null,
-                    "finish_reason": p.finish_reason(),
-                    "matched_stop": p.matched_stop(),
-                }],
-                "usage": p.usage(completion),
-                "metadata": {"weight_version": "default"},
-            }),
-        ),
-        Err(Failure::ShuttingDown) => shutting_down_openai(),
-    }
+    openai_generate(app, req).await
 }
 
 pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
@@ -501,7 +561,7 @@ pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
         Json::String(t) => (text::count_tokens(t), text::hash(t.as_bytes())),
         Json::Array(ids) if !ids.is_empty() && ids.iter().all(Json::is_u64) => (
             ids.len() as u64,
-            text::hash(Json::Array(ids.clone()).to_string().as_bytes()),
+            text::hash(req.prompt.to_string().as_bytes()),
         ),
         _ => {
             return bad_request(
@@ -509,75 +569,14 @@ pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
             );
         }
     };
-    let (n, fail) = admit(&app);
-    let max_new = Some(req.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS));
-    let p = match prepare(&app, prompt_tokens, prompt_hash, max_new) {
-        Ok(p) => p,
-        Err(msg) if req.stream => return streaming_error(&msg),
-        Err(msg) => return bad_request(&msg),
+    let req = OpenAiReq {
+        kind: OpenAi::Completion,
+        model: req.model,
+        prompt_tokens,
+        prompt_hash,
+        max_new: Some(req.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)),
+        stream: req.stream,
+        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
     };
-    if fail {
-        return injected_failure();
-    }
-    let id = request_id(&app, n);
-    let created = unix_now();
-    let model = req
-        .model
-        .clone()
-        .unwrap_or_else(|| app.cfg.served_model_name.clone());
-    if req.stream {
-        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let rx = match run_streamed(&app, &p).await {
-            Ok(rx) => rx,
-            Err(Failure::ShuttingDown) => return shutting_down_openai(),
-        };
-        let chunk = move |choices: Json, usage: Json| {
-            json!({
-                "id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": choices, "usage": usage,
-            })
-            .to_string()
-        };
-        return sse(rx, Vec::new(), move |from, to, done| {
-            let mut out = Vec::new();
-            if to > from {
-                out.push(chunk(
-                    json!([{"index": 0, "text": text_of(&p, from, to), "logprobs": null,
-                            "finish_reason": null, "matched_stop": null}]),
-                    Json::Null,
-                ));
-            }
-            if done {
-                out.push(chunk(
-                    json!([{"index": 0, "text": "", "logprobs": null,
-                            "finish_reason": p.finish_reason(), "matched_stop": p.matched_stop()}]),
-                    Json::Null,
-                ));
-                if include_usage {
-                    out.push(chunk(json!([]), p.usage(to)));
-                }
-            }
-            out
-        });
-    }
-    match run_once(&app, &p).await {
-        Ok(completion) => json_response(
-            StatusCode::OK,
-            &json!({
-                "id": id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [{
-                    "index": 0,
-                    "text": text::output_text(p.prompt_hash, completion),
-                    "logprobs": null,
-                    "finish_reason": p.finish_reason(),
-                    "matched_stop": p.matched_stop(),
-                }],
-                "usage": p.usage(completion),
-            }),
-        ),
-        Err(Failure::ShuttingDown) => shutting_down_openai(),
-    }
+    openai_generate(app, req).await
 }

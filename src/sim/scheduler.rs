@@ -17,8 +17,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::log;
-use crate::model::Plan;
+use crate::sim::log;
+use crate::sim::model::Plan;
 
 /// The most the virtual clock may lag the wall clock; beyond it (e.g. after the process was
 /// starved of CPU) the lost time is forgiven instead of replayed as a burst.
@@ -384,7 +384,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Params, Settings, Strategy, plan};
+    use crate::sim::model::{Params, Settings, Strategy, plan};
 
     fn test_plan(max_running: Option<u64>) -> Arc<Plan> {
         let settings = Settings {

@@ -1,6 +1,8 @@
 //! sglang-sim: a stand-in for `python -m sglang.launch_server` that accepts SGLang's command
 //! line, serves its HTTP API and simulates continuous batching of a hybrid model on one GPU.
-//! This file owns the process: argument handling, the simulated load, signals and shutdown.
+//! This module is a self-contained program (it uses nothing else of fleet); this file owns the
+//! process: argument handling, the simulated load, signals and shutdown. Both the `sglang-sim`
+//! binary and `fleet` (when invoked under that name, as `fleet demo` does) run it.
 
 mod argparse;
 mod config;
@@ -25,18 +27,19 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::argparse::{Outcome, PROG};
-use crate::config::Config;
-use crate::gpu_state::{GpuState, StateFile};
-use crate::model::{LoadError, Plan};
-use crate::scheduler::{End, Job, Metrics, Reply, Scheduler};
+use crate::sim::argparse::{Outcome, PROG};
+use crate::sim::config::Config;
+use crate::sim::gpu_state::{GpuState, StateFile};
+use crate::sim::model::{LoadError, Plan};
+use crate::sim::scheduler::{End, Job, Metrics, Reply, Scheduler};
 
 /// Memory a CUDA context takes before any weights are loaded.
 const CUDA_CONTEXT_MIB: f64 = 512.0;
 /// How long shutdown waits for the HTTP server to drain before exiting anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(900);
 
-fn main() -> ExitCode {
+/// The `sglang-sim` process: parses SGLang's command line, then serves until SIGTERM/SIGINT.
+pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
@@ -445,12 +448,17 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
 }
 
 async fn shutdown(
-    server: JoinHandle<()>,
+    mut server: JoinHandle<()>,
     signals: JoinHandle<anyhow::Result<()>>,
     state: &StateFile,
 ) {
-    if tokio::time::timeout(SHUTDOWN_GRACE, server).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+        .await
+        .is_err()
+    {
         log::server("WARNING sglang-sim: HTTP connections still open at shutdown; closing them.");
+        server.abort();
+        join_quietly(server).await;
     }
     if let Ok(Err(e)) = signals.await {
         log::server(&format!("WARNING sglang-sim: {e:#}"));

@@ -16,11 +16,11 @@ use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 use tokio::sync::mpsc;
 
-use crate::config::Config;
-use crate::generate;
-use crate::log;
-use crate::model::Plan;
-use crate::scheduler::{Job, Metrics};
+use crate::sim::config::Config;
+use crate::sim::generate;
+use crate::sim::log;
+use crate::sim::model::Plan;
+use crate::sim::scheduler::{Job, Metrics};
 
 /// What every handler shares.
 pub struct App {
@@ -256,8 +256,7 @@ fn prom_label(s: &str) -> String {
 pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
     // Scheduler gauges carry SGLang's rank labels; tokenizer counters only the model name.
     let name = prom_label(model_name);
-    let gauge_labels =
-        format!("{{model_name=\"{name}\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}}");
+    let gauge_labels = format!("{{engine_type=\"unified\",model_name=\"{name}\",tp_rank=\"0\"}}");
     let counter_labels = format!("{{model_name=\"{name}\"}}");
     let kv = m.kv_used.load(Ordering::Relaxed) as f64;
     let gauges: [(&str, &str, f64); 5] = [

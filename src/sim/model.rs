@@ -7,10 +7,10 @@
 //! - rest = static pool − weights (49 GiB = 50176) = 33028, minus, under extra_buffer, a fixed
 //!   overlap reservation (4.5 GiB: the ping-pong copies of conv/ssm state that overlapped
 //!   batches need) = 28420;
-//! - mamba pool = rest × r / (1 + r), r = `--mamba-full-memory-ratio` (0.9): 15646 / 13462;
+//! - mamba pool = rest × r / (1 + r), r = `--mamba-full-memory-ratio` (0.9): 15645 / 13462;
 //! - max_mamba_cache_size = mamba pool / 72 MiB per slot = 217 / 186;
 //! - KV pool = rest − mamba pool, at 64 KiB per token (16 full-attention layers × 4 KV heads
-//!   × 256 dims × K and V × bf16) = 278,118 tokens with no_buffer;
+//!   × 256 dims × K and V × bf16) = 278,130 tokens with no_buffer (239,325 with extra_buffer);
 //! - cap = max_mamba_cache_size // slots per request: no_buffer 217 // 3 = 72, extra_buffer
 //!   186 // 5 = 37, extra_buffer_lazy 186 // 4 = 46, radix cache disabled 217 // 1; further
 //!   limited by `--max-running-requests` and by max_total_num_tokens / 2.

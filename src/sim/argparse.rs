@@ -265,7 +265,14 @@ pub fn load_table(tsv: &str) -> Vec<OptSpec> {
                 Some((k, h)) => (k, h.to_string()),
                 None => (
                     Kind::Str,
-                    format!("Accepted as data; not simulated by sglang-sim. (default: {default})"),
+                    format!(
+                        "Accepted as data; not simulated by sglang-sim. (default: {})",
+                        if default == "?" {
+                            "computed at start-up"
+                        } else {
+                            &default
+                        }
+                    ),
                 ),
             };
             OptSpec {

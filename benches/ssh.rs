@@ -1,0 +1,161 @@
+//! Whole-run benchmark of the SSH transport against a real sshd on 127.0.0.1 (the test
+//! harness's): 8 short commands over one multiplexed connection, against one command on the
+//! same connection (target: ≤ 2×) and against 8 sequential OpenSSH `ssh host true` runs
+//! (target: ≥ 4× faster). Prints the median of each over many rounds.
+//!
+//! `true` costs the server a fork and exec per session and nothing else, so on a machine with
+//! few cores it measures sshd's CPU, not the transport; the same run with `sleep 0.05` (a
+//! command that waits instead of computing) shows what multiplexing does when the host has
+//! the CPU to spare.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Sshd;
+use fleet::remote::{self, ConnectOptions, Transport};
+
+const ROUNDS: usize = 30;
+const COMMANDS: usize = 8;
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn timed<F: std::future::Future<Output = ()>>(f: impl Fn() -> F) -> Duration {
+    // One warm-up round so that the first channel's setup cost is not counted twice.
+    f().await;
+    let mut samples = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let start = Instant::now();
+        f().await;
+        samples.push(start.elapsed());
+    }
+    median(samples)
+}
+
+async fn run(t: &dyn Transport, argv: &[String]) {
+    let out = t.run(argv).await.expect("run");
+    assert!(out.success(), "{argv:?} failed: {}", out.stderr_lossy());
+}
+
+/// Median wall time of one command, then of `COMMANDS` at once, on the same connection.
+async fn one_vs_many(t: &dyn Transport, argv: &[String]) -> (Duration, Duration) {
+    let one = timed(|| run(t, argv)).await;
+    let many = timed(|| async {
+        futures::future::join_all((0..COMMANDS).map(|_| run(t, argv))).await;
+    })
+    .await;
+    (one, many)
+}
+
+fn openssh_true(sshd: &Sshd, known_hosts: &std::path::Path) {
+    let status = Command::new("ssh")
+        .args([
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-p",
+        ])
+        .arg(sshd.port.to_string())
+        .arg("-i")
+        .arg(&sshd.client_key)
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+        .arg(format!("{}@127.0.0.1", sshd.user))
+        .arg("true")
+        .stdin(Stdio::null())
+        .status()
+        .expect("OpenSSH's ssh client (apt-get install openssh-client)");
+    assert!(status.success(), "ssh true failed:\n{}", sshd.log());
+}
+
+fn main() {
+    let sshd = Sshd::start();
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let spec = sshd.host_spec("bench", None, &kh);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    let true_cmd = vec!["true".to_string()];
+    let sleep_cmd = vec!["sleep".to_string(), "0.05".to_string()];
+    let (connect, (one, eight), (one_sleep, eight_sleep)) = rt.block_on(async {
+        let start = Instant::now();
+        let t = remote::connect(&spec, &ConnectOptions::default())
+            .await
+            .expect("connect");
+        let connect = start.elapsed();
+        (
+            connect,
+            one_vs_many(t.as_ref(), &true_cmd).await,
+            one_vs_many(t.as_ref(), &sleep_cmd).await,
+        )
+    });
+
+    openssh_true(&sshd, &kh);
+    let openssh_rounds = ROUNDS / 3;
+    let mut samples = Vec::with_capacity(openssh_rounds);
+    for _ in 0..openssh_rounds {
+        let start = Instant::now();
+        for _ in 0..COMMANDS {
+            openssh_true(&sshd, &kh);
+        }
+        samples.push(start.elapsed());
+    }
+    let openssh = median(samples);
+
+    let vs_one = eight.as_secs_f64() / one.as_secs_f64();
+    let vs_openssh = openssh.as_secs_f64() / eight.as_secs_f64();
+    println!(
+        "ssh transport, {COMMANDS} × `true` on one host (median of {ROUNDS} rounds; OpenSSH {openssh_rounds})"
+    );
+    println!(
+        "  connect + auth (once)                 {:>8.2} ms",
+        ms(connect)
+    );
+    println!(
+        "  1 command, one connection             {:>8.2} ms",
+        ms(one)
+    );
+    println!(
+        "  {COMMANDS} commands, one connection            {:>8.2} ms",
+        ms(eight)
+    );
+    println!(
+        "  {COMMANDS} sequential OpenSSH `ssh host true`  {:>8.2} ms",
+        ms(openssh)
+    );
+    println!(
+        "  {COMMANDS} vs 1: {vs_one:.2}× (target ≤ 2×: {})",
+        if vs_one <= 2.0 { "met" } else { "MISSED" }
+    );
+    println!(
+        "  vs OpenSSH: {vs_openssh:.1}× faster (target ≥ 4×: {})",
+        if vs_openssh >= 4.0 { "met" } else { "MISSED" }
+    );
+    println!("same with `sleep 0.05` (waits, leaves the CPU to sshd)");
+    println!(
+        "  1 command                              {:>8.2} ms",
+        ms(one_sleep)
+    );
+    println!(
+        "  {COMMANDS} commands                             {:>8.2} ms",
+        ms(eight_sleep)
+    );
+    println!(
+        "  {COMMANDS} vs 1: {:.2}×",
+        eight_sleep.as_secs_f64() / one_sleep.as_secs_f64()
+    );
+}

@@ -1,0 +1,98 @@
+//! The instances `fleet up` started, as HTTP endpoints reachable from here: every host's live
+//! records, each behind a port forward that stays open until the caller closes it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::config;
+use crate::launch::hosts::connect_all;
+use crate::launch::state::{self, InstanceRecord, Liveness};
+use crate::remote::{Transport, Tunnel};
+use crate::sglang::client::Endpoint;
+
+use super::{Ctx, UsageError};
+
+/// Endpoints with the tunnels and connections they ride on.
+pub struct Reachable {
+    pub endpoints: Vec<Endpoint>,
+    tunnels: Vec<Tunnel>,
+    _transports: BTreeMap<String, Arc<dyn Transport>>,
+}
+
+impl Reachable {
+    pub async fn close(self) {
+        futures::future::join_all(self.tunnels.into_iter().map(Tunnel::close)).await;
+    }
+}
+
+/// Connects to every inventory host and forwards a local port to each running instance. Hosts
+/// or instances that cannot be reached are logged and skipped; none at all is a usage error.
+pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
+    let inventory = config::load_inventory(&ctx.global.config)?;
+    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    for e in &connected.failed {
+        tracing::error!("{e}");
+    }
+    let run_root = super::up::run_root();
+    let per_host = connected.transports.values().map(|t| {
+        let run_root = run_root.clone();
+        async move { running_on(t.as_ref(), &run_root).await }
+    });
+    let mut endpoints = Vec::new();
+    let mut tunnels = Vec::new();
+    for found in futures::future::join_all(per_host).await {
+        for (record, tunnel) in found {
+            let key = record
+                .api_key_env
+                .as_ref()
+                .and_then(|v| std::env::var(v).ok());
+            endpoints.push(Endpoint {
+                name: format!("{}:gpu{}", record.host, record.gpu),
+                base_url: format!("http://{}", tunnel.local_addr()),
+                api_key: key,
+            });
+            tunnels.push(tunnel);
+        }
+    }
+    if endpoints.is_empty() {
+        return Err(UsageError(format!(
+            "no running instances found on the hosts of {} (run directory {run_root}): start them \
+             with `fleet up --profile P`, or pass --url http://HOST:PORT once per server",
+            ctx.global.config.display()
+        ))
+        .into());
+    }
+    Ok(Reachable {
+        endpoints,
+        tunnels,
+        _transports: connected.transports,
+    })
+}
+
+async fn running_on(t: &dyn Transport, run_root: &str) -> Vec<(InstanceRecord, Tunnel)> {
+    let (records, table) =
+        match tokio::try_join!(state::read_records(t, run_root), state::proc_table(t)) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::error!("{e}");
+                return vec![];
+            }
+        };
+    let live = records
+        .into_iter()
+        .filter(|r| table.liveness(r.pid, r.start_ticks) == Liveness::Running);
+    let forwards = live.map(|r| async move {
+        match t.forward(&r.address, r.port).await {
+            Ok(tunnel) => Some((r, tunnel)),
+            Err(e) => {
+                tracing::warn!("{e}");
+                None
+            }
+        }
+    });
+    futures::future::join_all(forwards)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}

@@ -1,0 +1,734 @@
+//! `fleet up/status/down/logs` through the real binary against real sglang-sim servers on this
+//! machine (and one case over real sshd + fake pct). Each test has its own ports, run
+//! directory and fake-GPU state, so tests run in parallel.
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// A local fleet: inventory, profiles dir, run dir and GPU state dir in one temp dir.
+struct Fleet {
+    dir: TempDir,
+    port_base: u16,
+}
+
+fn sim_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sglang-sim"))
+}
+
+/// PATH with the fake nvidia-smi and the built binaries (so `launcher: [sglang-sim]` resolves).
+fn test_path() -> String {
+    format!(
+        "{}:{}:{}",
+        common::fixtures_bin().display(),
+        sim_bin().parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+impl Fleet {
+    fn new(port_base: u16) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("profiles")).unwrap();
+        std::fs::write(
+            dir.path().join("fleet.yaml"),
+            "hosts:\n  - name: local\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n",
+        )
+        .unwrap();
+        Fleet { dir, port_base }
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    fn gpu_state(&self) -> PathBuf {
+        self.dir.path().join("gpus")
+    }
+
+    /// Writes `profiles/NAME.yaml`: a sim profile whose `server:` and `env:` get `server` and
+    /// `env` (YAML lines, indented by the caller's two spaces).
+    fn profile(&self, name: &str, server: &str, env: &str) {
+        // A 1 s simulated load unless the test sets its own.
+        let startup = if env.contains("SGLANG_SIM_STARTUP_SECS") {
+            ""
+        } else {
+            "  SGLANG_SIM_STARTUP_SECS: \"1\"\n"
+        };
+        let yaml = format!(
+            "model: /models/test\n\
+             launcher: [sglang-sim]\n\
+             port_base: {}\n\
+             server:\n  mem_fraction_static: 0.85\n{server}\
+             env:\n{startup}  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n{env}\
+             health: {{startup_timeout: 60s, poll: 1s}}\n",
+            self.port_base,
+            self.gpu_state().display()
+        );
+        std::fs::write(self.dir.path().join(format!("profiles/{name}.yaml")), yaml).unwrap();
+    }
+
+    fn fleet(&self) -> assert_cmd::Command {
+        let mut cmd = assert_cmd::Command::cargo_bin("fleet").unwrap();
+        cmd.current_dir(self.dir.path())
+            .env("PATH", test_path())
+            .env("FLEET_RUN_DIR", self.run_dir())
+            .env("SGLANG_SIM_GPU_STATE_DIR", self.gpu_state())
+            .env_remove("FLEET_CONFIG")
+            .env_remove("FLEET_PROFILES_DIR")
+            .env_remove("FLEET_LOG")
+            .timeout(Duration::from_secs(120));
+        cmd
+    }
+
+    /// Runs fleet with `args` plus `--json` and returns (exit code, stdout JSON, stderr).
+    fn json(&self, args: &[&str]) -> (i32, Value, String) {
+        let out = self.fleet().args(args).arg("--json").output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!("fleet {args:?}: stdout is not JSON ({e}):\n{stdout}\nstderr:\n{stderr}")
+        });
+        (out.status.code().unwrap_or(-1), value, stderr)
+    }
+}
+
+impl Drop for Fleet {
+    /// Never leave servers behind, even when a test fails half-way.
+    fn drop(&mut self) {
+        let _ = self.fleet().args(["down", "--grace", "1s"]).output();
+    }
+}
+
+fn rows(v: &Value) -> &Vec<Value> {
+    v.as_array().expect("a JSON array")
+}
+
+fn field<'a>(rows: &'a [Value], key: &str) -> Vec<&'a Value> {
+    rows.iter().map(|r| &r[key]).collect()
+}
+
+fn listening(port: u16) -> bool {
+    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
+}
+
+fn alive(pid: u64) -> bool {
+    // A zombie (exited, never reaped by this sandbox's init) is not alive.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn pids(rows: &[Value]) -> Vec<u64> {
+    rows.iter()
+        .map(|r| r["pid"].as_u64().expect("pid"))
+        .collect()
+}
+
+#[test]
+fn up_status_down_on_eight_instances() {
+    let f = Fleet::new(41000);
+    f.profile("sim", "  mamba_strategy: no_buffer\n", "");
+    let started = Instant::now();
+    let (code, up, stderr) = f.json(&["up", "--profile", "sim"]);
+    assert_eq!(code, 0, "{stderr}");
+    let up = rows(&up);
+    assert_eq!(up.len(), 8);
+    assert!(up.iter().all(|r| r["state"] == "ready"), "{up:?}");
+    assert_eq!(
+        field(up, "port")
+            .iter()
+            .map(|p| p.as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        (41000..41008).collect::<Vec<_>>()
+    );
+    assert!(up.iter().all(|r| r["version"] == "0.5.23"));
+    assert!(
+        up.iter()
+            .all(|r| r["effective_max_running_requests"].as_u64().unwrap() > 0)
+    );
+    assert!(
+        up.iter()
+            .all(|r| r["max_total_num_tokens"].as_u64().unwrap() > 0)
+    );
+    // Started in parallel: eight 1 s loads take about one, not eight.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    let up_pids = pids(up);
+    assert!(up_pids.iter().all(|p| alive(*p)));
+
+    let (code, status, stderr) = f.json(&["status"]);
+    assert_eq!(code, 0, "{stderr}");
+    let status = rows(&status);
+    assert_eq!(status.len(), 8);
+    assert!(
+        status
+            .iter()
+            .all(|s| s["liveness"] == "running" && s["health"] == 200),
+        "{status:?}"
+    );
+    assert!(
+        status
+            .iter()
+            .all(|s| s["load"]["running"].as_f64() == Some(0.0))
+    );
+    assert_eq!(pids(status), up_pids);
+    // The fake nvidia-smi reads the sims' GPU state: each GPU shows its server's memory.
+    assert!(
+        status
+            .iter()
+            .all(|s| s["gpu_reading"]["memory_used_mib"].as_u64().unwrap() > 1024)
+    );
+
+    let text = f
+        .fleet()
+        .arg("status")
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.lines().next().unwrap().contains("GEN TOK/S"), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.contains(" ready ")).count(),
+        8,
+        "{text}"
+    );
+
+    let started = Instant::now();
+    let (code, down, stderr) = f.json(&["down"]);
+    assert_eq!(code, 0, "{stderr}");
+    let down = rows(&down);
+    assert_eq!(down.len(), 8);
+    assert!(
+        down.iter()
+            .all(|d| d["state"] == "stopped" && d["port_closed"] == true),
+        "{down:?}"
+    );
+    assert!(
+        down.iter().all(|d| d["gpu_memory_used_mib"] == 0),
+        "{down:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(up_pids.iter().all(|p| !alive(*p)));
+    assert!((41000..41008).all(|p| !listening(p)));
+
+    // Idempotent: nothing left to stop, nothing left to show.
+    let (code, down, _) = f.json(&["down"]);
+    assert_eq!((code, rows(&down).len()), (0, 0));
+    let (code, status, _) = f.json(&["status"]);
+    assert_eq!((code, rows(&status).len()), (0, 0));
+}
+
+#[test]
+fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
+    let f = Fleet::new(41100);
+    f.profile("sim", "", "");
+    let (code, first, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1"]);
+    assert_eq!(code, 0, "{stderr}");
+    let first_pids = pids(rows(&first));
+
+    let (code, again, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        rows(&again).iter().all(|r| r["state"] == "already_running"),
+        "{again:?}"
+    );
+    assert_eq!(pids(rows(&again)), first_pids);
+
+    // The same profile name with another setting is another config.
+    f.profile("sim", "  context_length: 4096\n", "");
+    let out = f
+        .fleet()
+        .args(["up", "--profile", "sim", "--gpus", "0,1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("local gpu0 :41100: already running a different config"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--replace"), "{stderr}");
+    assert!(
+        first_pids.iter().all(|p| alive(*p)),
+        "a refused up must not touch the servers"
+    );
+
+    let (code, replaced, stderr) =
+        f.json(&["up", "--profile", "sim", "--gpus", "0,1", "--replace"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        rows(&replaced).iter().all(|r| r["state"] == "ready"),
+        "{replaced:?}"
+    );
+    let new_pids = pids(rows(&replaced));
+    assert!(new_pids.iter().all(|p| !first_pids.contains(p)));
+    assert!(first_pids.iter().all(|p| !alive(*p)));
+    assert!(
+        rows(&replaced)[0]["argv"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("4096"))
+    );
+}
+
+#[test]
+fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
+    let f = Fleet::new(41200);
+    // An 8 s load that never finishes: the sim crashes a quarter of the way in (2 s).
+    f.profile(
+        "dies",
+        "",
+        "  SGLANG_SIM_DIE_AFTER: \"0\"\n  SGLANG_SIM_STARTUP_SECS: \"8\"\n",
+    );
+    let started = Instant::now();
+    let out = f
+        .fleet()
+        .args(["up", "--profile", "dies", "--gpus", "3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // Well before the load would have ended, let alone the 60 s startup timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr.contains("local gpu3 :41203: the server process exited during startup"),
+        "{stderr}"
+    );
+    // The log tail follows, each line marked.
+    assert!(stderr.contains("    | "), "{stderr}");
+    assert!(
+        stderr.contains("    | torch.AcceleratorError: CUDA error"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().nth(1).unwrap().contains("failed"),
+        "{stdout}"
+    );
+    // It stays listed as dead, with its log on -v, until `down` forgets it.
+    let (code, status, _) = f.json(&["status"]);
+    assert_eq!(code, 1);
+    assert_eq!(rows(&status)[0]["liveness"], "dead");
+    let out = f.fleet().args(["status", "-v"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("local gpu3 :41203 (dead):"));
+    let (code, down, _) = f.json(&["down"]);
+    assert_eq!(code, 0);
+    assert_eq!(rows(&down)[0]["state"], "already_dead");
+}
+
+#[test]
+fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anything() {
+    let f = Fleet::new(41300);
+    f.profile(
+        "old",
+        "  mamba_strategy: extra_buffer_lazy\n  extra_args: [--trust-remote-cod, --dtype, bfloat17]\n",
+        "  SGLANG_SIM_VERSION: \"0.5.10\"\n",
+    );
+    let started = Instant::now();
+    let out = f.fleet().args(["up", "--profile", "old"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for expected in [
+        "preflight: 3 flag problem(s); nothing was started",
+        "local (SGLang 0.5.10, `sglang-sim --help`)",
+        "--mamba-scheduler-strategy: invalid choice 'extra_buffer_lazy' (choose from auto, no_buffer, extra_buffer)",
+        "unrecognized argument --trust-remote-cod (did you mean --trust-remote-code?)",
+        "--dtype: invalid choice 'bfloat17'",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    assert!(
+        !f.run_dir().exists(),
+        "nothing may start after a failed preflight"
+    );
+    assert!((41300..41308).all(|p| !listening(p)));
+
+    // --skip-preflight reads no --help: the newest flag name is rendered, unchecked.
+    let (code, plan, stderr) = f.json(&["up", "--profile", "old", "--dry-run", "--skip-preflight"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        rows(&plan)[0]["argv"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("--mamba-radix-cache-strategy"))
+    );
+
+    // The same profile on the newer version renders the newer flag name, which accepts it.
+    f.profile(
+        "new",
+        "  mamba_strategy: extra_buffer_lazy\n",
+        "  SGLANG_SIM_VERSION: \"0.5.23\"\n",
+    );
+    let (code, plan, stderr) = f.json(&["up", "--profile", "new", "--dry-run"]);
+    assert_eq!(code, 0, "{stderr}");
+    let argv = rows(&plan)[0]["argv"].as_array().unwrap();
+    let at = argv
+        .iter()
+        .position(|a| a == "--mamba-radix-cache-strategy")
+        .expect("new flag");
+    assert_eq!(argv[at + 1], "extra_buffer_lazy");
+}
+
+#[test]
+fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
+    let f = Fleet::new(41400);
+    std::fs::write(
+        f.dir.path().join("profiles/keyed.yaml"),
+        format!(
+            "model: /models/test\nlauncher: [sglang-sim]\nport_base: 41400\nserved_model_name: q\napi_key_env: TEST_FLEET_KEY\nserver:\n  mamba_strategy: no_buffer\nenv: {{SGLANG_SIM_GPU_STATE_DIR: \"{}\"}}\n",
+            f.gpu_state().display()
+        ),
+    )
+    .unwrap();
+    let out = f
+        .fleet()
+        .env("TEST_FLEET_KEY", "sk-very-secret")
+        .args([
+            "-v",
+            "up",
+            "--profile",
+            "keyed",
+            "--gpus",
+            "5",
+            "--dry-run",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stdout.contains("sk-very-secret") && !stderr.contains("sk-very-secret"));
+    let plan: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        plan,
+        serde_json::json!([{
+            "host": "local", "gpu": 5, "port": 41405,
+            "argv": ["sglang-sim", "--model-path", "/models/test", "--served-model-name", "q",
+                     "--host", "127.0.0.1", "--port", "41405",
+                     "--mamba-radix-cache-strategy", "no_buffer",
+                     "--api-key", "********", "--enable-metrics"],
+            "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "5",
+                    "SGLANG_SIM_GPU_STATE_DIR": f.gpu_state().display().to_string()},
+        }])
+    );
+    assert!(!f.run_dir().exists());
+
+    let out = f
+        .fleet()
+        .args(["up", "--profile", "keyed", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TEST_FLEET_KEY is not set"));
+}
+
+#[test]
+fn down_with_one_instance_already_dead_stops_the_rest() {
+    let f = Fleet::new(41500);
+    f.profile("sim", "", "");
+    let (code, up, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1,2"]);
+    assert_eq!(code, 0, "{stderr}");
+    let up_pids = pids(rows(&up));
+    // SIGKILL the second server behind fleet's back (by the pid fleet reported).
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &up_pids[1].to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (code, status, _) = f.json(&["status"]);
+    assert_eq!(code, 1, "a dead instance makes status partial");
+    assert_eq!(
+        field(rows(&status), "liveness"),
+        ["running", "dead", "running"]
+    );
+
+    let (code, down, stderr) = f.json(&["down"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        field(rows(&down), "state"),
+        ["stopped", "already_dead", "stopped"]
+    );
+    assert!(up_pids.iter().all(|p| !alive(*p)));
+}
+
+#[test]
+fn a_server_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let f = Fleet::new(41600);
+    f.profile("stubborn", "  extra_args: [--sim-ignore-sigterm]\n", "");
+    let (code, up, stderr) = f.json(&["up", "--profile", "stubborn", "--gpus", "0"]);
+    assert_eq!(code, 0, "{stderr}");
+    let started = Instant::now();
+    let (code, down, stderr) = f.json(&["down", "--grace", "1s"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(rows(&down)[0]["state"], "killed");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(!alive(pids(rows(&up))[0]));
+}
+
+#[test]
+fn a_foreign_process_on_a_port_is_a_clear_error_and_nothing_starts() {
+    let f = Fleet::new(41700);
+    f.profile("sim", "", "");
+    let _squatter = std::net::TcpListener::bind("127.0.0.1:41701").unwrap();
+    let out = f
+        .fleet()
+        .args(["up", "--profile", "sim", "--gpus", "0,1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("local gpu1 :41701: the port is in use by a process fleet did not start"),
+        "{stderr}"
+    );
+    assert!(!listening(41700), "GPU 0 must not start either");
+}
+
+#[test]
+fn logs_by_host_gpu_and_by_port() {
+    let f = Fleet::new(41800);
+    f.profile("sim", "", "");
+    let (code, _, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "4"]);
+    assert_eq!(code, 0, "{stderr}");
+    let out = f
+        .fleet()
+        .args(["logs", "local:4", "-n", "50"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("The server is fired up and ready to roll!"),
+        "{text}"
+    );
+    assert!(text.lines().count() <= 50);
+    let by_port = f
+        .fleet()
+        .args(["logs", "41804", "-n", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&by_port.stdout).lines().count(), 1);
+    let out = f.fleet().args(["logs", "local:6"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no instance local:6"));
+    let out = f.fleet().args(["logs", "local:x"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn ctrl_c_during_up_stops_what_it_started() {
+    let f = Fleet::new(41900);
+    f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"));
+    cmd.current_dir(f.dir.path())
+        .env("PATH", test_path())
+        .env("FLEET_RUN_DIR", f.run_dir())
+        .env_remove("FLEET_CONFIG")
+        .env_remove("FLEET_PROFILES_DIR")
+        .args(["up", "--profile", "slow", "--gpus", "0,1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let pidfile = f.run_dir().join("41901/pid");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(pidfile.exists() && f.run_dir().join("41901/instance.json").exists()) {
+        assert!(Instant::now() < deadline, "the servers did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let server: u64 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        !alive(server),
+        "the interrupted up must stop the servers it started"
+    );
+    let (_, status, _) = f.json(&["status"]);
+    assert_eq!(rows(&status).len(), 0);
+}
+
+#[test]
+fn up_status_down_through_ssh_and_pct() {
+    let sshd = common::Sshd::start();
+    let home = sshd.home("pve");
+    let run_dir = home.path().join("run");
+    let gpus = home.path().join("gpus");
+    home.write_inventory(
+        "hosts:\n  - name: ct200\n    ssh: pve\n    container: 200\n    address: 127.0.0.1\n    gpus: [0, 1]\n",
+    );
+    std::fs::create_dir_all(home.path().join("profiles")).unwrap();
+    std::fs::write(
+        home.path().join("profiles/sim.yaml"),
+        format!(
+            "model: /models/test\nlauncher: [{}]\nport_base: 42000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n",
+            sim_bin().display(),
+            gpus.display()
+        ),
+    )
+    .unwrap();
+    let fleet = |args: &[&str]| {
+        let out = home
+            .fleet()
+            .env("FLEET_RUN_DIR", &run_dir)
+            .timeout(Duration::from_secs(120))
+            .args(args)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let value: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}\nstderr:\n{stderr}\n{}", sshd.log()));
+        (out.status.code(), value, stderr)
+    };
+    let (code, up, stderr) = fleet(&["up", "--profile", "sim"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        rows(&up)
+            .iter()
+            .all(|r| r["state"] == "ready" && r["host"] == "ct200"),
+        "{up:?}"
+    );
+    // The servers run detached on the far side: they outlive fleet's SSH session.
+    let (code, status, stderr) = fleet(&["status"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(rows(&status).iter().all(|s| s["health"] == 200));
+    let (code, down, stderr) = fleet(&["down"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        rows(&down)
+            .iter()
+            .all(|d| d["state"] == "stopped" && d["port_closed"] == true)
+    );
+    assert!(!listening(42000) && !listening(42001));
+    assert!(Path::new(&run_dir).join("42000/server.log").exists());
+}
+
+#[test]
+fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
+    let f = Fleet::new(42100);
+    f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
+    let path = f.dir.path().join("profiles/slow.yaml");
+    let yaml = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("startup_timeout: 60s", "startup_timeout: 2s");
+    std::fs::write(&path, yaml).unwrap();
+    let (code, up, stderr) = f.json(&["up", "--profile", "slow", "--gpus", "0"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(rows(&up)[0]["state"], "failed");
+    assert_eq!(rows(&up)[0]["error"], "not ready after 2s; stopped it");
+    let tail = rows(&up)[0]["log_tail"].as_str().unwrap();
+    // The tail ends with the server shutting down on fleet's SIGTERM.
+    assert!(tail.contains("Received SIGTERM"), "{tail}");
+    assert!(!alive(pids(rows(&up))[0]));
+    assert!(!listening(42100));
+}
+
+#[test]
+fn logs_follow_prints_new_lines_until_interrupted() {
+    use std::io::{BufRead, BufReader};
+    let f = Fleet::new(42200);
+    // A 3 s load logs its phases over time: following shows them as they come.
+    f.profile("sim", "", "  SGLANG_SIM_STARTUP_SECS: \"3\"\n");
+    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .current_dir(f.dir.path())
+        .env("PATH", test_path())
+        .env("FLEET_RUN_DIR", f.run_dir())
+        .args(["-q", "up", "--profile", "sim", "--gpus", "0"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.run_dir().join("42200/instance.json").exists() {
+        assert!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .current_dir(f.dir.path())
+        .env("PATH", test_path())
+        .env("FLEET_RUN_DIR", f.run_dir())
+        .args(["logs", "42200", "-n", "1", "-f"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("The server is fired up and ready to roll!"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no ready line followed: {seen:?}"
+        );
+        seen.push(lines.next().expect("a line").unwrap());
+    }
+    assert!(seen.len() > 2, "only the tail and the end: {seen:?}");
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert_eq!(up.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn down_with_a_profile_stops_only_that_profiles_instances() {
+    let f = Fleet::new(42300);
+    f.profile("a", "", "");
+    f.profile("b", "  context_length: 4096\n", "");
+    assert_eq!(f.json(&["up", "--profile", "a", "--gpus", "0"]).0, 0);
+    assert_eq!(f.json(&["up", "--profile", "b", "--gpus", "1"]).0, 0);
+    let (code, down, stderr) = f.json(&["down", "--profile", "b"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(field(rows(&down), "port"), [42301]);
+    let (_, status, _) = f.json(&["status"]);
+    assert_eq!(field(rows(&status), "profile"), ["a"]);
+    assert!(listening(42300) && !listening(42301));
+}
