@@ -442,6 +442,8 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
         "--duration",
         "2s",
         "--json",
+        "--write-profile",
+        "winner.yaml",
     ];
     let child = f
         .command(&args)
@@ -468,6 +470,10 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("--resume"), "{err}");
+    assert!(
+        !f.path().join("winner.yaml").exists(),
+        "no winner before every candidate is measured"
+    );
     assert!(
         f.records().is_empty(),
         "the interrupted sweep left servers: {:?}",
@@ -498,6 +504,7 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
     let after = f.file();
     let trials = after["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 3);
+    assert!(f.path().join("winner.yaml").exists());
     // Finished trials were not run again: their measurements are unchanged.
     assert_eq!(trials[..finished.len()], finished[..]);
     // A fresh sweep does not overwrite them.

@@ -250,7 +250,9 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         print!("{}", report::text(&r));
         println!("results: {}", args.out.display());
     }
-    if let (Some(path), Some(w)) = (&args.write_profile, r.winning()) {
+    // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
+    let winner = r.winning().filter(|_| !ended.interrupted);
+    if let (Some(path), Some(w)) = (&args.write_profile, winner) {
         let profile = &profiles
             .iter()
             .find(|(c, _)| c.id == w.trial.candidate.id)
@@ -258,8 +260,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .1;
         write_profile(path, args, &base, &w.trial, profile, dir)?;
         eprintln!("wrote {}", path.display());
-    } else if args.write_profile.is_some() && !ended.interrupted {
-        tracing::warn!("no candidate was measured: no profile written");
+    } else if args.write_profile.is_some() {
+        tracing::warn!("no winner: no profile written");
     }
     if let Some(applied) = &ended.applied {
         let failed = applied
