@@ -489,3 +489,60 @@ pub async fn run(
         applied: Some(applied),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sglang::flags::tests::profile;
+
+    fn host(name: &str, gpus: GpuSelection) -> (HostSpec, HostFacts) {
+        (
+            HostSpec {
+                name: name.into(),
+                ssh: None,
+                container: None,
+                gpus,
+                address: None,
+                ssh_options: BTreeMap::new(),
+            },
+            HostFacts {
+                help: None,
+                version: None,
+                address: "127.0.0.1".into(),
+                gpus_present: vec![0, 1],
+            },
+        )
+    }
+
+    #[test]
+    fn a_candidate_runs_exactly_on_its_slots_of_every_host() {
+        let hosts = vec![
+            host("a", GpuSelection::List(vec![0, 1, 2, 3])),
+            host("b", GpuSelection::All),
+        ];
+        assert_eq!(
+            host_gpus(&hosts),
+            vec![
+                ("a".to_string(), vec![0, 1, 2, 3]),
+                ("b".to_string(), vec![0, 1])
+            ]
+        );
+        let slots = [("a", 0), ("b", 1), ("a", 2)].map(|(h, gpu)| Slot {
+            host: h.into(),
+            gpu,
+        });
+        let planned = plan_on(&profile(), &hosts, &slots, None, "/tmp/fleet").unwrap();
+        let got: Vec<(String, u32, u16)> = planned
+            .iter()
+            .map(|i| (i.host.clone(), i.gpu, i.port))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a".into(), 0, 30000),
+                ("a".into(), 2, 30002),
+                ("b".into(), 1, 30001)
+            ]
+        );
+    }
+}
