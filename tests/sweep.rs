@@ -424,6 +424,34 @@ fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
 }
 
 #[test]
+fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
+    let _g = serial();
+    let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
+    let (code, r, err) = f.sweep_json(&[
+        "--set",
+        "server.attention_backend=flashinfer,flashinfr",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let bad = &row(&r, "attention_backend=flashinfr")["trial"]["outcome"];
+    assert_eq!(bad["state"], "failed");
+    let reason = bad["reason"].as_str().unwrap();
+    assert!(reason.starts_with("preflight:"), "{reason}");
+    assert!(reason.contains("flashinfr"), "{reason}");
+    assert_eq!(r["winner"], "attention_backend=flashinfer");
+    // Its GPU never ran a server: only the good candidate's run directory exists.
+    let dirs = std::fs::read_dir(f.path().join("run")).unwrap().count();
+    assert_eq!(dirs, 1);
+}
+
+#[test]
 fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trials() {
     let _g = serial();
     let f = Fleet::new(1, &["mem_fraction_static: 0.85"], &[]);
