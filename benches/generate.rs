@@ -34,7 +34,7 @@ fn config(prompts: &Path, out: &Path) -> GenerateConfig {
 
 /// Completed requests/s of the engine over 20,000 prompts and two instant servers.
 fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let urls: Vec<String> = (0..2).map(|_| start_stub(instant()).url).collect();
+    let stubs: Vec<_> = (0..2).map(|_| start_stub(instant())).collect();
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
     const N: usize = 20_000;
@@ -46,7 +46,7 @@ fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         b.iter(|| {
             round += 1;
             let out = tmp.path().join(format!("out{round}"));
-            let endpoints = urls.iter().map(|u| Endpoint::from_url(u)).collect();
+            let endpoints = stubs.iter().map(|s| Endpoint::from_url(&s.url)).collect();
             let s = rt
                 .block_on(generate::run(
                     config(&prompts, &out),

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod demo;
 pub mod generate;
 pub mod gpu;
 pub mod launch;

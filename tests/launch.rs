@@ -181,7 +181,7 @@ fn up_status_down_on_eight_instances() {
     assert!(
         status
             .iter()
-            .all(|s| s["load"]["running"].as_f64() == Some(0.0))
+            .all(|s| s["load"]["num_running_reqs"].as_f64() == Some(0.0))
     );
     assert_eq!(pids(status), up_pids);
     // The fake nvidia-smi reads the sims' GPU state: each GPU shows its server's memory.

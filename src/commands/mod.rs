@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Command, GlobalArgs};
 
+pub mod demo;
 pub mod down;
 pub mod exec;
 pub mod generate;
@@ -107,6 +108,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Status(args) => status::run(ctx, &args).await,
         Command::Down(args) => down::run(ctx, &args).await,
         Command::Logs(args) => logs::run(ctx, &args).await,
+        Command::Demo(args) => demo::run(ctx, &args).await,
         Command::Gpus => gpus::run(ctx).await,
         Command::Exec(args) => exec::run(ctx, &args).await,
         Command::Profile(cmd) => profile::run(ctx, &cmd),
@@ -119,28 +121,6 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
             clap_complete::generate(shell, &mut cmd, "fleet", &mut std::io::stdout());
             Ok(Outcome::Ok)
         }
-        other => Err(UsageError(format!(
-            "`{}` is not available in this build yet",
-            command_name(&other)
-        ))
-        .into()),
-    }
-}
-
-fn command_name(c: &Command) -> &'static str {
-    match c {
-        Command::Up(_) => "up",
-        Command::Status(_) => "status",
-        Command::Down(_) => "down",
-        Command::Logs(_) => "logs",
-        Command::Gpus => "gpus",
-        Command::Exec(_) => "exec",
-        Command::Profile(_) => "profile",
-        Command::Sweep(_) => "sweep",
-        Command::Generate(_) => "generate",
-        Command::Progress(_) => "progress",
-        Command::Demo(_) => "demo",
-        Command::Completions { .. } => "completions",
     }
 }
 

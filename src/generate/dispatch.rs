@@ -141,7 +141,7 @@ pub async fn run(
         source,
     })?;
 
-    let (recovered, total) = {
+    let (recovered, scan) = {
         let out = config.out.clone();
         let prompts = config.prompts.clone();
         let (resume, limit) = (config.resume, config.limit);
@@ -151,8 +151,8 @@ pub async fn run(
             } else {
                 journal::Recovered::default()
             };
-            let total = input::check_ids(&prompts, limit)?;
-            Ok((recovered, total))
+            let scan = input::check_ids(&prompts, limit, &recovered.done)?;
+            Ok((recovered, scan))
         })
         .await??
     };
@@ -167,7 +167,7 @@ pub async fn run(
         tokio::select! {
             r = futures::future::join_all(probes) => r,
             _ = cancel.cancelled() => {
-                let progress = Progress::before_start(total, &recovered, Status::Interrupted);
+                let progress = Progress::before_start(scan.total, &recovered, Status::Interrupted);
                 return Ok(Summary { ended: Ended::Interrupted, progress });
             }
         }
@@ -233,7 +233,7 @@ pub async fn run(
         });
     }
     on_event(Event::Started {
-        total,
+        total: scan.total,
         already_done: recovered.done.len() as u64,
         truncated_bytes: recovered.truncated_bytes,
         instances: started,
@@ -245,7 +245,8 @@ pub async fn run(
         let path = config.prompts.clone();
         let limit = config.limit;
         let done = recovered.done;
-        tokio::task::spawn_blocking(move || read_input(path, limit, done, line_tx))
+        let start = scan.first_pending;
+        tokio::task::spawn_blocking(move || read_input(path, limit, start, done, line_tx))
     };
 
     let mut run = Run {
@@ -253,7 +254,7 @@ pub async fn run(
         insts,
         model,
         journal,
-        total,
+        total: scan.total,
         base_completed: recovered.completed,
         base_failed: recovered.failed,
         base_in_tokens: recovered.input_tokens,
@@ -313,10 +314,12 @@ async fn blocking<T: Send + 'static>(
 fn read_input(
     path: PathBuf,
     limit: Option<u64>,
+    start: Option<input::Position>,
     done: HashSet<u128>,
     tx: mpsc::Sender<Line>,
 ) -> Result<(), input::InputError> {
-    let mut reader = input::Reader::open(&path, limit)?;
+    let Some(start) = start else { return Ok(()) };
+    let mut reader = input::Reader::open_at(&path, limit, start)?;
     while let Some((number, text)) = reader.next_raw()? {
         let line = input::parse_line(number, text);
         if done.contains(&line.id.key()) {

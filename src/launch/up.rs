@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::HealthSettings;
 use crate::launch::down::{self, StopState};
 use crate::launch::plan::Instance;
-use crate::launch::probe::{Probe, ServerInfo};
 use crate::launch::state::{self, InstanceRecord, Liveness, ProcTable, StateError};
-use crate::remote::{Detached, Transport};
+use crate::remote::{Detached, Transport, Tunnel};
+use crate::sglang::client::{Endpoint, Health, ServerInfo, SglangClient};
 
 /// First wait between health checks; doubled up to the profile's poll period (at most 1 s).
 const FIRST_POLL: Duration = Duration::from_millis(100);
@@ -36,7 +36,10 @@ pub struct UpOptions {
 #[derive(Clone, Copy)]
 pub struct Run<'a> {
     pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
-    pub probe: &'a Probe,
+    /// Shared by every health check and `/server_info` read.
+    pub http: &'a reqwest::Client,
+    /// The API key the servers are started with, sent on every request.
+    pub api_key: Option<&'a str>,
     pub run_root: &'a str,
     pub events: &'a UnboundedSender<UpEvent>,
     pub cancel: &'a CancellationToken,
@@ -83,11 +86,32 @@ pub struct UpOutcome {
     /// Seconds from start to the first healthy answer.
     pub ready_after: Option<f64>,
     #[serde(flatten)]
-    pub info: ServerInfo,
+    pub info: Capacity,
     pub error: Option<String>,
     pub log_tail: Option<String>,
     /// The server argv with secrets masked.
     pub argv: Vec<String>,
+}
+
+/// The capacity a ready server reports in `/server_info`, as `up` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    pub version: Option<String>,
+    pub max_total_num_tokens: Option<u64>,
+    /// `internal_states[0].effective_max_running_requests_per_dp`: the real cap.
+    pub effective_max_running_requests: Option<u64>,
+    pub context_length: Option<u64>,
+}
+
+impl From<&ServerInfo> for Capacity {
+    fn from(info: &ServerInfo) -> Capacity {
+        Capacity {
+            version: info.version.clone(),
+            max_total_num_tokens: info.max_total_num_tokens,
+            effective_max_running_requests: info.effective_max_running_requests,
+            context_length: info.context_length,
+        }
+    }
 }
 
 /// Why nothing was started.
@@ -257,12 +281,7 @@ async fn bring_up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> (UpOutcome, Option<InstanceRecord>) {
-    let Run {
-        probe,
-        events,
-        cancel,
-        ..
-    } = *run;
+    let Run { events, cancel, .. } = *run;
     let mut outcome = UpOutcome {
         host: instance.host.clone(),
         gpu: instance.gpu,
@@ -270,7 +289,7 @@ async fn bring_up(
         pid: None,
         state: UpState::Failed,
         ready_after: None,
-        info: ServerInfo::default(),
+        info: Capacity::default(),
         error: None,
         log_tail: None,
         argv: instance.display_argv(),
@@ -330,7 +349,7 @@ async fn bring_up(
     // An instance left running by an earlier `up` may still be loading: it is waited for too.
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
-        w = wait_ready(t, instance, &record, health, probe) => Some(w),
+        w = wait_ready(t, instance, &record, health, run) => Some(w),
     };
     let after = started.elapsed();
     match waited {
@@ -347,8 +366,8 @@ async fn bring_up(
                 });
                 outcome.state = UpState::AlreadyRunning;
             }
-            match server_info(t, instance, probe).await {
-                Ok(info) => outcome.info = info,
+            match server_info(t, instance, run).await {
+                Ok(info) => outcome.info = Capacity::from(&info),
                 Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
             }
         }
@@ -421,14 +440,14 @@ async fn wait_ready(
     instance: &Instance,
     record: &InstanceRecord,
     health: &HealthSettings,
-    probe: &Probe,
+    run: &Run<'_>,
 ) -> Result<(), Failure> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
-    let base = format!("http://{}", tunnel.local_addr());
+    let client = client(run, instance, &tunnel);
     let started = Instant::now();
     let mut waits = poll_waits(health.poll);
     let result = loop {
-        if let Ok(200) = probe.health(&base).await {
+        if let Ok(Health::Ready) = client.health().await {
             break Ok(());
         }
         let alive = state::proc_stat(t, record.pid)
@@ -456,14 +475,23 @@ fn poll_waits(poll: Duration) -> impl Iterator<Item = Duration> {
 async fn server_info(
     t: &dyn Transport,
     instance: &Instance,
-    probe: &Probe,
+    run: &Run<'_>,
 ) -> Result<ServerInfo, Box<dyn std::error::Error + Send + Sync>> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
-    let info = probe
-        .server_info(&format!("http://{}", tunnel.local_addr()))
-        .await;
+    let info = client(run, instance, &tunnel).server_info().await;
     tunnel.close().await;
     Ok(info?)
+}
+
+fn client(run: &Run<'_>, instance: &Instance, tunnel: &Tunnel) -> SglangClient {
+    SglangClient::new(
+        run.http.clone(),
+        Endpoint {
+            name: instance.label(),
+            base_url: format!("http://{}", tunnel.local_addr()),
+            api_key: run.api_key.map(str::to_string),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use crate::config::{GpuSelection, HealthSettings, HostSpec, Profile};
 use crate::launch::down::{self, StopState};
 use crate::launch::plan::{self, HostFacts, Instance, PlanError};
 use crate::launch::preflight::{self, PreflightFailure};
-use crate::launch::probe::Probe;
 use crate::launch::state::{self, InstanceRecord, StateError};
 use crate::launch::up::{self, LOG_TAIL_LINES, UpError, UpOptions, UpOutcome, UpState};
 use crate::remote::{RemoteError, Transport, Tunnel};
@@ -128,8 +127,12 @@ pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFa
 }
 
 impl Setup<'_> {
-    fn probe(&self) -> Probe {
-        Probe::new(self.api_key.clone())
+    /// Health checks and `/server_info` reads while starting: they answer fast or not at all.
+    fn probe_http(&self) -> Result<reqwest::Client, ClientError> {
+        http_client(HttpOptions {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+        })
     }
 
     fn up_options(&self) -> UpOptions {
@@ -252,10 +255,11 @@ impl Setup<'_> {
             servers: all.len(),
         });
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let probe = self.probe();
+        let http = self.probe_http()?;
         let run = up::Run {
             transports: self.transports,
-            probe: &probe,
+            http: &http,
+            api_key: self.api_key.as_deref(),
             run_root: self.run_root,
             events: &up_events,
             cancel,
@@ -405,10 +409,11 @@ impl Setup<'_> {
         )?;
         preflight::preflight(&instances, &facts_by_host(self.hosts))?;
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let probe = self.probe();
+        let http = self.probe_http()?;
         let run = up::Run {
             transports: self.transports,
-            probe: &probe,
+            http: &http,
+            api_key: self.api_key.as_deref(),
             run_root: self.run_root,
             events: &up_events,
             cancel,

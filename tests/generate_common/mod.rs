@@ -155,8 +155,8 @@ async fn metrics(State(s): State<Arc<StubState>>) -> String {
     )
 }
 
-/// Starts a stand-in on 127.0.0.1 on its own runtime thread; it lives until the test process
-/// ends, and can be stopped (its port then refuses connections) and started again.
+/// Starts a stand-in on 127.0.0.1 on its own runtime thread. It serves while the returned
+/// handle lives, and can be stopped (its port then refuses connections) and started again.
 pub fn start_stub(spec: StubSpec) -> Stub {
     let state = Arc::new(StubState {
         spec,

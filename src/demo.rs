@@ -1,0 +1,183 @@
+//! What `fleet demo` sets up and concludes, as pure values: the simulated inventory and the
+//! seed's profile, the bundled sample of prompts, and the saturation verdict from the sims'
+//! readings. The command in `commands::demo` runs fleet's own commands over them.
+
+use serde::Serialize;
+
+/// GPUs of the simulated host, as on the seed's Proxmox container.
+pub const GPUS: u32 = 8;
+/// Prompts in the bundled sample the demo generates for.
+pub const SAMPLE_PROMPTS: usize = 2000;
+/// The seed job's size, for the sweep's ETA projection.
+pub const SEED_PROMPTS: u64 = 654_676;
+/// The seed job's mean output length.
+pub const SEED_OUTPUT_TOKENS: u64 = 988;
+/// Simulated time runs this much faster than real time, so a day-long job shows in seconds.
+pub const TIME_SCALE: u32 = 10;
+
+/// `fleet.yaml`: this machine with 8 simulated GPUs.
+pub fn inventory_yaml() -> String {
+    let gpus: Vec<String> = (0..GPUS).map(|g| g.to_string()).collect();
+    format!(
+        "# fleet demo: this machine, with {GPUS} simulated GPUs\nhosts:\n  - name: local\n    gpus: [{}]\n",
+        gpus.join(", ")
+    )
+}
+
+/// The seed's original profile (DESIGN §1, extra_buffer), launching `sim` instead of SGLang.
+/// Paths are written as JSON strings, which YAML reads verbatim whatever they contain.
+pub fn seed_profile_yaml(sim: &str, gpu_state_dir: &str, port_base: u16) -> String {
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    format!(
+        "# The seed's original setup, simulated: Qwen3.6-27B on RTX PRO 6000 Blackwell GPUs with
+# the extra_buffer mamba strategy copied from an old setup.
+model: /models/Qwen3.6-27B
+served_model_name: qwen3.6-27b
+launcher: [{sim}]
+port_base: {port_base}
+server:
+  mem_fraction_static: 0.85
+  context_length: 8192
+  attention_backend: flashinfer
+  mamba_strategy: extra_buffer
+  extra_args: [--trust-remote-code]
+env:
+  SGLANG_SIM_TIME_SCALE: \"{TIME_SCALE}\"
+  SGLANG_SIM_STARTUP_SECS: \"20\"      # a 20 s model load, 2 s at time scale {TIME_SCALE}
+  SGLANG_SIM_GPU_STATE_DIR: {state}
+health:
+  startup_timeout: 2m
+  poll: 1s
+",
+        sim = q(sim),
+        state = q(gpu_state_dir),
+    )
+}
+
+/// The bundled sample: `n` varied prompts, deterministic, one JSONL line each, half of them
+/// chat `messages` and half plain `prompt`, as a training-data job mixes them.
+pub fn sample_prompts(n: usize) -> String {
+    const TOPICS: [&str; 12] = [
+        "the water cycle",
+        "binary search trees",
+        "the French Revolution",
+        "photosynthesis",
+        "TCP congestion control",
+        "the Krebs cycle",
+        "ownership in Rust",
+        "supply and demand",
+        "plate tectonics",
+        "the Fourier transform",
+        "public-key cryptography",
+        "gradient descent",
+    ];
+    const ASKS: [&str; 5] = [
+        "Explain {t} to a curious twelve-year-old, with one everyday analogy.",
+        "Write a step-by-step tutorial on {t} for a university student, including a worked example and three exercises with solutions.",
+        "Summarise the key ideas of {t} in five bullet points, then describe one common misconception and why it is wrong.",
+        "Write a short dialogue between a teacher and a student who keeps asking why, about {t}.",
+        "Compare two competing explanations of {t}, say when each applies, and end with an open question.",
+    ];
+    let mut out = String::with_capacity(n * 200);
+    for i in 0..n {
+        let ask = ASKS[i % ASKS.len()].replace("{t}", TOPICS[(i / ASKS.len()) % TOPICS.len()]);
+        let text = format!("{ask} (variant {i})");
+        let line = if i % 2 == 0 {
+            serde_json::json!({"id": format!("demo-{i:05}"), "prompt": text})
+        } else {
+            serde_json::json!({"id": format!("demo-{i:05}"), "messages": [
+                {"role": "system", "content": "You are a careful, concise tutor."},
+                {"role": "user", "content": text}]})
+        };
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// How close the job came to what the simulated GPUs can do at most.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Saturation {
+    /// The fleet's summed decode throughput (`sglang:gen_throughput`) while the job held every
+    /// batch full: the median of the samples taken between 20% and 80% of the job.
+    pub steady_output_tok_s: f64,
+    /// The sum of the sims' `ideal_output_tok_s` for their configs.
+    pub ideal_output_tok_s: f64,
+    pub ratio: f64,
+    pub samples: usize,
+}
+
+/// `samples`: (fraction of the job done, fleet-wide gen throughput) in time order.
+pub fn saturation(samples: &[(f64, f64)], ideal_output_tok_s: f64) -> Option<Saturation> {
+    let mut steady: Vec<f64> = samples
+        .iter()
+        .filter(|(done, _)| (0.2..=0.8).contains(done))
+        .map(|(_, tok_s)| *tok_s)
+        .collect();
+    if steady.is_empty() || ideal_output_tok_s <= 0.0 {
+        return None;
+    }
+    steady.sort_by(f64::total_cmp);
+    let median = steady[steady.len() / 2];
+    Some(Saturation {
+        steady_output_tok_s: median,
+        ideal_output_tok_s,
+        ratio: median / ideal_output_tok_s,
+        samples: steady.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_has_unique_ids_and_both_shapes() {
+        let text = sample_prompts(SAMPLE_PROMPTS);
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), SAMPLE_PROMPTS);
+        let ids: std::collections::HashSet<&str> =
+            lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), SAMPLE_PROMPTS);
+        assert!(lines[0]["prompt"].is_string() && lines[1]["messages"].is_array());
+        assert_eq!(sample_prompts(10), sample_prompts(10), "deterministic");
+    }
+
+    #[test]
+    fn the_seed_profile_and_inventory_are_valid_for_fleet() {
+        let dir = std::path::Path::new("/nonexistent");
+        let yaml = seed_profile_yaml("/opt/x y/sglang-sim", "/tmp/a \"b\"", 31000);
+        let p = crate::config::profile_from_str(&yaml, &dir.join("seed.yaml"), dir).unwrap();
+        assert_eq!(p.launcher, vec!["/opt/x y/sglang-sim".to_string()]);
+        assert_eq!(p.env["SGLANG_SIM_GPU_STATE_DIR"], "/tmp/a \"b\"");
+        assert_eq!(
+            p.server.mamba_strategy,
+            Some(crate::config::MambaStrategy::ExtraBuffer)
+        );
+        let inv =
+            crate::config::inventory_from_str(&inventory_yaml(), &dir.join("fleet.yaml")).unwrap();
+        assert_eq!(
+            inv.hosts[0].gpus,
+            crate::config::GpuSelection::List((0..GPUS).collect())
+        );
+    }
+
+    #[test]
+    fn saturation_is_the_median_of_the_steady_part() {
+        let samples = [
+            (0.05, 100.0),
+            (0.3, 970.0),
+            (0.5, 990.0),
+            (0.6, 1000.0),
+            (0.95, 300.0),
+        ];
+        let s = saturation(&samples, 1000.0).unwrap();
+        assert_eq!(s.steady_output_tok_s, 990.0);
+        assert!((s.ratio - 0.99).abs() < 1e-9);
+        assert_eq!(s.samples, 3);
+        assert!(saturation(&[(0.1, 5.0)], 1000.0).is_none());
+    }
+}
