@@ -17,7 +17,8 @@ use super::rank::{Outcome, Trial};
 use super::space::Candidate;
 use super::trial::{self, Group, Server, Timing};
 use crate::config::{GpuSelection, HealthSettings, HostSpec, Profile};
-use crate::launch::down::{self, StopState};
+use crate::gpu;
+use crate::launch::down::{self, StopOutcome, StopState};
 use crate::launch::plan::{self, HostFacts, Instance, PlanError};
 use crate::launch::preflight::{self, PreflightFailure};
 use crate::launch::state::{self, InstanceRecord, StateError};
@@ -144,6 +145,8 @@ impl Setup<'_> {
         }
     }
 
+    /// Stops servers and waits (briefly) until their GPUs' memory is released, so that the next
+    /// round's servers find the memory they are measured with.
     async fn stop(&self, running: Vec<Running>) {
         let stops = running.iter().map(|r| {
             down::stop(
@@ -152,14 +155,41 @@ impl Setup<'_> {
                 self.grace,
             )
         });
-        for s in futures::future::join_all(stops).await {
+        let outcomes = futures::future::join_all(stops).await;
+        for s in &outcomes {
             if s.state == StopState::Failed || !s.port_closed {
                 tracing::warn!(
                     "{} gpu{} :{}: could not stop: {}",
                     s.host,
                     s.gpu,
                     s.port,
-                    s.error.unwrap_or_default()
+                    s.error.as_deref().unwrap_or_default()
+                );
+            }
+        }
+        let confirms = self.hosts.iter().map(|(h, _)| {
+            let mut mine: Vec<StopOutcome> = outcomes
+                .iter()
+                .filter(|o| o.host == h.name)
+                .cloned()
+                .collect();
+            let t = self.transports[&h.name].clone();
+            let local = h.ssh.is_none() && h.container.is_none();
+            async move {
+                if !mine.is_empty() {
+                    down::confirm_gpus_released(&mut mine, || gpu::read_host(t.clone(), local))
+                        .await;
+                }
+                mine
+            }
+        });
+        for o in futures::future::join_all(confirms).await.iter().flatten() {
+            if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > down::RELEASED_MIB) {
+                tracing::warn!(
+                    "{} gpu{}: still {used} MiB in use after stopping :{}",
+                    o.host,
+                    o.gpu,
+                    o.port
                 );
             }
         }
