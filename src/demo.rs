@@ -40,7 +40,9 @@ server:
   context_length: 8192
   attention_backend: flashinfer
   mamba_strategy: extra_buffer
-  extra_args: [--trust-remote-code]
+  # SGLang streams a chunk per 8 tokens: at {TIME_SCALE}x simulated speed, one chunk per token
+  # would make a 2-core client, not the GPUs, the bottleneck of the sweep's streamed load.
+  extra_args: [--trust-remote-code, --stream-interval, \"8\"]
 env:
   SGLANG_SIM_TIME_SCALE: \"{TIME_SCALE}\"
   SGLANG_SIM_STARTUP_SECS: \"20\"      # a 20 s model load, 2 s at time scale {TIME_SCALE}
