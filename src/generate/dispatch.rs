@@ -71,6 +71,9 @@ struct SignalAcc {
     readings: u64,
     running: f64,
     queue_empty: u64,
+    /// Sum and count of `sglang:gen_throughput` readings: the decode rate as the batch runs.
+    gen_tok_s: f64,
+    gen_readings: u64,
 }
 
 struct Inst {
@@ -822,6 +825,10 @@ impl Run<'_> {
                         inst.acc.readings += 1;
                         inst.acc.running += running;
                         inst.acc.queue_empty += u64::from(queued < 1.0);
+                        if let Some(g) = m.gen_throughput {
+                            inst.acc.gen_tok_s += g;
+                            inst.acc.gen_readings += 1;
+                        }
                     }
                 }
                 inst.last = Some(m);
@@ -923,7 +930,14 @@ impl Run<'_> {
                 .filter(|s| *s > 0.0 && !kv.is_empty())
                 .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
         };
-        let live = if up.iter().all(|i| i.server_tokens.is_measured()) {
+        // Output is counted when requests finish, so in the first minutes of long completions
+        // counters lag far behind the GPUs; the servers' decode rate does not.
+        let live = if up.iter().all(|i| i.acc.gen_readings > 0) {
+            up.iter()
+                .map(|i| i.acc.gen_tok_s / i.acc.gen_readings as f64)
+                .sum::<f64>()
+                / n
+        } else if up.iter().all(|i| i.server_tokens.is_measured()) {
             up.iter().map(|i| i.server_tokens.rates().1).sum::<f64>() / n
         } else {
             self.window.rates().1 / n
