@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use fleet::generate::{self, Endpoint, GenerateConfig};
-use generate_common::{StubSpec, start_stub, write_prompts};
+use generate_common::{Sim, StubSpec, start_stub, write_lines, write_prompts};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const SEED_TOTAL: usize = 654_676;
@@ -34,7 +35,7 @@ fn config(prompts: &Path, out: &Path) -> GenerateConfig {
 
 /// Completed requests/s of the engine over 20,000 prompts and two instant servers.
 fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let urls: Vec<String> = (0..2).map(|_| start_stub(instant()).url).collect();
+    let stubs: Vec<_> = (0..2).map(|_| start_stub(instant())).collect();
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
     const N: usize = 20_000;
@@ -46,7 +47,7 @@ fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         b.iter(|| {
             round += 1;
             let out = tmp.path().join(format!("out{round}"));
-            let endpoints = urls.iter().map(|u| Endpoint::from_url(u)).collect();
+            let endpoints = stubs.iter().map(|s| Endpoint::from_url(&s.url)).collect();
             let s = rt
                 .block_on(generate::run(
                     config(&prompts, &out),
@@ -150,6 +151,88 @@ fn binary_run() {
     );
 }
 
+/// Output tok/s of 8 no_buffer sims driven by the engine, measured by the sims' own counters
+/// over the steady middle of the run, against the sum of their ideal throughput.
+fn saturation(rt: &tokio::runtime::Runtime) {
+    const SCALE: &str = "20";
+    let sims: Vec<Sim> = (0..8)
+        .map(|_| {
+            Sim::start(&[
+                "--mamba-radix-cache-strategy",
+                "no_buffer",
+                "--sim-time-scale",
+                SCALE,
+            ])
+        })
+        .collect();
+    let ideal: f64 = sims.iter().map(Sim::ideal_output_tok_s).sum();
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    // The workload behind the sims' ideal: ~96-token prompts, natural outputs (mean 988).
+    let lines: Vec<String> = (0..100_000)
+        .map(|i| json!({"id": i, "prompt": format!("{i:08} {}", "lorem ipsum dolor sit amet ".repeat(14))}).to_string())
+        .collect();
+    write_lines(&prompts, &lines);
+    for (label, mode) in [
+        ("auto", generate::ConcurrencyMode::Auto),
+        ("fixed 32", generate::ConcurrencyMode::Fixed(32)),
+    ] {
+        let out = tmp.path().join(format!("out-{}", label.replace(' ', "-")));
+        let mut cfg = config(&prompts, &out);
+        cfg.concurrency = mode;
+        let cancel = CancellationToken::new();
+        let endpoints = sims.iter().map(|s| Endpoint::from_url(&s.url)).collect();
+        let run = rt.spawn(generate::run(cfg, endpoints, |_| {}, cancel.clone()));
+        std::thread::sleep(Duration::from_secs(6));
+        let t1 = Instant::now();
+        let before: f64 = sims.iter().map(Sim::generated_tokens).sum();
+        std::thread::sleep(Duration::from_secs(15));
+        let after: f64 = sims.iter().map(Sim::generated_tokens).sum();
+        let measured = (after - before) / t1.elapsed().as_secs_f64();
+        cancel.cancel();
+        rt.block_on(run).unwrap().unwrap();
+        println!(
+            "saturation, 8 no_buffer sims at time scale {SCALE}, --concurrency {label}: \
+             {measured:.0} output tok/s = {:.1}% of the sims' ideal {ideal:.0}",
+            100.0 * measured / ideal
+        );
+    }
+}
+
+/// Completed requests/s of the binary against two `--sim-instant` sims.
+#[allow(clippy::zombie_processes, reason = "reaped by wait4")]
+fn instant_sims() {
+    let sims: Vec<Sim> = (0..2).map(|_| Sim::start(&["--sim-instant"])).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    const N: usize = 200_000;
+    write_prompts(&prompts, N);
+    let t0 = Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .args(["-q", "generate", "--max-tokens", "16", "--prompts"])
+        .arg(&prompts)
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .args(["--url", &sims[0].url, "--url", &sims[1].url])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: waiting for the child spawned above, by its pid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "fleet generate failed"
+    );
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "fleet generate (binary) vs 2 --sim-instant sims: {N} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",
+        N as f64 / secs,
+        usage.ru_maxrss as f64 / 1024.0
+    );
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -162,6 +245,12 @@ fn main() {
         .unwrap_or_default();
     if filter.is_empty() || "binary_654676".contains(&filter) {
         binary_run();
+    }
+    if filter.is_empty() || "instant_sims".contains(&filter) {
+        instant_sims();
+    }
+    if filter.is_empty() || "saturation".contains(&filter) {
+        saturation(&rt);
     }
     engine_throughput(&mut c, &rt);
     resume_to_first_request(&mut c, &rt);

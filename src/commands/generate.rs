@@ -8,6 +8,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::GenerateArgs;
+use crate::config::{self, Profile};
 use crate::generate::input::InputError;
 use crate::generate::journal::JournalError;
 use crate::generate::progress::Progress;
@@ -22,15 +23,20 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let mut config = config_from(args)?;
-    if let Some(name) = &args.profile {
-        let profile = crate::config::load_profile(name, &ctx.global.profiles_dir)?;
-        if profile.expected.is_none() {
-            tracing::info!(
-                "profile {name} records no measured throughput (`expected:`); the watchdog judges \
-                 by the servers' capacity signals (`fleet sweep --write-profile` records it)"
+    let profile = args
+        .profile
+        .as_deref()
+        .map(|p| config::load_profile(p, &ctx.global.profiles_dir))
+        .transpose()?;
+    if let Some(p) = &profile {
+        config.expected = p.expected.clone();
+        if p.expected.is_none() && !ctx.global.quiet {
+            eprintln!(
+                "note: profile {} records no measured throughput (`expected:`, written by \
+                 `fleet sweep --write-profile`); the watchdog judges by the servers' own capacity",
+                p.name
             );
         }
-        config.expected = profile.expected;
     }
     // Without --url: every instance `fleet up` started, through port forwards held for the run.
     let fleet = if args.url.is_empty() {
@@ -40,7 +46,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     };
     let endpoints = match &fleet {
         Some(f) => f.endpoints.clone(),
-        None => endpoints_from(args)?,
+        None => endpoints_from(args, profile.as_ref())?,
     };
     let json = ctx.global.json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
@@ -133,15 +139,21 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     Ok(c)
 }
 
-fn endpoints_from(args: &GenerateArgs) -> anyhow::Result<Vec<Endpoint>> {
-    let api_key = std::env::var("FLEET_API_KEY")
-        .ok()
-        .filter(|k| !k.is_empty());
+/// `--url` endpoints; the API key comes from the profile's `api_key_env`, else `FLEET_API_KEY`.
+fn endpoints_from(args: &GenerateArgs, profile: Option<&Profile>) -> anyhow::Result<Vec<Endpoint>> {
+    let key_var = profile
+        .and_then(|p| p.api_key_env.as_deref())
+        .unwrap_or("FLEET_API_KEY");
+    let api_key = std::env::var(key_var).ok().filter(|k| !k.is_empty());
     args.url
         .iter()
         .map(|u| {
-            if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(UsageError(format!("--url {u:?}: expected http://HOST:PORT")).into());
+            if !u.starts_with("http://") {
+                return Err(UsageError(format!(
+                    "--url {u:?}: expected http://HOST:PORT (servers are reached over plain HTTP, \
+                     or through fleet's SSH forwards when --url is left out)"
+                ))
+                .into());
             }
             let mut e = Endpoint::from_url(u);
             e.api_key = api_key.clone();

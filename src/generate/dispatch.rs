@@ -24,6 +24,9 @@ use crate::sglang::client::{
 };
 use crate::sglang::metrics::Metrics;
 
+/// `/metrics` readings after warm-up before the watchdog judges an instance.
+const MIN_READINGS: u64 = 3;
+
 /// A prompt on its way through the fleet.
 struct Job {
     line: u64,
@@ -85,6 +88,9 @@ struct Inst {
     completed: u64,
     out_tokens: u64,
     window: RateWindow,
+    /// The server's own `generation_tokens_total`: output tok/s as it happens, not only when
+    /// long requests complete.
+    server_tokens: RateWindow,
     last: Option<Metrics>,
     acc: SignalAcc,
 }
@@ -141,7 +147,7 @@ pub async fn run(
         source,
     })?;
 
-    let (recovered, total) = {
+    let (recovered, scan) = {
         let out = config.out.clone();
         let prompts = config.prompts.clone();
         let (resume, limit) = (config.resume, config.limit);
@@ -151,8 +157,8 @@ pub async fn run(
             } else {
                 journal::Recovered::default()
             };
-            let total = input::check_ids(&prompts, limit)?;
-            Ok((recovered, total))
+            let scan = input::check_ids(&prompts, limit, &recovered.done)?;
+            Ok((recovered, scan))
         })
         .await??
     };
@@ -167,7 +173,7 @@ pub async fn run(
         tokio::select! {
             r = futures::future::join_all(probes) => r,
             _ = cancel.cancelled() => {
-                let progress = Progress::before_start(total, &recovered, Status::Interrupted);
+                let progress = Progress::before_start(scan.total, &recovered, Status::Interrupted);
                 return Ok(Summary { ended: Ended::Interrupted, progress });
             }
         }
@@ -228,12 +234,13 @@ pub async fn run(
             completed: 0,
             out_tokens: 0,
             window,
+            server_tokens: RateWindow::new(config.timing.rate_window),
             last: None,
             acc: SignalAcc::default(),
         });
     }
     on_event(Event::Started {
-        total,
+        total: scan.total,
         already_done: recovered.done.len() as u64,
         truncated_bytes: recovered.truncated_bytes,
         instances: started,
@@ -245,7 +252,8 @@ pub async fn run(
         let path = config.prompts.clone();
         let limit = config.limit;
         let done = recovered.done;
-        tokio::task::spawn_blocking(move || read_input(path, limit, done, line_tx))
+        let start = scan.first_pending;
+        tokio::task::spawn_blocking(move || read_input(path, limit, start, done, line_tx))
     };
 
     let mut run = Run {
@@ -253,7 +261,7 @@ pub async fn run(
         insts,
         model,
         journal,
-        total,
+        total: scan.total,
         base_completed: recovered.completed,
         base_failed: recovered.failed,
         base_in_tokens: recovered.input_tokens,
@@ -313,10 +321,12 @@ async fn blocking<T: Send + 'static>(
 fn read_input(
     path: PathBuf,
     limit: Option<u64>,
+    start: Option<input::Position>,
     done: HashSet<u128>,
     tx: mpsc::Sender<Line>,
 ) -> Result<(), input::InputError> {
-    let mut reader = input::Reader::open(&path, limit)?;
+    let Some(start) = start else { return Ok(()) };
+    let mut reader = input::Reader::open_at(&path, limit, start)?;
     while let Some((number, text)) = reader.next_raw()? {
         let line = input::parse_line(number, text);
         if done.contains(&line.id.key()) {
@@ -803,6 +813,9 @@ impl Run<'_> {
                 if !inst.up {
                     return;
                 }
+                if let Some(total) = m.generation_tokens_total {
+                    inst.server_tokens.record(Instant::now(), 0, total as u64);
+                }
                 if let (Some(running), Some(queued)) = (m.num_running_reqs, m.num_queue_reqs) {
                     inst.ctl.observe(running, queued, inst.in_flight);
                     if warm {
@@ -846,6 +859,8 @@ impl Run<'_> {
                 inst.kv_tokens = info.max_total_num_tokens;
                 inst.ctl = Controller::new(self.config.concurrency, inst.cap);
                 inst.metrics_available = true;
+                // A restarted server counts from zero again.
+                inst.server_tokens = RateWindow::new(self.config.timing.rate_window);
                 on_event(Event::InstanceUp {
                     name: inst.client.endpoint().name.clone(),
                     server_cap: inst.cap,
@@ -877,7 +892,7 @@ impl Run<'_> {
         let up: Vec<&Inst> = self
             .insts
             .iter()
-            .filter(|i| i.up && i.acc.readings > 0)
+            .filter(|i| i.up && i.acc.readings >= MIN_READINGS)
             .collect();
         if up.is_empty() {
             return None;
@@ -908,7 +923,11 @@ impl Run<'_> {
                 .filter(|s| *s > 0.0 && !kv.is_empty())
                 .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
         };
-        let live = self.window.rates().1 / n;
+        let live = if up.iter().all(|i| i.server_tokens.is_measured()) {
+            up.iter().map(|i| i.server_tokens.rates().1).sum::<f64>() / n
+        } else {
+            self.window.rates().1 / n
+        };
         let finding = watchdog::assess(live, self.config.expected.as_ref(), &signals)?;
         if self.warned.as_ref() != Some(&finding.cause) {
             self.warned = Some(finding.cause.clone());

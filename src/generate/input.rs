@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::hash::{DefaultHasher, Hasher};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize, Serializer};
@@ -237,30 +237,50 @@ pub struct Reader {
     path: PathBuf,
     inner: BufReader<File>,
     buf: String,
-    number: u64,
-    yielded: u64,
+    pos: Position,
     limit: Option<u64>,
+}
+
+/// Where a [`Reader`] stands: a resumed run starts at its first pending line instead of
+/// re-reading everything that is done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Position {
+    /// Byte offset of the next line.
+    pub offset: u64,
+    /// Lines read so far (the next line is `line + 1`).
+    pub line: u64,
+    /// Non-blank lines read so far (what `--limit` counts).
+    pub yielded: u64,
 }
 
 impl Reader {
     pub fn open(path: &Path, limit: Option<u64>) -> Result<Self, InputError> {
-        let file = File::open(path).map_err(|source| InputError::Io {
+        Self::open_at(path, limit, Position::default())
+    }
+
+    pub fn open_at(path: &Path, limit: Option<u64>, pos: Position) -> Result<Self, InputError> {
+        let err = |source| InputError::Io {
             path: path.into(),
             source,
-        })?;
+        };
+        let mut file = File::open(path).map_err(err)?;
+        file.seek(SeekFrom::Start(pos.offset)).map_err(err)?;
         Ok(Reader {
             path: path.into(),
             inner: BufReader::with_capacity(256 * 1024, file),
             buf: String::new(),
-            number: 0,
-            yielded: 0,
+            pos,
             limit,
         })
     }
 
+    pub fn position(&self) -> Position {
+        self.pos
+    }
+
     /// The next non-blank line's number and text (borrowed until the next call).
     pub fn next_raw(&mut self) -> Result<Option<(u64, &str)>, InputError> {
-        if self.limit.is_some_and(|l| self.yielded >= l) {
+        if self.limit.is_some_and(|l| self.pos.yielded >= l) {
             return Ok(None);
         }
         loop {
@@ -275,10 +295,11 @@ impl Reader {
             if n == 0 {
                 return Ok(None);
             }
-            self.number += 1;
+            self.pos.offset += n as u64;
+            self.pos.line += 1;
             if !self.buf.trim().is_empty() {
-                self.yielded += 1;
-                return Ok(Some((self.number, self.buf.trim_end())));
+                self.pos.yielded += 1;
+                return Ok(Some((self.pos.line, self.buf.trim_end())));
             }
         }
     }
@@ -303,35 +324,57 @@ fn id_of(number: u64, text: &str) -> Id {
         .unwrap_or_else(|| Id::line(number))
 }
 
-/// Reads every id once (keeping only 64-bit hashes) and fails on the first duplicate. Hash
-/// collisions are confirmed by a second pass over just the colliding hashes, so two distinct
-/// ids never report a false duplicate. Returns the number of prompt lines.
-pub fn check_ids(path: &Path, limit: Option<u64>) -> Result<u64, InputError> {
-    let hash64 = |t: &str| {
-        let mut h = DefaultHasher::new();
-        h.write(t.as_bytes());
-        h.finish()
-    };
+/// What the pre-pass over the prompt file found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdScan {
+    /// Prompt lines (non-blank, up to `--limit`).
+    pub total: u64,
+    /// Where the first line not in `done` starts; `None` when every line is done.
+    pub first_pending: Option<Position>,
+}
+
+/// Reads every id once and fails on the first duplicate, keeping only 64-bit hashes in memory.
+/// Hash collisions are confirmed by a second pass over just the colliding hashes, so two
+/// distinct ids never report a false duplicate. Also finds where work not in `done` begins.
+pub fn check_ids(
+    path: &Path,
+    limit: Option<u64>,
+    done: &HashSet<u128>,
+) -> Result<IdScan, InputError> {
+    // The upper half of the 128-bit key is one SipHash of the id: the duplicate check reuses it.
+    let hash64 = |key: u128| (key >> 64) as u64;
     let mut seen: HashSet<u64> = HashSet::new();
     let mut suspects: HashSet<u64> = HashSet::new();
     let mut reader = Reader::open(path, limit)?;
     let mut total = 0;
-    while let Some((n, t)) = reader.next_raw()? {
+    let mut first_pending = None;
+    loop {
+        let before = reader.position();
+        let Some((n, t)) = reader.next_raw()? else {
+            break;
+        };
         total += 1;
-        let h = hash64(&id_of(n, t).text);
-        if !seen.insert(h) {
-            suspects.insert(h);
+        let key = id_of(n, t).key();
+        if first_pending.is_none() && !done.contains(&key) {
+            first_pending = Some(before);
+        }
+        if !seen.insert(hash64(key)) {
+            suspects.insert(hash64(key));
         }
     }
     drop(seen);
+    let scan = IdScan {
+        total,
+        first_pending,
+    };
     if suspects.is_empty() {
-        return Ok(total);
+        return Ok(scan);
     }
     let mut first: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut reader = Reader::open(path, limit)?;
     while let Some((n, t)) = reader.next_raw()? {
         let id = id_of(n, t);
-        if !suspects.contains(&hash64(&id.text)) {
+        if !suspects.contains(&hash64(id.key())) {
             continue;
         }
         if let Some(&first_line) = first.get(&id.text) {
@@ -344,7 +387,7 @@ pub fn check_ids(path: &Path, limit: Option<u64>) -> Result<u64, InputError> {
         }
         first.insert(id.text, n);
     }
-    Ok(total)
+    Ok(scan)
 }
 
 #[cfg(test)]
@@ -435,7 +478,7 @@ mod tests {
             r#"{"id":"b","prompt":"2"}"#,
             r#"{"id":"a","prompt":"3"}"#,
         ]);
-        match check_ids(f.path(), None) {
+        match check_ids(f.path(), None, &HashSet::new()) {
             Err(InputError::Duplicate {
                 id,
                 first_line,
@@ -446,7 +489,35 @@ mod tests {
             }
             other => panic!("expected a duplicate, got {other:?}"),
         }
-        assert_eq!(check_ids(f.path(), Some(2)).unwrap(), 2);
+        assert_eq!(
+            check_ids(f.path(), Some(2), &HashSet::new()).unwrap().total,
+            2
+        );
+    }
+
+    #[test]
+    fn the_scan_finds_where_pending_work_starts_and_the_reader_resumes_there() {
+        let f = file(&[
+            r#"{"id":"a","prompt":"1"}"#,
+            "",
+            r#"{"id":"b","prompt":"2"}"#,
+            r#"{"id":"c","prompt":"3"}"#,
+        ]);
+        let done: HashSet<u128> = [key_of("a"), key_of("c")].into();
+        let scan = check_ids(f.path(), Some(3), &done).unwrap();
+        assert_eq!(scan.total, 3);
+        let at = scan.first_pending.unwrap();
+        assert_eq!((at.line, at.yielded), (1, 1));
+        let mut r = Reader::open_at(f.path(), Some(3), at).unwrap();
+        let l = r.next_line().unwrap().unwrap();
+        assert_eq!((l.number, l.id.text.as_str()), (3, "b"));
+        assert_eq!(r.next_line().unwrap().unwrap().id.text, "c");
+        assert!(
+            r.next_line().unwrap().is_none(),
+            "the limit still counts from the top"
+        );
+        let all: HashSet<u128> = ["a", "b", "c"].map(key_of).into();
+        assert_eq!(check_ids(f.path(), None, &all).unwrap().first_pending, None);
     }
 
     #[test]

@@ -185,15 +185,22 @@ pub fn recover(dir: &Path) -> Result<Recovered, JournalError> {
     }
     for (path, is_shard) in files {
         r.truncated_bytes += truncate_torn_tail(&path)?;
-        let reader = BufReader::with_capacity(256 * 1024, File::open(&path).map_err(io(&path))?);
-        for (i, line) in reader.lines().enumerate() {
-            let line = line.map_err(io(&path))?;
-            if line.trim().is_empty() {
+        let mut reader =
+            BufReader::with_capacity(256 * 1024, File::open(&path).map_err(io(&path))?);
+        let mut line = Vec::new();
+        let mut number = 0u64;
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line).map_err(io(&path))? == 0 {
+                break;
+            }
+            number += 1;
+            if line.trim_ascii().is_empty() {
                 continue;
             }
-            let d: DoneLine = serde_json::from_str(&line).map_err(|e| JournalError::Corrupt {
+            let d: DoneLine = serde_json::from_slice(&line).map_err(|e| JournalError::Corrupt {
                 path: path.clone(),
-                line: i as u64 + 1,
+                line: number,
                 reason: e.to_string(),
             })?;
             // Counted once even if a file was copied in twice, so totals never exceed the input.

@@ -132,9 +132,17 @@ impl RateWindow {
             return (0.0, 0.0);
         }
         (
-            (last.1 - first.1) as f64 / dt,
-            (last.2 - first.2) as f64 / dt,
+            last.1.saturating_sub(first.1) as f64 / dt,
+            last.2.saturating_sub(first.2) as f64 / dt,
         )
+    }
+
+    /// Whether two samples at different times exist, so [`Self::rates`] means something.
+    pub fn is_measured(&self) -> bool {
+        match (self.samples.front(), self.samples.back()) {
+            (Some(a), Some(b)) => b.0 > a.0,
+            _ => false,
+        }
     }
 }
 

@@ -155,8 +155,8 @@ async fn metrics(State(s): State<Arc<StubState>>) -> String {
     )
 }
 
-/// Starts a stand-in on 127.0.0.1 on its own runtime thread; it lives until the test process
-/// ends, and can be stopped (its port then refuses connections) and started again.
+/// Starts a stand-in on 127.0.0.1 on its own runtime thread. It serves while the returned
+/// handle lives, and can be stopped (its port then refuses connections) and started again.
 pub fn start_stub(spec: StubSpec) -> Stub {
     let state = Arc::new(StubState {
         spec,
@@ -325,4 +325,124 @@ pub fn fleet() -> std::process::Command {
         .env_remove("FLEET_API_KEY")
         .env("NO_COLOR", "1");
     c
+}
+
+/// A real `sglang-sim` process on a free loopback port, killed when dropped.
+pub struct Sim {
+    child: std::process::Child,
+    pub port: u16,
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+impl Sim {
+    /// Starts `sglang-sim` with a short load and metrics on, plus `args`, and waits until ready.
+    pub fn start(args: &[&str]) -> Sim {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sglang-sim"))
+            .args([
+                "--model-path",
+                "/models/test",
+                "--port",
+                &port.to_string(),
+                "--enable-metrics",
+            ])
+            .args(["--sim-startup-secs", "0.2"])
+            .arg("--sim-gpu-state-dir")
+            .arg(dir.path().join("gpus"))
+            .args(args)
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
+            .stderr(std::process::Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let mut sim = Sim {
+            child,
+            port,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
+        let t0 = std::time::Instant::now();
+        while http_get(port, "/health").map(|(s, _)| s) != Some(200) {
+            if let Some(st) = sim.child.try_wait().unwrap() {
+                panic!("sglang-sim exited ({st}) before ready: {}", sim.log());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "sglang-sim not ready: {}",
+                sim.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sim
+    }
+
+    pub fn server_info(&self) -> Value {
+        let (status, body) = http_get(self.port, "/server_info").expect("sim answers");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The sim's own ideal output tok/s for its config (at its time scale).
+    pub fn ideal_output_tok_s(&self) -> f64 {
+        self.server_info()["sim"]["ideal_output_tok_s"]
+            .as_f64()
+            .expect("sim.ideal_output_tok_s")
+    }
+
+    pub fn cap(&self) -> u64 {
+        self.server_info()["internal_states"][0]["effective_max_running_requests_per_dp"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// The sim's `sglang:generation_tokens_total`.
+    pub fn generated_tokens(&self) -> f64 {
+        let (_, body) = http_get(self.port, "/metrics").expect("sim answers /metrics");
+        fleet::sglang::metrics::parse(&body)
+            .generation_tokens_total
+            .expect("generation_tokens_total")
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
