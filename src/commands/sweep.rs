@@ -44,8 +44,12 @@ fn candidate_profiles(
         .iter()
         .map(|c| {
             let overrides = overrides(c);
-            let p = config::load_profile_with(&args.profile, dir, &overrides)
+            let mut p = config::load_profile_with(&args.profile, dir, &overrides)
                 .with_context(|| format!("candidate {}", c.label()))?;
+            // `fleet status`/`down` show which candidate a server runs, not just the base.
+            if !c.settings.is_empty() {
+                p.name = format!("{}[{}]", p.name, c.label());
+            }
             Ok((c.clone(), p))
         })
         .collect()
