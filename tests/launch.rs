@@ -1,6 +1,7 @@
 //! `fleet up/status/down/logs` through the real binary against real sglang-sim servers on this
 //! machine (and one case over real sshd + fake pct). Each test has its own ports, run
-//! directory and fake-GPU state, so tests run in parallel.
+//! directory and fake-GPU state, so tests run in parallel. Ports are fixed and below Linux's
+//! ephemeral range (32768-60999), where outgoing connections would take them at random.
 
 mod common;
 
@@ -135,7 +136,7 @@ fn pids(rows: &[Value]) -> Vec<u64> {
 
 #[test]
 fn up_status_down_on_eight_instances() {
-    let f = Fleet::new(41000);
+    let f = Fleet::new(24000);
     f.profile("sim", "  mamba_strategy: no_buffer\n", "");
     let started = Instant::now();
     let (code, up, stderr) = f.json(&["up", "--profile", "sim"]);
@@ -148,7 +149,7 @@ fn up_status_down_on_eight_instances() {
             .iter()
             .map(|p| p.as_u64().unwrap())
             .collect::<Vec<_>>(),
-        (41000..41008).collect::<Vec<_>>()
+        (24000..24008).collect::<Vec<_>>()
     );
     assert!(up.iter().all(|r| r["version"] == "0.5.23"));
     assert!(
@@ -227,7 +228,7 @@ fn up_status_down_on_eight_instances() {
         started.elapsed()
     );
     assert!(up_pids.iter().all(|p| !alive(*p)));
-    assert!((41000..41008).all(|p| !listening(p)));
+    assert!((24000..24008).all(|p| !listening(p)));
 
     // Idempotent: nothing left to stop, nothing left to show.
     let (code, down, _) = f.json(&["down"]);
@@ -238,7 +239,7 @@ fn up_status_down_on_eight_instances() {
 
 #[test]
 fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
-    let f = Fleet::new(41100);
+    let f = Fleet::new(24100);
     f.profile("sim", "", "");
     let (code, first, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1"]);
     assert_eq!(code, 0, "{stderr}");
@@ -262,7 +263,7 @@ fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("local gpu0 :41100: already running a different config"),
+        stderr.contains("local gpu0 :24100: already running a different config"),
         "{stderr}"
     );
     assert!(stderr.contains("--replace"), "{stderr}");
@@ -291,7 +292,7 @@ fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
 
 #[test]
 fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
-    let f = Fleet::new(41200);
+    let f = Fleet::new(24200);
     // An 8 s load that never finishes: the sim crashes a quarter of the way in (2 s).
     f.profile(
         "dies",
@@ -313,7 +314,7 @@ fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
         started.elapsed()
     );
     assert!(
-        stderr.contains("local gpu3 :41203: the server process exited during startup"),
+        stderr.contains("local gpu3 :24203: the server process exited during startup"),
         "{stderr}"
     );
     // The log tail follows, each line marked.
@@ -332,7 +333,7 @@ fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
     assert_eq!(code, 1);
     assert_eq!(rows(&status)[0]["liveness"], "dead");
     let out = f.fleet().args(["status", "-v"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("local gpu3 :41203 (dead):"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("local gpu3 :24203 (dead):"));
     let (code, down, _) = f.json(&["down"]);
     assert_eq!(code, 0);
     assert_eq!(rows(&down)[0]["state"], "already_dead");
@@ -340,7 +341,7 @@ fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
 
 #[test]
 fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anything() {
-    let f = Fleet::new(41300);
+    let f = Fleet::new(24300);
     f.profile(
         "old",
         "  mamba_strategy: extra_buffer_lazy\n  extra_args: [--trust-remote-cod, --dtype, bfloat17]\n",
@@ -371,7 +372,7 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
         !f.run_dir().exists(),
         "nothing may start after a failed preflight"
     );
-    assert!((41300..41308).all(|p| !listening(p)));
+    assert!((24300..24308).all(|p| !listening(p)));
 
     // --skip-preflight reads no --help: the newest flag name is rendered, unchecked.
     let (code, plan, stderr) = f.json(&["up", "--profile", "old", "--dry-run", "--skip-preflight"]);
@@ -401,11 +402,11 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
 
 #[test]
 fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
-    let f = Fleet::new(41400);
+    let f = Fleet::new(24400);
     std::fs::write(
         f.dir.path().join("profiles/keyed.yaml"),
         format!(
-            "model: /models/test\nlauncher: [sglang-sim]\nport_base: 41400\nserved_model_name: q\napi_key_env: TEST_FLEET_KEY\nserver:\n  mamba_strategy: no_buffer\nenv: {{SGLANG_SIM_GPU_STATE_DIR: \"{}\"}}\n",
+            "model: /models/test\nlauncher: [sglang-sim]\nport_base: 24400\nserved_model_name: q\napi_key_env: TEST_FLEET_KEY\nserver:\n  mamba_strategy: no_buffer\nenv: {{SGLANG_SIM_GPU_STATE_DIR: \"{}\"}}\n",
             f.gpu_state().display()
         ),
     )
@@ -433,9 +434,9 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
     assert_eq!(
         plan,
         serde_json::json!([{
-            "host": "local", "gpu": 5, "port": 41405,
+            "host": "local", "gpu": 5, "port": 24405,
             "argv": ["sglang-sim", "--model-path", "/models/test", "--served-model-name", "q",
-                     "--host", "127.0.0.1", "--port", "41405",
+                     "--host", "127.0.0.1", "--port", "24405",
                      "--mamba-radix-cache-strategy", "no_buffer",
                      "--api-key", "********", "--enable-metrics"],
             "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "5",
@@ -471,7 +472,7 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
             .unwrap()
             > 0
     );
-    let record = std::fs::read_to_string(f.run_dir().join("41405/instance.json")).unwrap();
+    let record = std::fs::read_to_string(f.run_dir().join("24405/instance.json")).unwrap();
     assert!(
         record.contains("TEST_FLEET_KEY") && !record.contains("sk-very-secret"),
         "{record}"
@@ -488,7 +489,7 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
 
 #[test]
 fn down_with_one_instance_already_dead_stops_the_rest() {
-    let f = Fleet::new(41500);
+    let f = Fleet::new(24500);
     f.profile("sim", "", "");
     let (code, up, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1,2"]);
     assert_eq!(code, 0, "{stderr}");
@@ -519,7 +520,7 @@ fn down_with_one_instance_already_dead_stops_the_rest() {
 
 #[test]
 fn a_server_ignoring_sigterm_is_killed_after_the_grace_period() {
-    let f = Fleet::new(41600);
+    let f = Fleet::new(24600);
     f.profile("stubborn", "  extra_args: [--sim-ignore-sigterm]\n", "");
     let (code, up, stderr) = f.json(&["up", "--profile", "stubborn", "--gpus", "0"]);
     assert_eq!(code, 0, "{stderr}");
@@ -533,9 +534,9 @@ fn a_server_ignoring_sigterm_is_killed_after_the_grace_period() {
 
 #[test]
 fn a_foreign_process_on_a_port_is_a_clear_error_and_nothing_starts() {
-    let f = Fleet::new(41700);
+    let f = Fleet::new(24700);
     f.profile("sim", "", "");
-    let _squatter = std::net::TcpListener::bind("127.0.0.1:41701").unwrap();
+    let _squatter = std::net::TcpListener::bind("127.0.0.1:24701").unwrap();
     let out = f
         .fleet()
         .args(["up", "--profile", "sim", "--gpus", "0,1"])
@@ -544,15 +545,15 @@ fn a_foreign_process_on_a_port_is_a_clear_error_and_nothing_starts() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("local gpu1 :41701: the port is in use by a process fleet did not start"),
+        stderr.contains("local gpu1 :24701: the port is in use by a process fleet did not start"),
         "{stderr}"
     );
-    assert!(!listening(41700), "GPU 0 must not start either");
+    assert!(!listening(24700), "GPU 0 must not start either");
 }
 
 #[test]
 fn logs_by_host_gpu_and_by_port() {
-    let f = Fleet::new(41800);
+    let f = Fleet::new(24800);
     f.profile("sim", "", "");
     let (code, _, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "4"]);
     assert_eq!(code, 0, "{stderr}");
@@ -570,7 +571,7 @@ fn logs_by_host_gpu_and_by_port() {
     assert!(text.lines().count() <= 50);
     let by_port = f
         .fleet()
-        .args(["logs", "41804", "-n", "1"])
+        .args(["logs", "24804", "-n", "1"])
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&by_port.stdout).lines().count(), 1);
@@ -583,7 +584,7 @@ fn logs_by_host_gpu_and_by_port() {
 
 #[test]
 fn ctrl_c_during_up_stops_what_it_started() {
-    let f = Fleet::new(41900);
+    let f = Fleet::new(24900);
     f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"));
     cmd.current_dir(f.dir.path())
@@ -595,9 +596,9 @@ fn ctrl_c_during_up_stops_what_it_started() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn().unwrap();
-    let pidfile = f.run_dir().join("41901/pid");
+    let pidfile = f.run_dir().join("24901/pid");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !(pidfile.exists() && f.run_dir().join("41901/instance.json").exists()) {
+    while !(pidfile.exists() && f.run_dir().join("24901/instance.json").exists()) {
         assert!(Instant::now() < deadline, "the servers did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -636,7 +637,7 @@ fn up_status_down_through_ssh_and_pct() {
     std::fs::write(
         home.path().join("profiles/sim.yaml"),
         format!(
-            "model: /models/test\nlauncher: [{}]\nport_base: 42000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n",
+            "model: /models/test\nlauncher: [{}]\nport_base: 25000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n",
             sim_bin().display(),
             gpus.display()
         ),
@@ -675,13 +676,13 @@ fn up_status_down_through_ssh_and_pct() {
             .iter()
             .all(|d| d["state"] == "stopped" && d["port_closed"] == true)
     );
-    assert!(!listening(42000) && !listening(42001));
-    assert!(Path::new(&run_dir).join("42000/server.log").exists());
+    assert!(!listening(25000) && !listening(25001));
+    assert!(Path::new(&run_dir).join("25000/server.log").exists());
 }
 
 #[test]
 fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
-    let f = Fleet::new(42100);
+    let f = Fleet::new(25100);
     f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
     let path = f.dir.path().join("profiles/slow.yaml");
     let yaml = std::fs::read_to_string(&path)
@@ -696,13 +697,13 @@ fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
     // The tail ends with the server shutting down on fleet's SIGTERM.
     assert!(tail.contains("Received SIGTERM"), "{tail}");
     assert!(!alive(pids(rows(&up))[0]));
-    assert!(!listening(42100));
+    assert!(!listening(25100));
 }
 
 #[test]
 fn logs_follow_prints_new_lines_until_interrupted() {
     use std::io::{BufRead, BufReader};
-    let f = Fleet::new(42200);
+    let f = Fleet::new(25200);
     // A 3 s load logs its phases over time: following shows them as they come.
     f.profile("sim", "", "  SGLANG_SIM_STARTUP_SECS: \"3\"\n");
     let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
@@ -714,7 +715,7 @@ fn logs_follow_prints_new_lines_until_interrupted() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !f.run_dir().join("42200/instance.json").exists() {
+    while !f.run_dir().join("25200/instance.json").exists() {
         assert!(Instant::now() < deadline, "the server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -722,22 +723,36 @@ fn logs_follow_prints_new_lines_until_interrupted() {
         .current_dir(f.dir.path())
         .env("PATH", test_path())
         .env("FLEET_RUN_DIR", f.run_dir())
-        .args(["logs", "42200", "-n", "1", "-f"])
+        .args(["logs", "25200", "-n", "1", "-f"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Lines arrive through a thread, so a server that never gets ready fails the test in time
+    // instead of blocking it on a read.
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut seen = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
     while !seen
         .iter()
-        .any(|l: &String| l.contains("The server is fired up and ready to roll!"))
+        .any(|l| l.contains("The server is fired up and ready to roll!"))
     {
-        assert!(
-            Instant::now() < deadline,
-            "no ready line followed: {seen:?}"
-        );
-        seen.push(lines.next().expect("a line").unwrap());
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no ready line followed: {seen:?}");
+            }
+        }
     }
     assert!(seen.len() > 2, "only the tail and the end: {seen:?}");
     assert!(
@@ -748,20 +763,21 @@ fn logs_follow_prints_new_lines_until_interrupted() {
             .success()
     );
     assert_eq!(child.wait().unwrap().code(), Some(130));
+    reader.join().unwrap();
     assert_eq!(up.wait().unwrap().code(), Some(0));
 }
 
 #[test]
 fn down_with_a_profile_stops_only_that_profiles_instances() {
-    let f = Fleet::new(42300);
+    let f = Fleet::new(25300);
     f.profile("a", "", "");
     f.profile("b", "  context_length: 4096\n", "");
     assert_eq!(f.json(&["up", "--profile", "a", "--gpus", "0"]).0, 0);
     assert_eq!(f.json(&["up", "--profile", "b", "--gpus", "1"]).0, 0);
     let (code, down, stderr) = f.json(&["down", "--profile", "b"]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(field(rows(&down), "port"), [42301]);
+    assert_eq!(field(rows(&down), "port"), [25301]);
     let (_, status, _) = f.json(&["status"]);
     assert_eq!(field(rows(&status), "profile"), ["a"]);
-    assert!(listening(42300) && !listening(42301));
+    assert!(listening(25300) && !listening(25301));
 }
