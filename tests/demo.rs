@@ -86,6 +86,10 @@ fn the_demo_picks_no_buffer_generates_every_prompt_once_and_stops_its_servers() 
         "{:#}",
         report["saturation"]
     );
+    assert!(
+        !stderr.contains("WATCHDOG"),
+        "the winner runs as fast as the sweep measured it, so the watchdog stays quiet: {stderr}"
+    );
 
     let winner = std::fs::read_to_string(out.join("profiles/winner.yaml")).unwrap();
     assert!(

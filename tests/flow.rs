@@ -17,25 +17,20 @@ fn test_path() -> String {
     )
 }
 
-/// A base port with `n` free ports after it, so parallel runs on one machine do not collide.
+/// A base port with `n` free ports after it, below Linux's ephemeral range (32768+) so no
+/// outgoing connection takes one meanwhile, and away from other tests' fixed ports.
 fn free_port_base(n: u16) -> u16 {
-    'search: for _ in 0..200 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if first > 65000 {
-            continue;
-        }
-        for p in first..first + n {
-            if std::net::TcpListener::bind(("127.0.0.1", p)).is_err() {
-                continue 'search;
-            }
-        }
-        return first;
-    }
-    panic!("no {n} consecutive free ports");
+    // Tests of this file pick at the same moment, before any server binds: spread them apart.
+    static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = 26000 + ((std::process::id() % 200) as u16 + call * 20) * 20;
+    (start..32000)
+        .step_by(usize::from(n) + 1)
+        .chain((26000..start).step_by(usize::from(n) + 1))
+        .find(|&base| {
+            (base..base + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        })
+        .expect("no free range of local ports")
 }
 
 /// Runs `fleet down` when the test ends, passed or failed, so no server outlives it.
