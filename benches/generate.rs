@@ -156,7 +156,14 @@ fn binary_run() {
 fn saturation(rt: &tokio::runtime::Runtime) {
     const SCALE: &str = "20";
     let sims: Vec<Sim> = (0..8)
-        .map(|_| Sim::start(&["--mamba-radix-cache-strategy", "no_buffer", "--sim-time-scale", SCALE]))
+        .map(|_| {
+            Sim::start(&[
+                "--mamba-radix-cache-strategy",
+                "no_buffer",
+                "--sim-time-scale",
+                SCALE,
+            ])
+        })
         .collect();
     let ideal: f64 = sims.iter().map(Sim::ideal_output_tok_s).sum();
     let tmp = tempfile::tempdir().unwrap();
@@ -166,7 +173,10 @@ fn saturation(rt: &tokio::runtime::Runtime) {
         .map(|i| json!({"id": i, "prompt": format!("{i:08} {}", "lorem ipsum dolor sit amet ".repeat(14))}).to_string())
         .collect();
     write_lines(&prompts, &lines);
-    for (label, mode) in [("auto", generate::ConcurrencyMode::Auto), ("fixed 32", generate::ConcurrencyMode::Fixed(32))] {
+    for (label, mode) in [
+        ("auto", generate::ConcurrencyMode::Auto),
+        ("fixed 32", generate::ConcurrencyMode::Fixed(32)),
+    ] {
         let out = tmp.path().join(format!("out-{}", label.replace(' ', "-")));
         let mut cfg = config(&prompts, &out);
         cfg.concurrency = mode;
@@ -211,7 +221,10 @@ fn instant_sims() {
     // SAFETY: waiting for the child spawned above, by its pid.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fleet generate failed");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "fleet generate failed"
+    );
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "fleet generate (binary) vs 2 --sim-instant sims: {N} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",

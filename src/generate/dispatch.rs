@@ -27,12 +27,17 @@ use crate::sglang::metrics::Metrics;
 /// `/metrics` readings after warm-up before the watchdog judges an instance.
 const MIN_READINGS: u64 = 3;
 
+/// A prompt whose connection drops this often is failed: it may be what crashes servers.
+const MAX_REDISPATCHES: u32 = 8;
+
 /// A prompt on its way through the fleet.
 struct Job {
     line: u64,
     id: Id,
     req: CompletionRequest,
     attempts: u32,
+    /// Times it was moved off a server that went away (not counted against --max-retries).
+    redispatches: u32,
     clamped: bool,
     /// The instance that last failed it: retries go elsewhere when possible.
     avoid: Option<usize>,
@@ -591,6 +596,7 @@ impl Run<'_> {
             id: line.id,
             req,
             attempts: 0,
+            redispatches: 0,
             clamped: false,
             avoid: None,
         }))
@@ -696,11 +702,16 @@ impl Run<'_> {
                     }
                 }
             }
-            Attempt::Failed(e) if e.is_unreachable() => {
-                // The server is gone, not the request's fault: take the instance out and send
-                // the request elsewhere without spending one of its retries.
-                self.mark_down(i, &e.to_string(), on_event);
+            Attempt::Failed(e) if e.is_unreachable() && job.redispatches < MAX_REDISPATCHES => {
+                // The server is gone or dropped the connection, not the request's fault: send
+                // it elsewhere without spending one of its retries. A refused connection means
+                // nothing listens there any more, so the instance is taken out; a dropped one
+                // may be a single closed keep-alive connection, so health checks decide.
+                if matches!(e, ClientError::Connect { .. }) {
+                    self.mark_down(i, &e.to_string(), on_event);
+                }
                 job.avoid = Some(i);
+                job.redispatches += 1;
                 if !stopping {
                     self.ready.push_front(job);
                 }

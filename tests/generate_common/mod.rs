@@ -425,7 +425,9 @@ impl Sim {
     /// The sim's `sglang:generation_tokens_total`.
     pub fn generated_tokens(&self) -> f64 {
         let (_, body) = http_get(self.port, "/metrics").expect("sim answers /metrics");
-        fleet::sglang::metrics::parse(&body).generation_tokens_total.expect("generation_tokens_total")
+        fleet::sglang::metrics::parse(&body)
+            .generation_tokens_total
+            .expect("generation_tokens_total")
     }
 
     /// Whether the process has exited.
