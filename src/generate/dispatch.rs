@@ -322,6 +322,15 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| GenerateError::Task(e.to_string()))
 }
 
+/// Capped exponential backoff before retry `attempt` (1-based), scaled by `jitter` in
+/// [0.5, 1] so retries of a burst of failures do not arrive in waves.
+fn backoff(t: &super::Timing, attempt: u32, jitter: f64) -> Duration {
+    let exp = t
+        .backoff_base
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+    exp.min(t.backoff_cap).mul_f64(jitter)
+}
+
 /// Streams lines not yet done into the run loop; stops early when the loop stops listening.
 fn read_input(
     path: PathBuf,
@@ -723,7 +732,8 @@ impl Run<'_> {
                     self.fail(&job.id, job.line, reason, &e.to_string())?;
                 } else if !stopping {
                     job.avoid = Some(i);
-                    let due = Instant::now() + self.backoff(job.attempts);
+                    let jitter = rand::rng().random_range(0.5..=1.0);
+                    let due = Instant::now() + backoff(&self.config.timing, job.attempts, jitter);
                     self.seq += 1;
                     self.delayed.push(Reverse(Delayed {
                         due,
@@ -741,16 +751,6 @@ impl Run<'_> {
             }
         }
         Ok(())
-    }
-
-    /// Capped exponential backoff with jitter in [50%, 100%] so retries do not arrive in waves.
-    fn backoff(&self, attempt: u32) -> Duration {
-        let t = self.config.timing;
-        let exp = t
-            .backoff_base
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-        let capped = exp.min(t.backoff_cap);
-        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
     }
 
     fn mark_down(&mut self, i: usize, reason: &str, on_event: &mut impl FnMut(Event)) {
@@ -993,5 +993,21 @@ impl Run<'_> {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::Timing;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_jitter_only_shortens_it() {
+        let t = Timing::default();
+        assert_eq!(backoff(&t, 1, 1.0), Duration::from_millis(500));
+        assert_eq!(backoff(&t, 2, 1.0), Duration::from_secs(1));
+        assert_eq!(backoff(&t, 4, 0.5), Duration::from_secs(2));
+        assert_eq!(backoff(&t, 7, 1.0), Duration::from_secs(30));
+        assert_eq!(backoff(&t, 60, 1.0), Duration::from_secs(30));
     }
 }
