@@ -190,3 +190,90 @@ fn generate_without_url_or_running_instances_says_what_to_do() {
         "{err}"
     );
 }
+
+/// The seed's story in the first minute: a job on the extra_buffer fleet, checked against a
+/// profile whose `expected:` a sweep measured for no_buffer, is flagged loudly with the numbers
+/// and the cause, and `--abort-below` stops it keeping what was written.
+#[test]
+fn the_watchdog_flags_a_run_far_below_the_sweeps_numbers_and_can_stop_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("profiles")).unwrap();
+    std::fs::write(
+        d.join("fleet.yaml"),
+        "hosts:\n  - name: local\n    gpus: [0, 1]\n",
+    )
+    .unwrap();
+    let base = format!(
+        "model: /models/test\nlauncher: [sglang-sim]\nport_base: {}\n\
+         server:\n  mamba_strategy: extra_buffer\n\
+         env:\n  SGLANG_SIM_TIME_SCALE: \"20\"\n  SGLANG_SIM_STARTUP_SECS: \"20\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n\
+         health: {{startup_timeout: 60s, poll: 1s}}\n",
+        free_port_base(2),
+        d.join("gpus").display()
+    );
+    std::fs::write(d.join("profiles/seed.yaml"), &base).unwrap();
+    // What a sweep wrote for no_buffer at this time scale: 1,180 tok/s per GPU, 20x.
+    std::fs::write(
+        d.join("profiles/measured.yaml"),
+        "extends: seed\nexpected:\n  output_tok_s_per_gpu: 23600\n  max_running_requests: 72\n",
+    )
+    .unwrap();
+    let prompts: String = (0..2000)
+        .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
+        .collect();
+    std::fs::write(d.join("prompts.jsonl"), prompts).unwrap();
+    let fleet = || {
+        let mut c = assert_cmd::Command::cargo_bin("fleet").unwrap();
+        c.current_dir(d)
+            .env("PATH", test_path())
+            .env("FLEET_RUN_DIR", d.join("run"))
+            .env_remove("FLEET_CONFIG");
+        c
+    };
+    let _down = Down(fleet);
+    let up = fleet()
+        .args(["-q", "up", "--profile", "seed"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+
+    let run = fleet()
+        .args([
+            "generate",
+            "--prompts",
+            "prompts.jsonl",
+            "--out",
+            "out",
+            "--profile",
+            "measured",
+        ])
+        .args(["--warmup", "2s", "--abort-below", "0.5"])
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("measured by sweep"),
+        "names what it compares with: {stderr}"
+    );
+    assert!(
+        stderr.contains("23600"),
+        "shows the expected number: {stderr}"
+    );
+    assert!(
+        stderr.contains("fleet sweep --strategies extra_buffer,no_buffer"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("stopped by --abort-below"), "{stderr}");
+    let progress: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("out/progress.json")).unwrap()).unwrap();
+    assert_ne!(progress["status"], "running");
+    assert!(progress["completed"].as_u64().unwrap() < 2000);
+}

@@ -181,7 +181,7 @@ fn up_status_down_on_eight_instances() {
     assert!(
         status
             .iter()
-            .all(|s| s["load"]["running"].as_f64() == Some(0.0))
+            .all(|s| s["load"]["num_running_reqs"].as_f64() == Some(0.0))
     );
     assert_eq!(pids(status), up_pids);
     // The fake nvidia-smi reads the sims' GPU state: each GPU shows its server's memory.
@@ -373,6 +373,16 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
     );
     assert!((41300..41308).all(|p| !listening(p)));
 
+    // --skip-preflight reads no --help: the newest flag name is rendered, unchecked.
+    let (code, plan, stderr) = f.json(&["up", "--profile", "old", "--dry-run", "--skip-preflight"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        rows(&plan)[0]["argv"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("--mamba-radix-cache-strategy"))
+    );
+
     // The same profile on the newer version renders the newer flag name, which accepts it.
     f.profile(
         "new",
@@ -433,6 +443,39 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
         }])
     );
     assert!(!f.run_dir().exists());
+
+    // Started for real: the key reaches the server (its /server_info demands it) and no log
+    // line, table or record shows it.
+    let out = f
+        .fleet()
+        .env("TEST_FLEET_KEY", "sk-very-secret")
+        .env("SGLANG_SIM_STARTUP_SECS", "1")
+        .args(["-vv", "up", "--profile", "keyed", "--gpus", "5", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("--api-key"),
+        "-vv shows the commands sent:\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("sk-very-secret") && !stderr.contains("sk-very-secret"),
+        "{stderr}"
+    );
+    let up: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        rows(&up)[0]["effective_max_running_requests"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let record = std::fs::read_to_string(f.run_dir().join("41405/instance.json")).unwrap();
+    assert!(
+        record.contains("TEST_FLEET_KEY") && !record.contains("sk-very-secret"),
+        "{record}"
+    );
 
     let out = f
         .fleet()
@@ -706,4 +749,19 @@ fn logs_follow_prints_new_lines_until_interrupted() {
     );
     assert_eq!(child.wait().unwrap().code(), Some(130));
     assert_eq!(up.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn down_with_a_profile_stops_only_that_profiles_instances() {
+    let f = Fleet::new(42300);
+    f.profile("a", "", "");
+    f.profile("b", "  context_length: 4096\n", "");
+    assert_eq!(f.json(&["up", "--profile", "a", "--gpus", "0"]).0, 0);
+    assert_eq!(f.json(&["up", "--profile", "b", "--gpus", "1"]).0, 0);
+    let (code, down, stderr) = f.json(&["down", "--profile", "b"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(field(rows(&down), "port"), [42301]);
+    let (_, status, _) = f.json(&["status"]);
+    assert_eq!(field(rows(&status), "profile"), ["a"]);
+    assert!(listening(42300) && !listening(42301));
 }

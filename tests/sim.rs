@@ -897,3 +897,36 @@ async fn extra_buffer_wins_when_the_cap_does_not_bind() {
     }
     assert!(ideal[1] > 1.1 * ideal[0], "{ideal:?}");
 }
+
+/// `--stream-interval N` (SGLang's option): the first token at once, then chunks of N tokens,
+/// with every token still delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_interval_batches_tokens_per_chunk() {
+    let mut sim = Sim::spawn(&["--sim-time-scale", "500", "--stream-interval", "10"], &[]);
+    sim.wait_ready(Duration::from_secs(10)).await;
+    let (code, body) = sim
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "user", "content": "tell me"}],
+                   "max_tokens": 41, "stream": true}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    let events = sse_events(&body);
+    let pieces: Vec<usize> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(|s| s.split(' ').filter(|w| !w.is_empty()).count())
+        })
+        .filter(|n| *n > 0)
+        .collect();
+    assert_eq!(pieces.iter().sum::<usize>(), 41, "{pieces:?}");
+    assert_eq!(pieces[0], 1, "the first token is not held back: {pieces:?}");
+    assert!(
+        pieces.len() <= 6,
+        "about one chunk per 10 tokens, not one per token: {pieces:?}"
+    );
+}

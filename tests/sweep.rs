@@ -332,6 +332,9 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         "1s",
         "--duration",
         "2s",
+        // Through the OpenAI chat endpoint, streamed with usage in the last chunk.
+        "--endpoint",
+        "chat",
     ]);
     assert_eq!(code, 1, "a failed trial makes the exit code 1: {err}");
     assert_eq!(r["winner"], "mem_fraction_static=0.85");
@@ -354,7 +357,17 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         tail.iter().any(|l| l.contains("Not enough memory")),
         "{tail:?}"
     );
-    assert!(tok_per_gpu(row(&r, "mem_fraction_static=0.85")) > 100.0);
+    let good = &row(&r, "mem_fraction_static=0.85")["trial"]["outcome"];
+    assert!(
+        good["output_tok_s_per_gpu"].as_f64().unwrap() > 100.0,
+        "{good:#}"
+    );
+    assert!(good["completed"].as_u64().unwrap() > 0, "{good:#}");
+    let mean = good["mean_output_tokens"].as_f64().unwrap();
+    assert!(
+        mean > 1.0 && mean <= 24.0,
+        "chat usage gives the output tokens: {mean}"
+    );
     // The text report shows the failure and its log.
     let (_, text, _) = f.fleet(&[
         "sweep",
@@ -370,11 +383,72 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         "1s",
         "--duration",
         "2s",
+        "--endpoint",
+        "chat",
         "--resume",
     ]);
     assert!(text.contains("failed: mem_fraction_static=0.30:"), "{text}");
     assert!(text.contains("    | "), "{text}");
     assert!(f.records().is_empty());
+}
+
+#[test]
+fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
+    let _g = serial();
+    let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
+    let (code, r, err) = f.sweep_json(&[
+        "--set",
+        "env.SGLANG_SIM_DIE_AFTER=1000000,20",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let dead = row(&r, "env.SGLANG_SIM_DIE_AFTER=20");
+    let reason = dead["trial"]["outcome"]["reason"].as_str().unwrap();
+    assert!(reason.contains("stopped answering mid-trial"), "{dead:#}");
+    assert!(
+        !dead["trial"]["outcome"]["log_tail"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{dead:#}"
+    );
+    assert_eq!(r["winner"], "env.SGLANG_SIM_DIE_AFTER=1000000");
+    assert!(f.records().is_empty(), "{:?}", f.records());
+}
+
+#[test]
+fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
+    let _g = serial();
+    let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
+    let (code, r, err) = f.sweep_json(&[
+        "--set",
+        "server.attention_backend=flashinfer,flashinfr",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let bad = &row(&r, "attention_backend=flashinfr")["trial"]["outcome"];
+    assert_eq!(bad["state"], "failed");
+    let reason = bad["reason"].as_str().unwrap();
+    assert!(reason.starts_with("preflight:"), "{reason}");
+    assert!(reason.contains("flashinfr"), "{reason}");
+    assert_eq!(r["winner"], "attention_backend=flashinfer");
+    // Its GPU never ran a server: only the good candidate's run directory exists.
+    let dirs = std::fs::read_dir(f.path().join("run")).unwrap().count();
+    assert_eq!(dirs, 1);
 }
 
 #[test]
@@ -396,6 +470,8 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
         "--duration",
         "2s",
         "--json",
+        "--write-profile",
+        "winner.yaml",
     ];
     let child = f
         .command(&args)
@@ -422,6 +498,10 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("--resume"), "{err}");
+    assert!(
+        !f.path().join("winner.yaml").exists(),
+        "no winner before every candidate is measured"
+    );
     assert!(
         f.records().is_empty(),
         "the interrupted sweep left servers: {:?}",
@@ -452,6 +532,7 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
     let after = f.file();
     let trials = after["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 3);
+    assert!(f.path().join("winner.yaml").exists());
     // Finished trials were not run again: their measurements are unchanged.
     assert_eq!(trials[..finished.len()], finished[..]);
     // A fresh sweep does not overwrite them.

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
-use crate::demo::{self, Saturation};
+use crate::demo::{self, RealTime, Saturation};
 use crate::sglang::client::{Endpoint, HttpOptions, SglangClient, http_client};
 
 use super::{Ctx, Outcome, UsageError};
@@ -43,6 +43,12 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
     let mut results = serde_json::Map::new();
     results.insert("out".into(), json!(stage.dir));
 
+    let sweep_title = format!(
+        "2/5  Measure before committing GPU-days: extra_buffer vs no_buffer side by side, 4 GPUs each\n\
+         3/5  Rank them, with the ETA of the seed's 654,676-prompt job on all 8 GPUs; apply the winner\n     \
+         (the sims run {0}x real time: tok/s below are {0}x a real GPU's, ETAs a {0}th of real ones)",
+        demo::TIME_SCALE
+    );
     let steps: [(&str, &str, Vec<String>); 4] = [
         (
             "up",
@@ -51,7 +57,7 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
         ),
         (
             "sweep",
-            "2/5  Measure before committing GPU-days: extra_buffer vs no_buffer side by side, 4 GPUs each\n3/5  Rank them, with the ETA of the seed's 654,676-prompt job on all 8 GPUs; apply the winner",
+            &sweep_title,
             args_of(&[
                 "sweep",
                 "--profile",
@@ -96,6 +102,7 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
     ];
 
     let mut saturation = None;
+    let mut real_time = Vec::new();
     for (name, title, argv) in steps {
         say(&format!("\n── {title}\n$ fleet {}", argv.join(" ")));
         let sampler = (name == "generate").then(|| {
@@ -125,6 +132,11 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
                 serde_json::from_str(&stdout).unwrap_or(Value::String(stdout)),
             );
         }
+        if name == "sweep" {
+            let text = std::fs::read_to_string(stage.dir.join("sweep.json")).unwrap_or_default();
+            let sweep = serde_json::from_str(&text).unwrap_or(Value::Null);
+            real_time = demo::real_time(&sweep, f64::from(demo::TIME_SCALE));
+        }
         if ctx.cancel.is_cancelled() || code == Some(super::code::INTERRUPTED as i32) {
             cleanup(ctx, &stage).await;
             return Ok(Outcome::Interrupted);
@@ -142,9 +154,13 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
 
     if stage.json {
         results.insert("saturation".into(), json!(saturation));
+        results.insert("real_time".into(), json!(real_time));
         println!("{}", serde_json::to_string_pretty(&Value::Object(results))?);
     } else {
-        println!("\n{}", conclusion(&stage.dir, saturation.as_ref()));
+        println!(
+            "\n{}",
+            conclusion(&stage.dir, &real_time, saturation.as_ref())
+        );
     }
     Ok(Outcome::Ok)
 }
@@ -342,8 +358,25 @@ fn job_fraction(job_dir: &Path) -> Option<f64> {
     Some(p["completed"].as_f64()? / total)
 }
 
-fn conclusion(dir: &Path, saturation: Option<&Saturation>) -> String {
+fn conclusion(dir: &Path, real_time: &[RealTime], saturation: Option<&Saturation>) -> String {
     let mut out = String::from("── What the demo showed\n");
+    if !real_time.is_empty() {
+        out.push_str(&format!(
+            "sglang-sim ran {}x faster than real time. Scaled back, the sweep measured per real GPU:\n",
+            demo::TIME_SCALE
+        ));
+        for r in real_time {
+            out.push_str(&format!(
+                "  {:<14} {:>6.0} output tok/s, {:>3} requests in flight: {} prompts in {:.0} h on {} GPUs\n",
+                r.label,
+                r.output_tok_s_per_gpu,
+                r.cap,
+                demo::SEED_PROMPTS,
+                r.seed_job_hours,
+                demo::GPUS
+            ));
+        }
+    }
     if let Some(s) = saturation {
         out.push_str(&format!(
             "The job kept the GPUs saturated: {:.0} output tok/s across the fleet while every batch was full, {:.1}% of the {:.0} tok/s the simulated GPUs can do at most.\n",

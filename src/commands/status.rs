@@ -6,13 +6,13 @@ use crate::cli::StatusArgs;
 use crate::config;
 use crate::gpu;
 use crate::launch::hosts::connect_all;
-use crate::launch::probe::Probe;
 use crate::launch::report;
 use crate::launch::state::Liveness;
 use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
 
-use super::up::run_root;
+use super::up::{PROBE_CONNECT_TIMEOUT, PROBE_TIMEOUT, run_root};
 use super::{Ctx, Outcome};
+use crate::sglang::client::{HttpOptions, http_client};
 
 pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
@@ -22,18 +22,21 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
         tracing::error!("{e}");
     }
     let run_root = run_root();
-    let probe = Probe::new(None);
+    let http = http_client(HttpOptions {
+        connect_timeout: PROBE_CONNECT_TIMEOUT,
+        request_timeout: PROBE_TIMEOUT,
+    })?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let verbose = ctx.global.verbose > 0;
-    let (run_root, probe) = (&run_root, &probe);
+    let (run_root, http) = (&run_root, &http);
     let looks = inventory.hosts.iter().filter_map(|h| {
         let t = connected.transports.get(&h.name)?;
         let local = h.ssh.is_none() && h.container.is_none();
         Some(async move {
             let (status, gpus) = tokio::join!(
-                host_status(t.as_ref(), run_root, probe, verbose, now),
+                host_status(t.as_ref(), run_root, http, verbose, now),
                 gpu::read_host(t.clone(), local)
             );
             (h.name.as_str(), status, gpus)

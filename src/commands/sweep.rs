@@ -1,10 +1,12 @@
 //! `fleet sweep`: builds the candidates and the workload, assigns GPUs, runs the trials with
 //! progress on stderr, prints the ranked report, and writes the winner's profile.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
 use crate::cli::SweepArgs;
@@ -42,8 +44,12 @@ fn candidate_profiles(
         .iter()
         .map(|c| {
             let overrides = overrides(c);
-            let p = config::load_profile_with(&args.profile, dir, &overrides)
+            let mut p = config::load_profile_with(&args.profile, dir, &overrides)
                 .with_context(|| format!("candidate {}", c.label()))?;
+            // `fleet status`/`down` show which candidate a server runs, not just the base.
+            if !c.settings.is_empty() {
+                p.name = format!("{}[{}]", p.name, c.label());
+            }
             Ok((c.clone(), p))
         })
         .collect()
@@ -209,7 +215,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         grace: args.grace,
     };
     let (events, receiver) = mpsc::unbounded_channel();
-    let shown = tokio::spawn(show(receiver, args.warmup, args.duration));
+    let live = std::io::stderr().is_terminal() && !ctx.global.quiet;
+    let shown = tokio::spawn(show(receiver, args.warmup, args.duration, live));
     let winner = |trials: &[Trial]| {
         rank::rank(trials, None)
             .into_iter()
@@ -250,7 +257,9 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         print!("{}", report::text(&r));
         println!("results: {}", args.out.display());
     }
-    if let (Some(path), Some(w)) = (&args.write_profile, r.winning()) {
+    // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
+    let winner = r.winning().filter(|_| !ended.interrupted);
+    if let (Some(path), Some(w)) = (&args.write_profile, winner) {
         let profile = &profiles
             .iter()
             .find(|(c, _)| c.id == w.trial.candidate.id)
@@ -258,8 +267,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .1;
         write_profile(path, args, &base, &w.trial, profile, dir)?;
         eprintln!("wrote {}", path.display());
-    } else if args.write_profile.is_some() && !ended.interrupted {
-        tracing::warn!("no candidate was measured: no profile written");
+    } else if args.write_profile.is_some() {
+        tracing::warn!("no winner: no profile written");
     }
     if let Some(applied) = &ended.applied {
         let failed = applied
@@ -411,23 +420,45 @@ fn write_profile(
     Ok(())
 }
 
-/// Progress on stderr: one line per step and per finished trial.
+/// Progress on stderr: one line per step and per finished trial, and on a terminal a clock
+/// while trials are loaded.
 async fn show(
     mut events: mpsc::UnboundedReceiver<Event>,
     warmup: std::time::Duration,
     duration: std::time::Duration,
+    live: bool,
 ) {
+    let mut clock: Option<ProgressBar> = None;
     while let Some(e) = events.recv().await {
+        if !matches!(e, Event::Measuring { .. })
+            && let Some(bar) = clock.take()
+        {
+            bar.finish_and_clear();
+        }
         match e {
             Event::Starting { labels, servers } => {
                 tracing::info!("starting {} on {servers} servers", labels.join(", "))
             }
-            Event::Measuring { labels } => tracing::info!(
-                "measuring {}: warm-up {}, then {}",
-                labels.join(", "),
-                humantime::format_duration(warmup),
-                humantime::format_duration(duration)
-            ),
+            Event::Measuring { labels } => {
+                tracing::info!(
+                    "measuring {}: warm-up {}, then {}",
+                    labels.join(", "),
+                    humantime::format_duration(warmup),
+                    humantime::format_duration(duration)
+                );
+                if live {
+                    let bar = ProgressBar::new_spinner().with_style(
+                        ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                            .expect("a valid template"),
+                    );
+                    bar.set_message(format!(
+                        "loading (results after {})",
+                        humantime::format_duration(warmup + duration)
+                    ));
+                    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                    clock = Some(bar);
+                }
+            }
             Event::TrialDone(t) => match &t.outcome {
                 Outcome::Ok(m) => tracing::info!(
                     "{}: {:.1} output tok/s per GPU (cap {}, {} GPUs)",
@@ -444,5 +475,8 @@ async fn show(
                 tracing::info!("--apply: starting {label} on all {servers} GPUs")
             }
         }
+    }
+    if let Some(bar) = clock {
+        bar.finish_and_clear();
     }
 }

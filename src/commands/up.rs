@@ -13,11 +13,15 @@ use crate::config::{self, Profile};
 use crate::launch::hosts::connect_all;
 use crate::launch::plan::{self, HostFacts, Instance};
 use crate::launch::preflight::{self, host_facts};
-use crate::launch::probe::Probe;
 use crate::launch::report;
 use crate::launch::up::{self, Run, UpEvent, UpOptions, UpState};
+use crate::sglang::client::{HttpOptions, http_client};
 
 use super::{Ctx, Outcome, UsageError};
+
+/// Health, `/server_info` and `/metrics` answer fast or not at all.
+pub(super) const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Grace given to servers fleet stops on its own (a replaced config, an interrupted `up`).
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -97,7 +101,10 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         });
     }
 
-    let probe = Probe::new(api_key);
+    let http = http_client(HttpOptions {
+        connect_timeout: PROBE_CONNECT_TIMEOUT,
+        request_timeout: PROBE_TIMEOUT,
+    })?;
     let opts = UpOptions {
         replace: args.replace,
         keep_on_interrupt: args.keep_on_interrupt,
@@ -108,7 +115,8 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let progress = tokio::spawn(show_progress(labels(&instances), receiver, live));
     let run = Run {
         transports: &connected.transports,
-        probe: &probe,
+        http: &http,
+        api_key: api_key.as_deref(),
         run_root: &run_root,
         events: &events,
         cancel: &ctx.cancel,

@@ -5,7 +5,6 @@ pub mod hosts;
 pub mod logs;
 pub mod plan;
 pub mod preflight;
-pub mod probe;
 pub mod report;
 pub mod state;
 pub mod status;

@@ -109,7 +109,7 @@ fn indented_tail(tail: Option<&str>) -> String {
 /// `fleet status`.
 pub fn status_table(statuses: &[InstanceStatus]) -> String {
     let rows = statuses.iter().map(|s| {
-        let load = s.load;
+        let load = s.load.as_ref();
         vec![
             s.host.clone(),
             s.gpu.to_string(),
@@ -117,10 +117,14 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             s.pid.to_string(),
             s.state().to_string(),
             format_uptime(s.uptime),
-            opt(load.map(|l| l.running)),
-            opt(load.map(|l| l.queued)),
-            opt(load.map(|l| format!("{:.0}", l.gen_throughput))),
-            opt(load.map(|l| format!("{:.0}%", l.token_usage * 100.0))),
+            opt(load.and_then(|l| l.num_running_reqs)),
+            opt(load.and_then(|l| l.num_queue_reqs)),
+            opt(load
+                .and_then(|l| l.gen_throughput)
+                .map(|g| format!("{g:.0}"))),
+            opt(load
+                .and_then(|l| l.token_usage)
+                .map(|u| format!("{:.0}%", u * 100.0))),
             opt(s
                 .gpu_reading
                 .as_ref()
@@ -208,7 +212,7 @@ mod tests {
 
     use super::*;
     use crate::launch::down::StopState;
-    use crate::launch::probe::ServerInfo;
+    use crate::launch::up::Capacity;
 
     fn outcome(state: UpState) -> UpOutcome {
         UpOutcome {
@@ -218,7 +222,7 @@ mod tests {
             pid: Some(4242),
             state,
             ready_after: Some(94.04),
-            info: ServerInfo {
+            info: Capacity {
                 version: None,
                 max_total_num_tokens: Some(1_234_567),
                 effective_max_running_requests: Some(72),

@@ -110,10 +110,6 @@ impl ProcTable {
             .map(|p| p.pid)
             .collect()
     }
-
-    pub fn get(&self, pid: u32) -> Option<&ProcStat> {
-        self.by_pid.get(&pid)
-    }
 }
 
 /// Ports in LISTEN state in `/proc/net/tcp` or `/proc/net/tcp6` text.

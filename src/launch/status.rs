@@ -4,10 +4,11 @@
 use serde::Serialize;
 
 use crate::gpu::GpuReading;
-use crate::launch::probe::{Gauges, Probe};
 use crate::launch::state::{self, InstanceRecord, Liveness, StateError};
 use crate::launch::up::LOG_TAIL_LINES;
 use crate::remote::Transport;
+use crate::sglang::client::{Endpoint, Health, SglangClient};
+use crate::sglang::metrics::Metrics;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InstanceStatus {
@@ -20,7 +21,7 @@ pub struct InstanceStatus {
     /// `/health`'s status code; `None` when dead or unreachable.
     pub health: Option<u16>,
     /// `None` when dead, unreachable or started without `--enable-metrics`.
-    pub load: Option<Gauges>,
+    pub load: Option<Metrics>,
     /// Seconds since `up` started it.
     pub uptime: u64,
     /// The log's last lines, for a dead instance when asked for.
@@ -54,7 +55,7 @@ impl InstanceStatus {
 pub async fn host_status(
     t: &dyn Transport,
     run_root: &str,
-    probe: &Probe,
+    http: &reqwest::Client,
     dead_log_tails: bool,
     now_unix: u64,
 ) -> Result<Vec<InstanceStatus>, StateError> {
@@ -62,7 +63,7 @@ pub async fn host_status(
     let table = state::proc_table(t).await?;
     let looks = records.iter().map(|r| {
         let liveness = table.liveness(r.pid, r.start_ticks);
-        instance_status(t, r, liveness, probe, dead_log_tails, now_unix)
+        instance_status(t, r, liveness, http, dead_log_tails, now_unix)
     });
     Ok(futures::future::join_all(looks).await)
 }
@@ -71,7 +72,7 @@ async fn instance_status(
     t: &dyn Transport,
     r: &InstanceRecord,
     liveness: Liveness,
-    probe: &Probe,
+    http: &reqwest::Client,
     dead_log_tails: bool,
     now_unix: u64,
 ) -> InstanceStatus {
@@ -99,13 +100,23 @@ async fn instance_status(
         .api_key_env
         .as_ref()
         .and_then(|var| std::env::var(var).ok());
-    let probe = probe.with_key(key);
     match t.forward(&r.address, r.port).await {
         Ok(tunnel) => {
-            let base = format!("http://{}", tunnel.local_addr());
-            status.health = probe.health(&base).await.ok();
+            let client = SglangClient::new(
+                http.clone(),
+                Endpoint {
+                    name: format!("{}:gpu{}", r.host, r.gpu),
+                    base_url: format!("http://{}", tunnel.local_addr()),
+                    api_key: key,
+                },
+            );
+            status.health = match client.health().await {
+                Ok(Health::Ready) => Some(200),
+                Ok(Health::NotReady { status }) => Some(status),
+                Err(_) => None,
+            };
             if status.health == Some(200) {
-                status.load = probe.metrics(&base).await.ok();
+                status.load = client.metrics().await.ok();
             }
             tunnel.close().await;
         }

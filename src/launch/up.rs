@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::HealthSettings;
 use crate::launch::down::{self, StopState};
 use crate::launch::plan::Instance;
-use crate::launch::probe::{Probe, ServerInfo};
 use crate::launch::state::{self, InstanceRecord, Liveness, ProcTable, StateError};
-use crate::remote::{Detached, Transport};
+use crate::remote::{Detached, Transport, Tunnel};
+use crate::sglang::client::{Endpoint, Health, ServerInfo, SglangClient};
 
 /// First wait between health checks; doubled up to the profile's poll period (at most 1 s).
 const FIRST_POLL: Duration = Duration::from_millis(100);
@@ -36,7 +36,10 @@ pub struct UpOptions {
 #[derive(Clone, Copy)]
 pub struct Run<'a> {
     pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
-    pub probe: &'a Probe,
+    /// Shared by every health check and `/server_info` read.
+    pub http: &'a reqwest::Client,
+    /// The API key the servers are started with, sent on every request.
+    pub api_key: Option<&'a str>,
     pub run_root: &'a str,
     pub events: &'a UnboundedSender<UpEvent>,
     pub cancel: &'a CancellationToken,
@@ -83,11 +86,32 @@ pub struct UpOutcome {
     /// Seconds from start to the first healthy answer.
     pub ready_after: Option<f64>,
     #[serde(flatten)]
-    pub info: ServerInfo,
+    pub info: Capacity,
     pub error: Option<String>,
     pub log_tail: Option<String>,
     /// The server argv with secrets masked.
     pub argv: Vec<String>,
+}
+
+/// The capacity a ready server reports in `/server_info`, as `up` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    pub version: Option<String>,
+    pub max_total_num_tokens: Option<u64>,
+    /// `internal_states[0].effective_max_running_requests_per_dp`: the real cap.
+    pub effective_max_running_requests: Option<u64>,
+    pub context_length: Option<u64>,
+}
+
+impl From<&ServerInfo> for Capacity {
+    fn from(info: &ServerInfo) -> Capacity {
+        Capacity {
+            version: info.version.clone(),
+            max_total_num_tokens: info.max_total_num_tokens,
+            effective_max_running_requests: info.effective_max_running_requests,
+            context_length: info.context_length,
+        }
+    }
 }
 
 /// Why nothing was started.
@@ -103,10 +127,9 @@ pub enum Conflict {
     ForeignPort { label: String },
 }
 
+/// Why `up` started nothing: every conflict on every port, at once.
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error(transparent)]
-    State(#[from] StateError),
     #[error("{}", conflicts_message(.0))]
     Conflicts(Vec<Conflict>),
 }
@@ -134,16 +157,20 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
 }
 
 /// What already runs on a host, looked at once before starting anything.
+#[derive(Default)]
 struct Survey {
     records: Vec<InstanceRecord>,
     table: ProcTable,
     listening: BTreeSet<u16>,
 }
 
+#[derive(Debug, PartialEq)]
 enum Action<'a> {
     Start,
     Keep(&'a InstanceRecord),
     Replace(&'a InstanceRecord),
+    /// The host could not be looked at.
+    Unavailable(String),
 }
 
 /// Starts the planned instances and waits for each to become ready or fail. Refuses (starting
@@ -160,36 +187,22 @@ pub async fn up(
         cancel,
         ..
     } = *run;
-    let surveys = survey(transports, run_root).await?;
+    let surveys = survey(transports, run_root).await;
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
-        let s = &surveys[&instance.host];
-        let ours = s.records.iter().find(|r| {
-            r.port == instance.port
-                && (s.table.liveness(r.pid, r.start_ticks) == Liveness::Running
-                    || !s.table.group(r.pid).is_empty())
-        });
-        let action = match ours {
-            Some(r) if r.fingerprint == instance.fingerprint => Action::Keep(r),
-            Some(r) if opts.replace => Action::Replace(r),
-            Some(r) => {
-                conflicts.push(Conflict::DifferentConfig {
-                    label: instance.label(),
-                    pid: r.pid,
-                    profile: r.profile.clone(),
-                });
+        let s = match &surveys[&instance.host] {
+            Ok(s) => s,
+            // That host's instances fail; the other hosts go on.
+            Err(e) => {
+                actions.push(Action::Unavailable(e.to_string()));
                 continue;
             }
-            None if s.listening.contains(&instance.port) => {
-                conflicts.push(Conflict::ForeignPort {
-                    label: instance.label(),
-                });
-                continue;
-            }
-            None => Action::Start,
         };
-        actions.push(action);
+        match decide(instance, s, opts.replace) {
+            Ok(action) => actions.push(action),
+            Err(conflict) => conflicts.push(conflict),
+        }
     }
     if !conflicts.is_empty() {
         return Err(UpError::Conflicts(conflicts));
@@ -223,24 +236,49 @@ pub async fn up(
 async fn survey(
     transports: &BTreeMap<String, Arc<dyn Transport>>,
     run_root: &str,
-) -> Result<BTreeMap<String, Survey>, StateError> {
+) -> BTreeMap<String, Result<Survey, StateError>> {
     let looks = transports.iter().map(|(name, t)| async move {
         let t = t.as_ref();
-        let records = state::read_records(t, run_root).await?;
-        let table = state::proc_table(t).await?;
-        let listening = state::listening_ports(t).await?;
-        Ok::<_, StateError>((
-            name.clone(),
-            Survey {
-                records,
-                table,
-                listening,
-            },
-        ))
+        let look = async {
+            Ok(Survey {
+                records: state::read_records(t, run_root).await?,
+                table: state::proc_table(t).await?,
+                listening: state::listening_ports(t).await?,
+            })
+        };
+        (name.clone(), look.await)
     });
-    futures::future::try_join_all(looks)
-        .await
-        .map(|v| v.into_iter().collect())
+    futures::future::join_all(looks).await.into_iter().collect()
+}
+
+/// What to do with a planned instance given what already runs on its host: keep a live
+/// instance of the same config, replace (or refuse) one of another config, refuse a port some
+/// other process listens on, else start.
+fn decide<'a>(instance: &Instance, s: &'a Survey, replace: bool) -> Result<Action<'a>, Conflict> {
+    // Ours while its leader runs, or while workers it left in its group still do. A reused
+    // pid is someone else's, and so is its group: Linux hands out no pid still in use as a
+    // group id, so our group was empty by then.
+    let ours = s.records.iter().find(|r| {
+        r.port == instance.port
+            && match s.table.liveness(r.pid, r.start_ticks) {
+                Liveness::Running => true,
+                Liveness::Dead => !s.table.group(r.pid).is_empty(),
+                Liveness::Reused => false,
+            }
+    });
+    match ours {
+        Some(r) if r.fingerprint == instance.fingerprint => Ok(Action::Keep(r)),
+        Some(r) if replace => Ok(Action::Replace(r)),
+        Some(r) => Err(Conflict::DifferentConfig {
+            label: instance.label(),
+            pid: r.pid,
+            profile: r.profile.clone(),
+        }),
+        None if s.listening.contains(&instance.port) => Err(Conflict::ForeignPort {
+            label: instance.label(),
+        }),
+        None => Ok(Action::Start),
+    }
 }
 
 /// One instance from start to ready, failed or interrupted. Also returns the record of a
@@ -254,12 +292,7 @@ async fn bring_up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> (UpOutcome, Option<InstanceRecord>) {
-    let Run {
-        probe,
-        events,
-        cancel,
-        ..
-    } = *run;
+    let Run { events, cancel, .. } = *run;
     let mut outcome = UpOutcome {
         host: instance.host.clone(),
         gpu: instance.gpu,
@@ -267,7 +300,7 @@ async fn bring_up(
         pid: None,
         state: UpState::Failed,
         ready_after: None,
-        info: ServerInfo::default(),
+        info: Capacity::default(),
         error: None,
         log_tail: None,
         argv: instance.display_argv(),
@@ -294,6 +327,10 @@ async fn bring_up(
             None
         }
         Action::Start => None,
+        Action::Unavailable(why) => {
+            fail(&mut outcome, why);
+            return (outcome, None);
+        }
     };
     if cancel.is_cancelled() {
         outcome.state = UpState::Interrupted;
@@ -323,7 +360,7 @@ async fn bring_up(
     // An instance left running by an earlier `up` may still be loading: it is waited for too.
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
-        w = wait_ready(t, instance, &record, health, probe) => Some(w),
+        w = wait_ready(t, instance, &record, health, run) => Some(w),
     };
     let after = started.elapsed();
     match waited {
@@ -340,8 +377,8 @@ async fn bring_up(
                 });
                 outcome.state = UpState::AlreadyRunning;
             }
-            match server_info(t, instance, probe).await {
-                Ok(info) => outcome.info = info,
+            match server_info(t, instance, run).await {
+                Ok(info) => outcome.info = Capacity::from(&info),
                 Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
             }
         }
@@ -414,15 +451,14 @@ async fn wait_ready(
     instance: &Instance,
     record: &InstanceRecord,
     health: &HealthSettings,
-    probe: &Probe,
+    run: &Run<'_>,
 ) -> Result<(), Failure> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
-    let base = format!("http://{}", tunnel.local_addr());
-    let cap = health.poll.clamp(FIRST_POLL, MAX_POLL);
+    let client = client(run, instance, &tunnel);
     let started = Instant::now();
-    let mut wait = FIRST_POLL;
+    let mut waits = poll_waits(health.poll);
     let result = loop {
-        if let Ok(200) = probe.health(&base).await {
+        if let Ok(Health::Ready) = client.health().await {
             break Ok(());
         }
         let alive = state::proc_stat(t, record.pid)
@@ -434,22 +470,186 @@ async fn wait_ready(
         if started.elapsed() >= health.startup_timeout {
             break Err(Failure::Timeout(health.startup_timeout));
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(cap);
+        tokio::time::sleep(waits.next().unwrap_or(MAX_POLL)).await;
     };
     tunnel.close().await;
     result
 }
 
+/// The waits between health checks: doubling from [`FIRST_POLL`] up to the profile's poll
+/// period, never more than [`MAX_POLL`], so a server turning ready is seen within a second.
+fn poll_waits(poll: Duration) -> impl Iterator<Item = Duration> {
+    let cap = poll.clamp(FIRST_POLL, MAX_POLL);
+    std::iter::successors(Some(FIRST_POLL.min(cap)), move |w| Some((*w * 2).min(cap)))
+}
+
 async fn server_info(
     t: &dyn Transport,
     instance: &Instance,
-    probe: &Probe,
+    run: &Run<'_>,
 ) -> Result<ServerInfo, Box<dyn std::error::Error + Send + Sync>> {
     let tunnel = t.forward(&instance.address, instance.port).await?;
-    let info = probe
-        .server_info(&format!("http://{}", tunnel.local_addr()))
-        .await;
+    let info = client(run, instance, &tunnel).server_info().await;
     tunnel.close().await;
     Ok(info?)
+}
+
+fn client(run: &Run<'_>, instance: &Instance, tunnel: &Tunnel) -> SglangClient {
+    SglangClient::new(
+        run.http.clone(),
+        Endpoint {
+            name: instance.label(),
+            base_url: format!("http://{}", tunnel.local_addr()),
+            api_key: run.api_key.map(str::to_string),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waits(poll_ms: u64) -> Vec<u64> {
+        poll_waits(Duration::from_millis(poll_ms))
+            .take(7)
+            .map(|d| d.as_millis() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn health_polls_start_fast_and_never_exceed_a_second() {
+        assert_eq!(waits(1000), [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(waits(5000), [100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(waits(300), [100, 200, 300, 300, 300, 300, 300]);
+        assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
+    }
+
+    fn record(port: u16, pid: u32, start_ticks: u64, fingerprint: &str) -> InstanceRecord {
+        InstanceRecord {
+            host: "h".into(),
+            gpu: 0,
+            port,
+            profile: "p".into(),
+            fingerprint: fingerprint.into(),
+            argv: vec![],
+            address: "127.0.0.1".into(),
+            pid,
+            start_ticks,
+            started_at: 0,
+            api_key_env: None,
+            dir: String::new(),
+            log: String::new(),
+            pidfile: String::new(),
+            record: String::new(),
+        }
+    }
+
+    fn instance(port: u16, fingerprint: &str) -> Instance {
+        let files = crate::launch::plan::RunFiles::new("/tmp/fleet", port);
+        Instance {
+            host: "h".into(),
+            gpu: 0,
+            port,
+            argv: vec!["sglang-sim".into()],
+            launcher_len: 1,
+            env: Default::default(),
+            address: "127.0.0.1".into(),
+            files,
+            fingerprint: fingerprint.into(),
+            profile: "p".into(),
+            api_key_env: None,
+        }
+    }
+
+    /// A process table line: `pid (name) state ppid pgrp ...` with start time at field 22.
+    fn proc(pid: u32, state: char, pgrp: u32, start: u64) -> String {
+        format!(
+            "{pid} (sglang-sim) {state} 1 {pgrp} {pgrp} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0\n"
+        )
+    }
+
+    #[test]
+    fn same_config_is_kept_another_is_refused_or_replaced() {
+        let survey = Survey {
+            records: vec![record(30000, 10, 500, "aaa")],
+            table: ProcTable::parse(&proc(10, 'S', 10, 500)),
+            listening: [30000].into(),
+        };
+        let same = instance(30000, "aaa");
+        assert_eq!(
+            decide(&same, &survey, false),
+            Ok(Action::Keep(&survey.records[0]))
+        );
+        let other = instance(30000, "bbb");
+        assert_eq!(
+            decide(&other, &survey, true),
+            Ok(Action::Replace(&survey.records[0]))
+        );
+        assert_eq!(
+            decide(&other, &survey, false),
+            Err(Conflict::DifferentConfig {
+                label: "h gpu0 :30000".into(),
+                pid: 10,
+                profile: "p".into()
+            })
+        );
+    }
+
+    #[test]
+    fn dead_or_reused_records_free_the_port_unless_someone_else_listens() {
+        // pid 10 is now another process (other start time); pid 20 is a zombie.
+        let survey = Survey {
+            records: vec![record(30000, 10, 500, "aaa"), record(30001, 20, 600, "aaa")],
+            table: ProcTable::parse(&(proc(10, 'S', 10, 999) + &proc(20, 'Z', 20, 600))),
+            listening: [30000].into(),
+        };
+        assert_eq!(
+            decide(&instance(30000, "aaa"), &survey, true),
+            Err(Conflict::ForeignPort {
+                label: "h gpu0 :30000".into()
+            })
+        );
+        assert_eq!(
+            decide(&instance(30001, "aaa"), &survey, false),
+            Ok(Action::Start)
+        );
+        assert_eq!(
+            decide(&instance(30002, "aaa"), &Survey::default(), false),
+            Ok(Action::Start)
+        );
+    }
+
+    #[test]
+    fn workers_outliving_their_leader_still_count_as_ours() {
+        let survey = Survey {
+            records: vec![record(30000, 10, 500, "aaa")],
+            table: ProcTable::parse(&proc(11, 'S', 10, 510)),
+            listening: [30000].into(),
+        };
+        assert_eq!(
+            decide(&instance(30000, "aaa"), &survey, false),
+            Ok(Action::Keep(&survey.records[0]))
+        );
+    }
+
+    #[test]
+    fn conflicts_name_each_instance_and_the_way_out() {
+        let message = conflicts_message(&[
+            Conflict::DifferentConfig {
+                label: "ct200 gpu0 :30000".into(),
+                pid: 7,
+                profile: "old".into(),
+            },
+            Conflict::ForeignPort {
+                label: "ct200 gpu1 :30001".into(),
+            },
+        ]);
+        assert_eq!(
+            message,
+            "nothing was started:\n  \
+             ct200 gpu0 :30000: already running a different config (profile old, pid 7)\n  \
+             ct200 gpu1 :30001: the port is in use by a process fleet did not start; stop it or change port_base\n  \
+             hint: --replace restarts them with this config; `fleet down` stops them"
+        );
+    }
 }

@@ -18,12 +18,6 @@ pub enum Arity {
     OneOrMore,
 }
 
-impl Arity {
-    pub fn takes_value(self) -> bool {
-        self != Arity::Flag
-    }
-}
-
 /// One option entry of `--help`, shared by all its aliases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptionSpec {

@@ -3,6 +3,7 @@
 //! completion tokens as it arrives.
 
 use futures::StreamExt;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::client::{Api, ClientError, CompletionRequest, Endpoint, parse_overflow};
@@ -52,60 +53,98 @@ enum Event {
     Done,
 }
 
+/// A stream chunk of any API, typed so that parsing skips what is not needed: `/generate`
+/// repeats the whole text so far in every chunk, which must not be copied each time.
+#[derive(Deserialize)]
+struct Chunk {
+    error: Option<Value>,
+    object: Option<String>,
+    message: Option<String>,
+    meta_info: Option<Meta>,
+    usage: Option<Usage>,
+    choices: Option<Vec<Choice>>,
+}
+
+#[derive(Deserialize)]
+struct Meta {
+    completion_tokens: Option<u64>,
+    finish_reason: Option<Finish>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Finish {
+    Typed {
+        #[serde(rename = "type")]
+        kind: String,
+    },
+    Plain(String),
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    delta: Option<Delta>,
+    text: Option<String>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    content: Option<String>,
+}
+
 fn parse_event(api: Api, data: &str) -> Result<Event, String> {
     if data == "[DONE]" {
         return Ok(Event::Done);
     }
-    let v: Value = serde_json::from_str(data).map_err(|e| format!("bad stream chunk: {e}"))?;
-    if let Some(err) = v.get("error") {
+    let c: Chunk = serde_json::from_str(data).map_err(|e| format!("bad stream chunk: {e}"))?;
+    if let Some(err) = c.error {
         let msg = err
             .get("message")
             .and_then(Value::as_str)
             .map_or_else(|| err.to_string(), str::to_string);
         return Ok(Event::Error(msg));
     }
-    if v.get("object").and_then(Value::as_str) == Some("error") {
-        let msg = v.get("message").and_then(Value::as_str).unwrap_or("error");
-        return Ok(Event::Error(msg.to_string()));
+    if c.object.as_deref() == Some("error") {
+        return Ok(Event::Error(c.message.unwrap_or_else(|| "error".into())));
     }
     match api {
         Api::Generate => {
-            let meta = v.get("meta_info");
+            let meta = c.meta_info;
             let finish = meta
-                .and_then(|m| m.get("finish_reason"))
-                .and_then(|f| f.get("type").or(Some(f)))
-                .and_then(Value::as_str)
-                .map(str::to_string);
+                .as_ref()
+                .and_then(|m| m.finish_reason.as_ref())
+                .map(|f| match f {
+                    Finish::Typed { kind } => kind.clone(),
+                    Finish::Plain(s) => s.clone(),
+                });
             Ok(Event::Progress {
-                tokens: meta
-                    .and_then(|m| m.get("completion_tokens"))
-                    .and_then(Value::as_u64),
+                tokens: meta.and_then(|m| m.completion_tokens),
                 text: true,
                 finish,
             })
         }
         Api::Chat | Api::Completions => {
-            if let Some(n) = v
-                .get("usage")
-                .and_then(|u| u.get("completion_tokens"))
-                .and_then(Value::as_u64)
-            {
+            if let Some(n) = c.usage.and_then(|u| u.completion_tokens) {
                 return Ok(Event::Usage(n));
             }
-            let choice = v.get("choices").and_then(|c| c.get(0));
-            let content = choice.and_then(|c| {
-                c.get("delta")
-                    .and_then(|d| d.get("content"))
-                    .or_else(|| c.get("text"))
-                    .and_then(Value::as_str)
+            let choice = c.choices.and_then(|v| v.into_iter().next());
+            let text = choice.as_ref().is_some_and(|ch| {
+                ch.delta
+                    .as_ref()
+                    .and_then(|d| d.content.as_deref())
+                    .or(ch.text.as_deref())
+                    .is_some_and(|t| !t.is_empty())
             });
             Ok(Event::Progress {
                 tokens: None,
-                text: content.is_some_and(|t| !t.is_empty()),
-                finish: choice
-                    .and_then(|c| c.get("finish_reason"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                text,
+                finish: choice.and_then(|ch| ch.finish_reason),
             })
         }
     }

@@ -114,6 +114,8 @@ pub struct Settings {
     pub max_total_tokens: Option<u64>,
     pub chunked_prefill_size: u64,
     pub max_prefill_tokens: u64,
+    /// `--stream-interval`: streamed requests hear about every this many tokens (and the last).
+    pub stream_interval: u64,
 }
 
 /// Why loading the model fails, with the numbers the log shows.
@@ -288,6 +290,7 @@ mod tests {
             max_total_tokens: None,
             chunked_prefill_size: 8192,
             max_prefill_tokens: 16384,
+            stream_interval: 1,
         }
     }
 

@@ -256,10 +256,16 @@ impl Scheduler {
             if let Some(r) = self.running.get(id)
                 && let Reply::Stream(tx) = &r.job.reply
             {
-                let _ = tx.send(Progress {
-                    generated: 1 + self.steps - r.admit_step,
-                    done: false,
-                });
+                let generated = 1 + self.steps - r.admit_step;
+                // Like SGLang: the first token at once, then every `stream_interval` tokens; the
+                // rest go out at finish.
+                let interval = self.plan.settings.stream_interval;
+                if interval == 1 || generated % interval == 1 {
+                    let _ = tx.send(Progress {
+                        generated,
+                        done: false,
+                    });
+                }
             }
         }
     }
@@ -399,6 +405,7 @@ mod tests {
             max_total_tokens: None,
             chunked_prefill_size: 8192,
             max_prefill_tokens: 16384,
+            stream_interval: 1,
         };
         Arc::new(plan(&Params::default(), &settings).unwrap())
     }

@@ -203,12 +203,16 @@ pub fn text(r: &Report) -> String {
         if let Outcome::Ok(m) = &row.trial.outcome
             && m.metrics_disagree()
         {
+            let server = m.metrics_output_tok_s.unwrap_or(0.0);
             out.push_str(&format!(
-                "warning: {}: the servers' sglang:generation_tokens_total says {:.1} tok/s, the client counted {:.1} tok/s for the same finished requests (over 5% apart)\n",
-                row.label,
-                m.metrics_output_tok_s.unwrap_or(0.0),
-                m.completed_output_tok_s
+                "warning: {}: the servers' sglang:generation_tokens_total says {server:.1} tok/s, the client counted {:.1} tok/s for the same finished requests (over 5% apart)",
+                row.label, m.completed_output_tok_s
             ));
+            out.push_str(if server > m.completed_output_tok_s {
+                "; the servers finished more than this client saw: other clients on these servers, or the machine running fleet is short of CPU (then the numbers above are low)\n"
+            } else {
+                "; the servers counted fewer than this client received: did a server restart and reset its counters?\n"
+            });
         }
     }
     for row in &r.rows {

@@ -17,10 +17,10 @@ use super::rank::{Outcome, Trial};
 use super::space::Candidate;
 use super::trial::{self, Group, Server, Timing};
 use crate::config::{GpuSelection, HealthSettings, HostSpec, Profile};
-use crate::launch::down::{self, StopState};
+use crate::gpu;
+use crate::launch::down::{self, StopOutcome, StopState};
 use crate::launch::plan::{self, HostFacts, Instance, PlanError};
 use crate::launch::preflight::{self, PreflightFailure};
-use crate::launch::probe::Probe;
 use crate::launch::state::{self, InstanceRecord, StateError};
 use crate::launch::up::{self, LOG_TAIL_LINES, UpError, UpOptions, UpOutcome, UpState};
 use crate::remote::{RemoteError, Transport, Tunnel};
@@ -128,8 +128,12 @@ pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFa
 }
 
 impl Setup<'_> {
-    fn probe(&self) -> Probe {
-        Probe::new(self.api_key.clone())
+    /// Health checks and `/server_info` reads while starting: they answer fast or not at all.
+    fn probe_http(&self) -> Result<reqwest::Client, ClientError> {
+        http_client(HttpOptions {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+        })
     }
 
     fn up_options(&self) -> UpOptions {
@@ -141,6 +145,8 @@ impl Setup<'_> {
         }
     }
 
+    /// Stops servers and waits (briefly) until their GPUs' memory is released, so that the next
+    /// round's servers find the memory they are measured with.
     async fn stop(&self, running: Vec<Running>) {
         let stops = running.iter().map(|r| {
             down::stop(
@@ -149,14 +155,41 @@ impl Setup<'_> {
                 self.grace,
             )
         });
-        for s in futures::future::join_all(stops).await {
+        let outcomes = futures::future::join_all(stops).await;
+        for s in &outcomes {
             if s.state == StopState::Failed || !s.port_closed {
                 tracing::warn!(
                     "{} gpu{} :{}: could not stop: {}",
                     s.host,
                     s.gpu,
                     s.port,
-                    s.error.unwrap_or_default()
+                    s.error.as_deref().unwrap_or_default()
+                );
+            }
+        }
+        let confirms = self.hosts.iter().map(|(h, _)| {
+            let mut mine: Vec<StopOutcome> = outcomes
+                .iter()
+                .filter(|o| o.host == h.name)
+                .cloned()
+                .collect();
+            let t = self.transports[&h.name].clone();
+            let local = h.ssh.is_none() && h.container.is_none();
+            async move {
+                if !mine.is_empty() {
+                    down::confirm_gpus_released(&mut mine, || gpu::read_host(t.clone(), local))
+                        .await;
+                }
+                mine
+            }
+        });
+        for o in futures::future::join_all(confirms).await.iter().flatten() {
+            if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > down::RELEASED_MIB) {
+                tracing::warn!(
+                    "{} gpu{}: still {used} MiB in use after stopping :{}",
+                    o.host,
+                    o.gpu,
+                    o.port
                 );
             }
         }
@@ -252,10 +285,11 @@ impl Setup<'_> {
             servers: all.len(),
         });
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let probe = self.probe();
+        let http = self.probe_http()?;
         let run = up::Run {
             transports: self.transports,
-            probe: &probe,
+            http: &http,
+            api_key: self.api_key.as_deref(),
             run_root: self.run_root,
             events: &up_events,
             cancel,
@@ -405,10 +439,11 @@ impl Setup<'_> {
         )?;
         preflight::preflight(&instances, &facts_by_host(self.hosts))?;
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let probe = self.probe();
+        let http = self.probe_http()?;
         let run = up::Run {
             transports: self.transports,
-            probe: &probe,
+            http: &http,
+            api_key: self.api_key.as_deref(),
             run_root: self.run_root,
             events: &up_events,
             cancel,
@@ -488,4 +523,61 @@ pub async fn run(
         interrupted: cancel.is_cancelled(),
         applied: Some(applied),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sglang::flags::tests::profile;
+
+    fn host(name: &str, gpus: GpuSelection) -> (HostSpec, HostFacts) {
+        (
+            HostSpec {
+                name: name.into(),
+                ssh: None,
+                container: None,
+                gpus,
+                address: None,
+                ssh_options: BTreeMap::new(),
+            },
+            HostFacts {
+                help: None,
+                version: None,
+                address: "127.0.0.1".into(),
+                gpus_present: vec![0, 1],
+            },
+        )
+    }
+
+    #[test]
+    fn a_candidate_runs_exactly_on_its_slots_of_every_host() {
+        let hosts = vec![
+            host("a", GpuSelection::List(vec![0, 1, 2, 3])),
+            host("b", GpuSelection::All),
+        ];
+        assert_eq!(
+            host_gpus(&hosts),
+            vec![
+                ("a".to_string(), vec![0, 1, 2, 3]),
+                ("b".to_string(), vec![0, 1])
+            ]
+        );
+        let slots = [("a", 0), ("b", 1), ("a", 2)].map(|(h, gpu)| Slot {
+            host: h.into(),
+            gpu,
+        });
+        let planned = plan_on(&profile(), &hosts, &slots, None, "/tmp/fleet").unwrap();
+        let got: Vec<(String, u32, u16)> = planned
+            .iter()
+            .map(|i| (i.host.clone(), i.gpu, i.port))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a".into(), 0, 30000),
+                ("a".into(), 2, 30002),
+                ("b".into(), 1, 30001)
+            ]
+        );
+    }
 }
