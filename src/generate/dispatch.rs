@@ -27,12 +27,17 @@ use crate::sglang::metrics::Metrics;
 /// `/metrics` readings after warm-up before the watchdog judges an instance.
 const MIN_READINGS: u64 = 3;
 
+/// A prompt whose connection drops this often is failed: it may be what crashes servers.
+const MAX_REDISPATCHES: u32 = 8;
+
 /// A prompt on its way through the fleet.
 struct Job {
     line: u64,
     id: Id,
     req: CompletionRequest,
     attempts: u32,
+    /// Times it was moved off a server that went away (not counted against --max-retries).
+    redispatches: u32,
     clamped: bool,
     /// The instance that last failed it: retries go elsewhere when possible.
     avoid: Option<usize>,
@@ -320,6 +325,15 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| GenerateError::Task(e.to_string()))
 }
 
+/// Capped exponential backoff before retry `attempt` (1-based), scaled by `jitter` in
+/// [0.5, 1] so retries of a burst of failures do not arrive in waves.
+fn backoff(t: &super::Timing, attempt: u32, jitter: f64) -> Duration {
+    let exp = t
+        .backoff_base
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+    exp.min(t.backoff_cap).mul_f64(jitter)
+}
+
 /// Streams lines not yet done into the run loop; stops early when the loop stops listening.
 fn read_input(
     path: PathBuf,
@@ -594,6 +608,7 @@ impl Run<'_> {
             id: line.id,
             req,
             attempts: 0,
+            redispatches: 0,
             clamped: false,
             avoid: None,
         }))
@@ -699,11 +714,16 @@ impl Run<'_> {
                     }
                 }
             }
-            Attempt::Failed(e) if e.is_unreachable() => {
-                // The server is gone, not the request's fault: take the instance out and send
-                // the request elsewhere without spending one of its retries.
-                self.mark_down(i, &e.to_string(), on_event);
+            Attempt::Failed(e) if e.is_unreachable() && job.redispatches < MAX_REDISPATCHES => {
+                // The server is gone or dropped the connection, not the request's fault: send
+                // it elsewhere without spending one of its retries. A refused connection means
+                // nothing listens there any more, so the instance is taken out; a dropped one
+                // may be a single closed keep-alive connection, so health checks decide.
+                if matches!(e, ClientError::Connect { .. }) {
+                    self.mark_down(i, &e.to_string(), on_event);
+                }
                 job.avoid = Some(i);
+                job.redispatches += 1;
                 if !stopping {
                     self.ready.push_front(job);
                 }
@@ -715,7 +735,8 @@ impl Run<'_> {
                     self.fail(&job.id, job.line, reason, &e.to_string())?;
                 } else if !stopping {
                     job.avoid = Some(i);
-                    let due = Instant::now() + self.backoff(job.attempts);
+                    let jitter = rand::rng().random_range(0.5..=1.0);
+                    let due = Instant::now() + backoff(&self.config.timing, job.attempts, jitter);
                     self.seq += 1;
                     self.delayed.push(Reverse(Delayed {
                         due,
@@ -733,16 +754,6 @@ impl Run<'_> {
             }
         }
         Ok(())
-    }
-
-    /// Capped exponential backoff with jitter in [50%, 100%] so retries do not arrive in waves.
-    fn backoff(&self, attempt: u32) -> Duration {
-        let t = self.config.timing;
-        let exp = t
-            .backoff_base
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-        let capped = exp.min(t.backoff_cap);
-        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
     }
 
     fn mark_down(&mut self, i: usize, reason: &str, on_event: &mut impl FnMut(Event)) {
@@ -996,5 +1007,21 @@ impl Run<'_> {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::Timing;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_jitter_only_shortens_it() {
+        let t = Timing::default();
+        assert_eq!(backoff(&t, 1, 1.0), Duration::from_millis(500));
+        assert_eq!(backoff(&t, 2, 1.0), Duration::from_secs(1));
+        assert_eq!(backoff(&t, 4, 0.5), Duration::from_secs(2));
+        assert_eq!(backoff(&t, 7, 1.0), Duration::from_secs(30));
+        assert_eq!(backoff(&t, 60, 1.0), Duration::from_secs(30));
     }
 }

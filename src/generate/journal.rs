@@ -117,6 +117,50 @@ struct DoneLine {
     completion_tokens: u64,
 }
 
+/// Reads a journal line's id and token counts. Lines fleet wrote start with `{"id":` and keep
+/// the counts after the output text, which is most of the line: the text is skipped, not
+/// parsed. JSON escapes quotes inside strings, so the last `"prompt_tokens":` is the field.
+/// Anything else takes the full parse.
+fn parse_done(line: &[u8], is_shard: bool) -> Result<DoneLine, serde_json::Error> {
+    if let Some(rest) = line.strip_prefix(br#"{"id":"#) {
+        let mut de = serde_json::Deserializer::from_slice(rest);
+        if let Ok(id) = RawId::deserialize(&mut de) {
+            let counts = (
+                number_after(line, br#""prompt_tokens":"#),
+                number_after(line, br#""completion_tokens":"#),
+            );
+            match counts {
+                (Some(prompt_tokens), Some(completion_tokens)) if is_shard => {
+                    return Ok(DoneLine {
+                        id,
+                        prompt_tokens,
+                        completion_tokens,
+                    });
+                }
+                (None, None) if !is_shard && line.trim_ascii_end().ends_with(b"}") => {
+                    return Ok(DoneLine {
+                        id,
+                        prompt_tokens: 0,
+                        completion_tokens: 0,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+    serde_json::from_slice(line)
+}
+
+fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {
+    let at = hay.windows(key.len()).rposition(|w| w == key)? + key.len();
+    let digits = &hay[at..];
+    let end = digits
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len());
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
+}
+
 /// Whether `dir` holds any journal file.
 pub fn has_output(dir: &Path) -> Result<bool, JournalError> {
     Ok(!list_shards(dir)?.is_empty() || dir.join(FAILED_FILE).exists())
@@ -198,7 +242,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, JournalError> {
             if line.trim_ascii().is_empty() {
                 continue;
             }
-            let d: DoneLine = serde_json::from_slice(&line).map_err(|e| JournalError::Corrupt {
+            let d = parse_done(&line, is_shard).map_err(|e| JournalError::Corrupt {
                 path: path.clone(),
                 line: number,
                 reason: e.to_string(),
@@ -474,6 +518,36 @@ mod tests {
         assert!(std::fs::read_to_string(&p).unwrap().ends_with("}\n"));
         let again = recover(dir.path()).unwrap();
         assert_eq!((again.completed, again.truncated_bytes), (1, 0));
+    }
+
+    #[test]
+    fn the_fast_path_reads_what_the_full_parse_reads() {
+        let i = Id {
+            text: "x\"1".into(),
+            numeric: false,
+        };
+        let tricky = "he said \"prompt_tokens\":999, fine";
+        let line = encode(&CompletionRecord {
+            id: &i,
+            output: tricky,
+            prompt_tokens: 12,
+            completion_tokens: 34,
+            finish_reason: None,
+            instance: "a",
+            latency_s: 1.0,
+        });
+        let d = parse_done(&line, true).unwrap();
+        assert_eq!(d.id.into_id().text, "x\"1");
+        assert_eq!((d.prompt_tokens, d.completion_tokens), (12, 34));
+        let n = Id::line(5);
+        let f = encode(&FailureRecord {
+            id: &n,
+            line: 5,
+            reason: "malformed_line",
+            error: "x",
+        });
+        assert_eq!(parse_done(&f, false).unwrap().id.into_id().text, "5");
+        assert!(parse_done(b"{\"id\":\"a\",\"output\":\"torn", true).is_err());
     }
 
     #[test]

@@ -427,9 +427,32 @@ impl SglangClient {
                 url,
                 reason: e.to_string(),
             })?;
-            return Ok(ServerInfo::from_json(raw));
+            let mut info = ServerInfo::from_json(raw);
+            // `context_length` there is only the CLI value; the effective one is in /v1/models.
+            if info.context_length.is_none() {
+                info.context_length = self.max_model_len().await.ok().flatten();
+            }
+            return Ok(info);
         }
         Err(last.expect("at least one path was tried"))
+    }
+
+    /// `max_model_len` of the first model in `/v1/models`: the context length in effect.
+    pub async fn max_model_len(&self) -> Result<Option<u64>, ClientError> {
+        let (status, body) = self.get_text("/v1/models").await?;
+        let url = format!("{}/v1/models", self.endpoint.base_url);
+        if status != 200 {
+            return Err(ClientError::Status {
+                url,
+                status,
+                body: snippet(&body),
+            });
+        }
+        let v: Value = serde_json::from_str(&body).map_err(|e| ClientError::Decode {
+            url,
+            reason: e.to_string(),
+        })?;
+        Ok(v["data"][0]["max_model_len"].as_u64())
     }
 
     /// `/metrics` (present only with `--enable-metrics`; a 404 is an error).

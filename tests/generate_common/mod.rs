@@ -196,7 +196,8 @@ pub fn start_stub(spec: StubSpec) -> Stub {
                     })
                     .await
                     .unwrap();
-                if alive.wait_for(|a| *a).await.is_err() {
+                // A dropped handle (sender gone) ends the stand-in for good.
+                if alive.has_changed().is_err() || alive.wait_for(|a| *a).await.is_err() {
                     return;
                 }
             }
