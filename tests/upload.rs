@@ -284,7 +284,7 @@ fn an_s3_bucket_receives_every_shard_including_a_multipart_one() {
     write_prompts(&prompts, 300);
     let out = tmp.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
-    // An earlier run without --upload left a 12 MB shard: more than one 8 MiB part.
+    // An earlier run without --upload left a 12 MB shard: a multipart upload of 5 MiB parts.
     let long = "word ".repeat(24_000);
     write_lines(
         &out.join("completions-00000.jsonl"),
@@ -307,7 +307,7 @@ fn an_s3_bucket_receives_every_shard_including_a_multipart_one() {
     assert_exactly_once(&out, 300);
     let local = local_shards(&out);
     assert_eq!(local.len(), 3, "{:?}", local.keys());
-    assert!(local["completions-00000.jsonl"].len() > 8 * 1024 * 1024);
+    assert!(local["completions-00000.jsonl"].len() > 2 * 5 * 1024 * 1024);
     let remote = moto.download("fleet-out", "runs/today/", &tmp.path().join("got"));
     assert_eq!(
         remote.keys().collect::<Vec<_>>(),
@@ -351,4 +351,29 @@ fn a_missing_bucket_is_reported_the_output_stays_and_the_exit_is_1() {
         (p["s3_uploaded"].as_u64(), p["status"].as_str()),
         (Some(0), Some("failed"))
     );
+}
+
+#[test]
+fn a_destination_fleet_cannot_write_to_is_a_usage_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_prompts(&prompts, 1);
+    for (dest, why) in [
+        ("gs://bucket/x", "unknown scheme"),
+        ("file://relative/dir", "absolute path"),
+        ("s3:///prefix", "no bucket name"),
+    ] {
+        let o = generate(
+            &tmp.path().join("out"),
+            &prompts,
+            "http://127.0.0.1:9",
+            dest,
+        )
+        .output()
+        .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{dest}: {err}");
+        assert!(err.contains(dest) && err.contains(why), "{err}");
+        assert!(err.contains("s3://BUCKET/PREFIX"), "{err}");
+    }
 }

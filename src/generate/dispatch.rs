@@ -258,17 +258,26 @@ pub async fn run(
     // Shards of earlier runs are finished: they go first, then each one this run finishes.
     let uploader = match &config.upload {
         Some(dest) => {
-            let u = Uploader::start(dest.clone(), config.upload_retry, cancel.clone());
-            let queue = u.queue().expect("a new uploader takes shards");
-            for shard in journal::shards(&config.out)? {
-                let _ = queue.send(shard);
-            }
-            Some(u)
+            let earlier = journal::shards(&config.out)?;
+            Some(Uploader::start(
+                dest.clone(),
+                config.upload_retry,
+                earlier,
+                &cancel,
+            ))
         }
         None => None,
     };
     let queue = uploader.as_ref().and_then(Uploader::queue);
-    let journal = Journal::start(&config.out, recovered.next_shard, config.sync, queue)?;
+    let journal = match Journal::start(&config.out, recovered.next_shard, config.sync, queue) {
+        Ok(j) => j,
+        Err(e) => {
+            if let Some(u) = uploader {
+                u.abandon().await;
+            }
+            return Err(e.into());
+        }
+    };
     let (line_tx, line_rx) = mpsc::channel::<Line>(4096);
     let reader = {
         let path = config.prompts.clone();

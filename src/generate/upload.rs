@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::journal::{self, FinishedShards};
 
-/// Shards up to this size go in one PUT; larger ones as a multipart upload of such parts.
-const PART_BYTES: usize = 8 * 1024 * 1024;
+/// Shards up to this size go in one PUT; larger ones as a multipart upload of such parts (the
+/// smallest part S3 accepts, which keeps the memory an upload needs small).
+const PART_BYTES: usize = 5 * 1024 * 1024;
 /// Parts in flight at once: bounds memory to a few parts whatever the shard size.
 const PARTS_IN_FLIGHT: usize = 2;
 /// How long an interrupted multipart upload may take to be cleaned up.
@@ -220,19 +221,39 @@ pub struct Uploader {
     events: mpsc::UnboundedReceiver<UploadEvent>,
     task: tokio::task::JoinHandle<HashSet<String>>,
     failures: NotUploaded,
+    /// Cancelled with the run, or alone by [`Uploader::abandon`].
+    stop: CancellationToken,
 }
 
 impl Uploader {
-    pub fn start(dest: Destination, policy: RetryPolicy, cancel: CancellationToken) -> Self {
+    /// Starts the task with `earlier` (finished shards of earlier runs) queued first.
+    pub fn start(
+        dest: Destination,
+        policy: RetryPolicy,
+        earlier: Vec<PathBuf>,
+        cancel: &CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        for shard in earlier {
+            tx.send(shard).expect("the receiver is held above");
+        }
         let (events_tx, events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(work(dest, policy, cancel, rx, events_tx));
+        let stop = cancel.child_token();
+        let task = tokio::spawn(work(dest, policy, stop.clone(), rx, events_tx));
         Uploader {
             tx: Some(tx),
             events,
             task,
             failures: NotUploaded::new(),
+            stop,
         }
+    }
+
+    /// Stops at once and joins the task, for a run that ends before it began.
+    pub async fn abandon(mut self) {
+        self.stop.cancel();
+        self.tx.take();
+        let _ = self.task.await;
     }
 
     /// Where finished shards are sent (the journal's writer holds one).
