@@ -85,7 +85,6 @@ impl UploadError {
 pub struct Destination {
     store: Arc<dyn ObjectStore>,
     prefix: Option<ObjectPath>,
-    spec: String,
     /// `s3://BUCKET` or `file:///DIR`: what object paths are relative to.
     root: String,
 }
@@ -113,11 +112,10 @@ impl Destination {
             let store = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .build()
-                .map_err(|e| bad(&e.to_string()))?;
+                .map_err(|e| bad(&with_cause(&e)))?;
             Ok(Destination {
                 store: Arc::new(store),
                 prefix,
-                spec: spec.to_string(),
                 root: format!("s3://{bucket}"),
             })
         } else if let Some(dir) = spec.strip_prefix("file://") {
@@ -129,17 +127,11 @@ impl Destination {
             Ok(Destination {
                 store: Arc::new(store),
                 prefix: None,
-                spec: spec.to_string(),
                 root: spec.trim_end_matches('/').to_string(),
             })
         } else {
             Err(bad("unknown scheme"))
         }
-    }
-
-    /// The destination as the user gave it.
-    pub fn spec(&self) -> &str {
-        &self.spec
     }
 
     fn object(&self, name: &str) -> ObjectPath {
@@ -155,6 +147,21 @@ impl Destination {
             object: format!("{}/{}", self.root, object),
             source,
         }
+    }
+}
+
+/// `e`'s message and its innermost cause, which is what says what went wrong (such as "No CA
+/// certificates were loaded from the system" under "builder error").
+fn with_cause(e: &dyn std::error::Error) -> String {
+    let mut inner = e.source();
+    let mut cause = None;
+    while let Some(s) = inner {
+        cause = Some(s.to_string());
+        inner = s.source();
+    }
+    match cause {
+        Some(c) => format!("{e}: {c}"),
+        None => e.to_string(),
     }
 }
 
