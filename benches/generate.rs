@@ -2,7 +2,7 @@
 //! completed requests/s (engine and binary), peak RSS on a 654,676-prompt input, and the time
 //! from start to the first new request when resuming with 600,000 prompts done.
 //!
-//!     cargo bench --bench generate [-- FILTER] [-- --quick]
+//!     cargo bench --bench generate [-- [FILTER] [--quick]]
 //!
 //! `--quick` uses smaller inputs and shorter windows (a smoke test, not the targets).
 
