@@ -275,7 +275,11 @@ fn report_medians(started: SystemTime) {
             .unwrap_or_else(|| panic!("{}: no median.point_estimate", path.display()));
         headline::line(
             &format!("hot.{group}.{function}"),
-            &format!("{} ({how} median)", human(ns / per as f64)),
+            &format!(
+                "{}{} ({how} median)",
+                human(ns / per as f64),
+                if per > 1 { " per completion" } else { "" }
+            ),
             what,
             None,
         );
