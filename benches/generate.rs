@@ -1,9 +1,14 @@
 //! Benchmarks of `fleet generate`'s client side against in-process instant SGLang stand-ins:
 //! completed requests/s (engine and binary), peak RSS on a 654,676-prompt input, and the time
 //! from start to the first new request when resuming with 600,000 prompts done.
+//!
+//!     cargo bench --bench generate [-- [FILTER] [--quick]]
+//!
+//! `--quick` uses smaller inputs and shorter windows (a smoke test, not the targets).
 
 #[path = "../tests/generate_common/mod.rs"]
 mod generate_common;
+mod headline;
 
 use std::io::Write;
 use std::path::Path;
@@ -43,9 +48,11 @@ fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let mut g = c.benchmark_group("generate");
     g.sample_size(10).throughput(Throughput::Elements(N as u64));
     let mut round = 0;
+    let mut took = Vec::new();
     g.bench_function("engine_20k_instant", |b| {
         b.iter(|| {
             round += 1;
+            let t0 = Instant::now();
             let out = tmp.path().join(format!("out{round}"));
             let endpoints = stubs.iter().map(|s| Endpoint::from_url(&s.url)).collect();
             let s = rt
@@ -57,10 +64,28 @@ fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                 ))
                 .unwrap();
             assert_eq!(s.progress.completed, N as u64);
+            took.push(t0.elapsed());
             std::fs::remove_dir_all(&out).unwrap();
         })
     });
     g.finish();
+    let median = median(took);
+    headline::line(
+        "generate.engine_req_s",
+        &format!(
+            "{:.0} req/s (engine, {N} prompts in {:.2} s)",
+            N as f64 / median.as_secs_f64(),
+            median.as_secs_f64()
+        ),
+        "the generate engine in-process against 2 instant stub servers (no target)",
+        None,
+    );
+}
+
+/// The middle sample (the upper one of an even count).
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
 }
 
 /// Start of a resumed run with 600,000 of 654,676 prompts done, to its first new request.
@@ -84,6 +109,7 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     drop(shard);
     let mut g = c.benchmark_group("generate");
     g.sample_size(10);
+    let mut took = Vec::new();
     g.bench_function("resume_600k_done_to_first_request", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -103,6 +129,7 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 total += t0.elapsed();
+                took.push(t0.elapsed());
                 cancel.cancel();
                 rt.block_on(run).unwrap().unwrap();
             }
@@ -110,6 +137,13 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         })
     });
     g.finish();
+    let first = median(took);
+    headline::line(
+        "generate.resume",
+        &format!("{:.2} s (median)", first.as_secs_f64()),
+        "resuming after 600,000 of 654,676 done reaches its first new request in < 2 s",
+        Some(first < Duration::from_secs(2)),
+    );
 }
 
 /// The real binary over the seed's 654,676 prompts against two instant servers: req/s and
@@ -119,11 +153,16 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     reason = "reaped by wait4, which also reports its rusage"
 )]
 fn binary_run() {
+    let total = if headline::quick() {
+        50_000
+    } else {
+        SEED_TOTAL
+    };
     let a = start_stub(instant());
     let b = start_stub(instant());
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, SEED_TOTAL);
+    write_prompts(&prompts, total);
     let out = tmp.path().join("out");
     let t0 = Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
@@ -144,10 +183,19 @@ fn binary_run() {
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "fleet generate failed"
     );
+    let rss_mb = usage.ru_maxrss as f64 / 1024.0;
     println!(
-        "fleet generate (binary): {SEED_TOTAL} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",
-        SEED_TOTAL as f64 / secs,
-        usage.ru_maxrss as f64 / 1024.0
+        "fleet generate (binary): {total} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {rss_mb:.1} MB",
+        total as f64 / secs,
+    );
+    headline::line(
+        "generate.peak_rss",
+        &format!(
+            "{rss_mb:.1} MB ({total} prompts, {:.0} req/s)",
+            total as f64 / secs
+        ),
+        "`fleet generate`'s peak RSS on a 654,676-prompt input < 64 MB",
+        Some(rss_mb < 64.0),
     );
 }
 
@@ -166,6 +214,7 @@ fn saturation(rt: &tokio::runtime::Runtime) {
         })
         .collect();
     let ideal: f64 = sims.iter().map(Sim::ideal_output_tok_s).sum();
+    let (settle, window) = if headline::quick() { (2, 4) } else { (6, 15) };
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
     // The workload behind the sims' ideal: ~96-token prompts, natural outputs (mean 988).
@@ -183,10 +232,10 @@ fn saturation(rt: &tokio::runtime::Runtime) {
         let cancel = CancellationToken::new();
         let endpoints = sims.iter().map(|s| Endpoint::from_url(&s.url)).collect();
         let run = rt.spawn(generate::run(cfg, endpoints, |_| {}, cancel.clone()));
-        std::thread::sleep(Duration::from_secs(6));
+        std::thread::sleep(Duration::from_secs(settle));
         let t1 = Instant::now();
         let before: f64 = sims.iter().map(Sim::generated_tokens).sum();
-        std::thread::sleep(Duration::from_secs(15));
+        std::thread::sleep(Duration::from_secs(window));
         let after: f64 = sims.iter().map(Sim::generated_tokens).sum();
         let measured = (after - before) / t1.elapsed().as_secs_f64();
         cancel.cancel();
@@ -196,6 +245,24 @@ fn saturation(rt: &tokio::runtime::Runtime) {
              {measured:.0} output tok/s = {:.1}% of the sims' ideal {ideal:.0}",
             100.0 * measured / ideal
         );
+        let share = 100.0 * measured / ideal;
+        let measured = format!(
+            "{share:.1}% ({measured:.0} of {ideal:.0} tok/s, {window} s window after {settle} s)"
+        );
+        match mode {
+            generate::ConcurrencyMode::Auto => headline::line(
+                "generate.saturation",
+                &measured,
+                "`fleet generate` on 8 no_buffer sims ≥ 97% of their ideal output tok/s",
+                Some(share >= 97.0),
+            ),
+            _ => headline::line(
+                "generate.saturation_fixed32",
+                &measured,
+                "the seed's fixed 32 per server, same sims (DESIGN: about 32/72 = 44%)",
+                None,
+            ),
+        }
     }
 }
 
@@ -205,8 +272,8 @@ fn instant_sims() {
     let sims: Vec<Sim> = (0..2).map(|_| Sim::start(&["--sim-instant"])).collect();
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
-    const N: usize = 200_000;
-    write_prompts(&prompts, N);
+    let n = if headline::quick() { 20_000 } else { 200_000 };
+    write_prompts(&prompts, n);
     let t0 = Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
         .args(["-q", "generate", "--max-tokens", "16", "--prompts"])
@@ -227,9 +294,16 @@ fn instant_sims() {
     );
     let secs = t0.elapsed().as_secs_f64();
     println!(
-        "fleet generate (binary) vs 2 --sim-instant sims: {N} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",
-        N as f64 / secs,
+        "fleet generate (binary) vs 2 --sim-instant sims: {n} prompts in {secs:.1} s = {:.0} completed req/s, peak RSS {:.1} MB",
+        n as f64 / secs,
         usage.ru_maxrss as f64 / 1024.0
+    );
+    let rate = n as f64 / secs;
+    headline::line(
+        "generate.req_s",
+        &format!("{rate:.0} req/s ({n} prompts in {secs:.1} s)"),
+        "`fleet generate` against 2 `--sim-instant` sims ≥ 10,000 completed req/s on 2 cores",
+        Some(rate >= 10_000.0),
     );
 }
 

@@ -1,15 +1,15 @@
 //! `fleet up` of 8 sglang-sim instances with the shipped 5 s simulated load
 //! (profiles/sim-no-buffer.yaml, examples/local-sim.yaml) and `fleet down` of 8, through the
 //! real binary. Targets: up ≤ 5 s + 1.5 s (parallel start, readiness seen within 1 s);
-//! down ≤ 2 s (servers that exit on SIGTERM).
+//! down ≤ 2 s (servers that exit on SIGTERM). Prints the median of each over several rounds.
 //!
-//!     cargo bench --bench launch
+//!     cargo bench --bench launch [-- --quick]
+
+mod headline;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-use criterion::{Criterion, criterion_group, criterion_main};
 
 struct Bench {
     run_dir: tempfile::TempDir,
@@ -52,38 +52,46 @@ impl Bench {
     }
 }
 
-fn launch(c: &mut Criterion) {
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    // Each round is a whole up and down of 8 servers (about 7 s), so a few rounds give a
+    // stable median; criterion's minimum of 10 samples per number would take minutes.
+    let rounds = if headline::quick() { 1 } else { 5 };
     let b = Bench {
         run_dir: tempfile::tempdir().unwrap(),
     };
-    let mut group = c.benchmark_group("launch");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(1))
-        .measurement_time(Duration::from_secs(70));
-    group.bench_function("up 8 sim instances, 5 s load", |bench| {
-        bench.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let took = b.up();
-                    b.down();
-                    took
-                })
-                .sum()
-        })
-    });
-    group.bench_function("down 8 instances", |bench| {
-        bench.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    b.up();
-                    b.down()
-                })
-                .sum()
-        })
-    });
-    group.finish();
+    let (mut ups, mut downs) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        ups.push(b.up());
+        downs.push(b.down());
+    }
+    let secs = |d: &Duration| format!("{:.2}", d.as_secs_f64());
+    println!("fleet up/down of 8 sim instances with a 5 s load ({rounds} rounds)");
+    println!(
+        "  up    median {:>6} s  (all: {})",
+        secs(&median(ups.clone())),
+        ups.iter().map(secs).collect::<Vec<_>>().join(", ")
+    );
+    println!(
+        "  down  median {:>6} s  (all: {})",
+        secs(&median(downs.clone())),
+        downs.iter().map(secs).collect::<Vec<_>>().join(", ")
+    );
+    let (up, down) = (median(ups), median(downs));
+    headline::line(
+        "launch.up",
+        &format!("{} s (median of {rounds})", secs(&up)),
+        "`fleet up` of 8 sims with a 5 s load ≤ 6.5 s (parallel start, readiness seen within 1 s)",
+        Some(up <= Duration::from_millis(6500)),
+    );
+    headline::line(
+        "launch.down",
+        &format!("{} s (median of {rounds})", secs(&down)),
+        "`fleet down` of 8 instances ≤ 2 s",
+        Some(down <= Duration::from_secs(2)),
+    );
 }
-
-criterion_group!(benches, launch);
-criterion_main!(benches);

@@ -10,6 +10,7 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod headline;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,8 +18,11 @@ use std::time::{Duration, Instant};
 use common::Sshd;
 use fleet::remote::{self, ConnectOptions, Transport};
 
-const ROUNDS: usize = 30;
 const COMMANDS: usize = 8;
+
+fn rounds() -> usize {
+    if headline::quick() { 5 } else { 30 }
+}
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -32,8 +36,8 @@ fn ms(d: Duration) -> f64 {
 async fn timed<F: std::future::Future<Output = ()>>(f: impl Fn() -> F) -> Duration {
     // One warm-up round so that the first channel's setup cost is not counted twice.
     f().await;
-    let mut samples = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
+    let mut samples = Vec::with_capacity(rounds());
+    for _ in 0..rounds() {
         let start = Instant::now();
         f().await;
         samples.push(start.elapsed());
@@ -105,7 +109,7 @@ fn main() {
     });
 
     openssh_true(&sshd, &kh);
-    let openssh_rounds = ROUNDS / 3;
+    let openssh_rounds = rounds() / 3;
     let mut samples = Vec::with_capacity(openssh_rounds);
     for _ in 0..openssh_rounds {
         let start = Instant::now();
@@ -119,7 +123,8 @@ fn main() {
     let vs_one = eight.as_secs_f64() / one.as_secs_f64();
     let vs_openssh = openssh.as_secs_f64() / eight.as_secs_f64();
     println!(
-        "ssh transport, {COMMANDS} × `true` on one host (median of {ROUNDS} rounds; OpenSSH {openssh_rounds})"
+        "ssh transport, {COMMANDS} × `true` on one host (median of {} rounds; OpenSSH {openssh_rounds})",
+        rounds()
     );
     println!(
         "  connect + auth (once)                 {:>8.2} ms",
@@ -154,8 +159,32 @@ fn main() {
         "  {COMMANDS} commands                             {:>8.2} ms",
         ms(eight_sleep)
     );
-    println!(
-        "  {COMMANDS} vs 1: {:.2}×",
-        eight_sleep.as_secs_f64() / one_sleep.as_secs_f64()
+    let vs_one_sleep = eight_sleep.as_secs_f64() / one_sleep.as_secs_f64();
+    println!("  {COMMANDS} vs 1: {vs_one_sleep:.2}×");
+    headline::line(
+        "ssh.mux.true",
+        &format!("{vs_one:.2}× ({:.1} vs {:.1} ms)", ms(eight), ms(one)),
+        "8 × `true` on one host over one connection ≤ 2× one command",
+        Some(vs_one <= 2.0),
+    );
+    headline::line(
+        "ssh.mux.sleep",
+        &format!(
+            "{vs_one_sleep:.2}× ({:.1} vs {:.1} ms)",
+            ms(eight_sleep),
+            ms(one_sleep)
+        ),
+        "8 × `sleep 0.05` on one host over one connection ≤ 2× one command",
+        Some(vs_one_sleep <= 2.0),
+    );
+    headline::line(
+        "ssh.vs_openssh",
+        &format!(
+            "{vs_openssh:.0}× faster ({:.1} ms vs {:.0} ms)",
+            ms(eight),
+            ms(openssh)
+        ),
+        "8 × `true` over one connection ≥ 4× faster than 8 sequential OpenSSH `ssh host true`",
+        Some(vs_openssh >= 4.0),
     );
 }
