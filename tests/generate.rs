@@ -1,12 +1,12 @@
 //! `fleet generate` and `fleet progress` through the real binary against in-process SGLang
 //! stand-ins: exactly-once output, crash and resume, overflow, faults, malformed input, schema.
 
-mod generate_common;
+mod common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use generate_common::*;
+use common::generate::*;
 use rand::Rng;
 use serde_json::json;
 

@@ -1,9 +1,9 @@
 //! `fleet generate` against real `sglang-sim` servers: a server dying mid-run, context-length
 //! clamping with SGLang's own messages, and the watchdog catching the seed's low-cap strategy.
 
-mod generate_common;
+mod common;
 
-use generate_common::*;
+use common::generate::*;
 use serde_json::json;
 
 fn generate(

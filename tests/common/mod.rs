@@ -1,8 +1,13 @@
 //! Shared integration-test harness: a real OpenSSH `sshd` on 127.0.0.1 (temporary host key,
 //! authorized client key, fixture `bin/` first on the SSH side's PATH), a temporary HOME with
 //! `~/.ssh/config`, key and known_hosts for the `fleet` binary, and inventory hosts for library
-//! tests. Use it with `mod common;`.
+//! tests. Use it with `mod common;`. [`local_fleet`] runs the binary on a local simulated fleet,
+//! [`generate`] serves SGLang stand-ins and reads `generate` output.
 #![allow(dead_code)] // each test crate uses a different part of it
+
+#[path = "../generate_common/mod.rs"]
+pub mod generate;
+pub mod local_fleet;
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -1,5 +1,6 @@
 //! Shared helpers for the `fleet generate` tests: a small SGLang stand-in served in-process,
-//! prompt files, and readers that check every id is in the output exactly once.
+//! prompt files, and readers that check every id is in the output exactly once. Tests reach it as
+//! `common::generate`; benches/generate.rs includes this file by its path.
 
 #![allow(dead_code)]
 
