@@ -5,17 +5,13 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::local_fleet::{LocalFleet, SIM, free_port_base};
 use serde_json::Value;
-use tempfile::TempDir;
-
-const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
-const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
 
 /// Sweeps measure throughput: one at a time, so that they do not share the CPUs they measure.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -24,36 +20,20 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A port base with `n` free ports above it.
-fn free_port_base(n: u16) -> u16 {
-    let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
-    for i in 0..200u64 {
-        let base = 41_000 + ((seed.wrapping_mul(2_654_435_761) + i * 7_919) % 18_000) as u16;
-        if (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no {n} free ports found");
-}
-
 /// A local simulated fleet: an inventory of `gpus` GPUs, a profiles dir, a run dir.
 struct Fleet {
-    dir: TempDir,
+    local: LocalFleet,
     gpus: u32,
 }
 
 impl Fleet {
     /// `server` and `env` are YAML lines added under the profile's `server:` and `env:`.
     fn new(gpus: u32, server: &[&str], env: &[(&str, &str)]) -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
-        std::fs::write(
-            dir.path().join("fleet.yaml"),
-            format!("hosts:\n  - name: local\n    gpus: [{}]\n", list.join(", ")),
-        )
-        .unwrap();
-        let fleet = Fleet { dir, gpus };
-        fleet.write_profile(
+        let fleet = Fleet {
+            local: LocalFleet::new(gpus),
+            gpus,
+        };
+        fleet.local.write_profile(
             "base",
             &fleet.profile_yaml(server, env, free_port_base(gpus as u16)),
         );
@@ -61,7 +41,7 @@ impl Fleet {
     }
 
     fn path(&self) -> &Path {
-        self.dir.path()
+        self.local.path()
     }
 
     fn profile_yaml(&self, server: &[&str], env: &[(&str, &str)], port_base: u16) -> String {
@@ -72,7 +52,7 @@ impl Fleet {
             yaml.push_str(&format!("  {s}\n"));
         }
         yaml.push_str("env:\n");
-        let gpus = self.path().join("gpus");
+        let gpus = self.local.gpu_state();
         let mut all = vec![
             ("SGLANG_SIM_TIME_SCALE", "1"),
             ("SGLANG_SIM_STARTUP_SECS", "0.5"),
@@ -89,11 +69,6 @@ impl Fleet {
         yaml
     }
 
-    fn write_profile(&self, name: &str, yaml: &str) {
-        std::fs::create_dir_all(self.path().join("profiles")).unwrap();
-        std::fs::write(self.path().join(format!("profiles/{name}.yaml")), yaml).unwrap();
-    }
-
     fn prompts(&self, n: usize) -> PathBuf {
         let path = self.path().join("prompts.jsonl");
         let lines: Vec<String> = (0..n)
@@ -107,15 +82,9 @@ impl Fleet {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(FLEET);
+        let mut cmd = self.local.command();
         cmd.args(["--config", "fleet.yaml", "--profiles-dir", "profiles"])
-            .args(args)
-            .current_dir(self.path())
-            .env("FLEET_RUN_DIR", self.path().join("run"))
-            .env_remove("FLEET_CONFIG")
-            .env_remove("FLEET_PROFILES_DIR")
-            .env_remove("FLEET_LOG")
-            .stdin(Stdio::null());
+            .args(args);
         cmd
     }
 
@@ -141,7 +110,7 @@ impl Fleet {
     /// The instance records left on the (local) target: what still runs.
     fn records(&self) -> Vec<Value> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(self.path().join("run"))
+        for e in std::fs::read_dir(self.local.run_dir())
             .into_iter()
             .flatten()
             .flatten()
@@ -155,19 +124,12 @@ impl Fleet {
 
     /// Fake GPU state files of live sims.
     fn busy_gpus(&self) -> usize {
-        std::fs::read_dir(self.path().join("gpus")).map_or(0, |d| d.count())
+        std::fs::read_dir(self.local.gpu_state()).map_or(0, |d| d.count())
     }
 
     fn file(&self) -> Value {
         serde_json::from_str(&std::fs::read_to_string(self.path().join("sweep.json")).unwrap())
             .unwrap()
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        // Stops whatever a failed test left running, from fleet's own records.
-        let _ = self.fleet(&["down", "--grace", "2s"]);
     }
 }
 
@@ -447,7 +409,7 @@ fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
     assert!(reason.contains("flashinfr"), "{reason}");
     assert_eq!(r["winner"], "attention_backend=flashinfer");
     // Its GPU never ran a server: only the good candidate's run directory exists.
-    let dirs = std::fs::read_dir(f.path().join("run")).unwrap().count();
+    let dirs = std::fs::read_dir(f.local.run_dir()).unwrap().count();
     assert_eq!(dirs, 1);
 }
 
@@ -621,7 +583,7 @@ fn a_sweep_through_ssh_and_pct() {
             "--duration",
             "2s",
         ])
-        .env("FLEET_RUN_DIR", f.path().join("run"))
+        .env("FLEET_RUN_DIR", f.local.run_dir())
         .timeout(Duration::from_secs(120))
         .output()
         .unwrap();

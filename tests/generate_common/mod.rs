@@ -359,6 +359,16 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 impl Sim {
     /// Starts `sglang-sim` with a short load and metrics on, plus `args`, and waits until ready.
     pub fn start(args: &[&str]) -> Sim {
+        Sim::launch(None, None, args)
+    }
+
+    /// [`Sim::start`] on GPU `gpu`, its memory recorded in `state_dir` where the fake
+    /// `nvidia-smi` reads it.
+    pub fn start_on_gpu(gpu: u32, state_dir: &Path, args: &[&str]) -> Sim {
+        Sim::launch(Some(gpu), Some(state_dir), args)
+    }
+
+    fn launch(gpu: Option<u32>, state_dir: Option<&Path>, args: &[&str]) -> Sim {
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -366,24 +376,26 @@ impl Sim {
             .unwrap()
             .port();
         let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sglang-sim"))
-            .args([
-                "--model-path",
-                "/models/test",
-                "--port",
-                &port.to_string(),
-                "--enable-metrics",
-            ])
-            .args(["--sim-startup-secs", "0.2"])
-            .arg("--sim-gpu-state-dir")
-            .arg(dir.path().join("gpus"))
-            .args(args)
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
-            .stderr(std::process::Stdio::from(log))
-            .spawn()
-            .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sglang-sim"));
+        cmd.args([
+            "--model-path",
+            "/models/test",
+            "--port",
+            &port.to_string(),
+            "--enable-metrics",
+        ])
+        .args(["--sim-startup-secs", "0.2"])
+        .arg("--sim-gpu-state-dir")
+        .arg(state_dir.map_or_else(|| dir.path().join("gpus"), Path::to_path_buf))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(log));
+        match gpu {
+            Some(g) => cmd.env("CUDA_VISIBLE_DEVICES", g.to_string()),
+            None => cmd.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        let child = cmd.spawn().unwrap();
         let mut sim = Sim {
             child,
             port,
@@ -430,6 +442,12 @@ impl Sim {
         fleet::sglang::metrics::parse(&body)
             .generation_tokens_total
             .expect("generation_tokens_total")
+    }
+
+    /// Kills the process and waits for it.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 
     /// Whether the process has exited.
