@@ -128,21 +128,33 @@ pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFa
 }
 
 impl Setup<'_> {
-    /// Health checks and `/server_info` reads while starting: they answer fast or not at all.
-    fn probe_http(&self) -> Result<reqwest::Client, ClientError> {
-        http_client(HttpOptions {
+    /// Starts `instances` as `fleet up` would, replacing whatever ran there: a sweep owns the
+    /// GPUs it measures on. The sweep reports its own events, so up's are dropped.
+    async fn start(
+        &self,
+        instances: &[Instance],
+        cancel: &CancellationToken,
+    ) -> Result<Vec<UpOutcome>, SweepError> {
+        // Health checks and `/server_info` reads while starting answer fast or not at all.
+        let http = http_client(HttpOptions {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
-        })
-    }
-
-    fn up_options(&self) -> UpOptions {
-        // A sweep owns the GPUs it measures on: whatever ran there is replaced.
-        UpOptions {
+        })?;
+        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
+        let run = up::Run {
+            transports: self.transports,
+            http: &http,
+            api_key: self.api_key.as_deref(),
+            run_root: self.run_root,
+            events: &up_events,
+            cancel,
+        };
+        let options = UpOptions {
             replace: true,
             keep_on_interrupt: false,
             grace: self.grace,
-        }
+        };
+        Ok(up::up(instances, &self.health, &options, &run).await?)
     }
 
     /// Stops servers and waits (briefly) until their GPUs' memory is released, so that the next
@@ -284,17 +296,7 @@ impl Setup<'_> {
                 .collect(),
             servers: all.len(),
         });
-        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let http = self.probe_http()?;
-        let run = up::Run {
-            transports: self.transports,
-            http: &http,
-            api_key: self.api_key.as_deref(),
-            run_root: self.run_root,
-            events: &up_events,
-            cancel,
-        };
-        let outcomes = up::up(&all, &self.health, &self.up_options(), &run).await?;
+        let outcomes = self.start(&all, cancel).await?;
         if cancel.is_cancelled() {
             // `up` stopped what it started; stop what was already running too.
             let started: Vec<(usize, &Instance)> = owner.iter().copied().zip(all.iter()).collect();
@@ -438,17 +440,7 @@ impl Setup<'_> {
             self.run_root,
         )?;
         preflight::preflight(&instances, &facts_by_host(self.hosts))?;
-        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let http = self.probe_http()?;
-        let run = up::Run {
-            transports: self.transports,
-            http: &http,
-            api_key: self.api_key.as_deref(),
-            run_root: self.run_root,
-            events: &up_events,
-            cancel,
-        };
-        Ok(up::up(&instances, &self.health, &self.up_options(), &run).await?)
+        self.start(&instances, cancel).await
     }
 }
 
