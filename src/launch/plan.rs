@@ -220,13 +220,14 @@ fn join(gpus: &[u32]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sglang::flags::tests::profile;
 
     const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
 
-    fn host(name: &str, gpus: GpuSelection) -> HostSpec {
+    /// An inventory host on this machine (no SSH, no container) with `gpus`.
+    pub(crate) fn host(name: &str, gpus: GpuSelection) -> HostSpec {
         HostSpec {
             name: name.into(),
             ssh: None,

@@ -524,14 +524,7 @@ mod tests {
 
     fn host(name: &str, gpus: GpuSelection) -> (HostSpec, HostFacts) {
         (
-            HostSpec {
-                name: name.into(),
-                ssh: None,
-                container: None,
-                gpus,
-                address: None,
-                ssh_options: BTreeMap::new(),
-            },
+            crate::launch::plan::tests::host(name, gpus),
             HostFacts {
                 help: None,
                 version: None,
