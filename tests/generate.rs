@@ -10,23 +10,6 @@ use common::generate::*;
 use rand::Rng;
 use serde_json::json;
 
-fn generate(
-    dir: &std::path::Path,
-    prompts: &std::path::Path,
-    urls: &[&str],
-) -> std::process::Command {
-    let mut c = fleet();
-    c.arg("generate")
-        .arg("--prompts")
-        .arg(prompts)
-        .arg("--out")
-        .arg(dir);
-    for u in urls {
-        c.arg("--url").arg(u);
-    }
-    c
-}
-
 #[test]
 fn two_thousand_prompts_exactly_once_over_two_instances() {
     let a = start_stub(StubSpec::default());

@@ -6,23 +6,6 @@ mod common;
 use common::generate::*;
 use serde_json::json;
 
-fn generate(
-    out: &std::path::Path,
-    prompts: &std::path::Path,
-    urls: &[&str],
-) -> std::process::Command {
-    let mut c = fleet();
-    c.arg("generate")
-        .arg("--prompts")
-        .arg(prompts)
-        .arg("--out")
-        .arg(out);
-    for u in urls {
-        c.arg("--url").arg(u);
-    }
-    c
-}
-
 #[test]
 fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
     let fast = [

@@ -105,7 +105,7 @@ async fn admit(s: &StubState, p: u64, m: u64) -> Result<u64, Response> {
     Ok(m.min(7))
 }
 
-async fn generate(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
+async fn generate_route(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
     let text = body["text"].as_str().unwrap_or_default().to_string();
     let p = prompt_tokens(&text);
     let m = body["sampling_params"]["max_new_tokens"]
@@ -166,7 +166,7 @@ pub fn start_stub(spec: StubSpec) -> Stub {
         seen: std::sync::Mutex::new(Vec::new()),
     });
     let app = Router::new()
-        .route("/generate", post(generate))
+        .route("/generate", post(generate_route))
         .route("/v1/chat/completions", post(chat))
         .route("/server_info", get(server_info))
         .route("/health", get(health))
@@ -326,6 +326,20 @@ pub fn fleet() -> std::process::Command {
     c.env_remove("FLEET_CONFIG")
         .env_remove("FLEET_API_KEY")
         .env("NO_COLOR", "1");
+    c
+}
+
+/// `fleet generate --prompts PROMPTS --out OUT` with a `--url` for each of `urls`.
+pub fn generate(out: &Path, prompts: &Path, urls: &[&str]) -> std::process::Command {
+    let mut c = fleet();
+    c.arg("generate")
+        .arg("--prompts")
+        .arg(prompts)
+        .arg("--out")
+        .arg(out);
+    for u in urls {
+        c.arg("--url").arg(u);
+    }
     c
 }
 
