@@ -133,6 +133,23 @@ impl Fleet {
     }
 }
 
+/// The trial most tests run: small requests, 1 s of warm-up, 2 s measured.
+const SHORT_TRIALS: &[&str] = &[
+    "--input-len",
+    "32",
+    "--output-len",
+    "24",
+    "--warmup",
+    "1s",
+    "--duration",
+    "2s",
+];
+
+/// `args` with [`SHORT_TRIALS`].
+fn short<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    [args, SHORT_TRIALS].concat()
+}
+
 fn row<'a>(report: &'a Value, label: &str) -> &'a Value {
     report["rows"]
         .as_array()
@@ -283,21 +300,13 @@ fn extra_buffer_wins_when_state_copies_are_free_and_apply_runs_it_everywhere() {
 fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on() {
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
-    let (code, r, err) = f.sweep_json(&[
+    let (code, r, err) = f.sweep_json(&short(&[
         "--set",
         "server.mem_fraction_static=0.30,0.85",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
         // Through the OpenAI chat endpoint, streamed with usage in the last chunk.
         "--endpoint",
         "chat",
-    ]);
+    ]));
     assert_eq!(code, 1, "a failed trial makes the exit code 1: {err}");
     assert_eq!(r["winner"], "mem_fraction_static=0.85");
     let bad = row(&r, "mem_fraction_static=0.30");
@@ -331,24 +340,16 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         "chat usage gives the output tokens: {mean}"
     );
     // The text report shows the failure and its log.
-    let (_, text, _) = f.fleet(&[
+    let (_, text, _) = f.fleet(&short(&[
         "sweep",
         "--profile",
         "base",
         "--set",
         "server.mem_fraction_static=0.30,0.85",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
         "--endpoint",
         "chat",
         "--resume",
-    ]);
+    ]));
     assert!(text.contains("failed: mem_fraction_static=0.30:"), "{text}");
     assert!(text.contains("    | "), "{text}");
     assert!(f.records().is_empty());
@@ -358,18 +359,7 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
 fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
-    let (code, r, err) = f.sweep_json(&[
-        "--set",
-        "env.SGLANG_SIM_DIE_AFTER=1000000,20",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
-    ]);
+    let (code, r, err) = f.sweep_json(&short(&["--set", "env.SGLANG_SIM_DIE_AFTER=1000000,20"]));
     assert_eq!(code, 1, "{err}");
     let dead = row(&r, "env.SGLANG_SIM_DIE_AFTER=20");
     let reason = dead["trial"]["outcome"]["reason"].as_str().unwrap();
@@ -389,18 +379,10 @@ fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
 fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
-    let (code, r, err) = f.sweep_json(&[
+    let (code, r, err) = f.sweep_json(&short(&[
         "--set",
         "server.attention_backend=flashinfer,flashinfr",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
-    ]);
+    ]));
     assert_eq!(code, 1, "{err}");
     let bad = &row(&r, "attention_backend=flashinfr")["trial"]["outcome"];
     assert_eq!(bad["state"], "failed");
@@ -417,24 +399,16 @@ fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
 fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trials() {
     let _g = serial();
     let f = Fleet::new(1, &["mem_fraction_static: 0.85"], &[]);
-    let args = [
+    let args = short(&[
         "sweep",
         "--profile",
         "base",
         "--strategies",
         "no_buffer,extra_buffer_lazy,extra_buffer",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
         "--json",
         "--write-profile",
         "winner.yaml",
-    ];
+    ]);
     let child = f
         .command(&args)
         .stdout(Stdio::null())
@@ -567,22 +541,14 @@ fn a_sweep_through_ssh_and_pct() {
         .arg(&inventory)
         .arg("--profiles-dir")
         .arg(&profiles)
-        .args([
+        .args(short(&[
             "--json",
             "sweep",
             "--profile",
             "base",
             "--strategies",
             "extra_buffer,no_buffer",
-            "--input-len",
-            "32",
-            "--output-len",
-            "24",
-            "--warmup",
-            "1s",
-            "--duration",
-            "2s",
-        ])
+        ]))
         .env("FLEET_RUN_DIR", f.local.run_dir())
         .timeout(Duration::from_secs(120))
         .output()
