@@ -183,7 +183,8 @@ fn instance(
     }
 }
 
-fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
+/// The GPUs `host` offers: its inventory list, or every GPU the host has for `all`.
+pub fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
     match &host.gpus {
         GpuSelection::All => facts.gpus_present.clone(),
         GpuSelection::List(list) => list.clone(),

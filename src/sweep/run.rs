@@ -16,7 +16,7 @@ use super::load::Workload;
 use super::rank::{Outcome, Trial};
 use super::space::Candidate;
 use super::trial::{self, Group, Server, Timing};
-use crate::config::{GpuSelection, HealthSettings, HostSpec, Profile};
+use crate::config::{HealthSettings, HostSpec, Profile};
 use crate::gpu;
 use crate::launch::down::{self, StopOutcome, StopState};
 use crate::launch::plan::{self, HostFacts, Instance, PlanError};
@@ -86,13 +86,7 @@ struct Running {
 pub fn host_gpus(hosts: &[(HostSpec, HostFacts)]) -> Vec<(String, Vec<u32>)> {
     hosts
         .iter()
-        .map(|(h, f)| {
-            let gpus = match &h.gpus {
-                GpuSelection::All => f.gpus_present.clone(),
-                GpuSelection::List(l) => l.clone(),
-            };
-            (h.name.clone(), gpus)
-        })
+        .map(|(h, f)| (h.name.clone(), plan::host_gpus(h, f)))
         .collect()
 }
 
@@ -520,6 +514,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GpuSelection;
     use crate::sglang::flags::tests::profile;
 
     fn host(name: &str, gpus: GpuSelection) -> (HostSpec, HostFacts) {
