@@ -1,6 +1,6 @@
-//! Streamed generation (server-sent events) for latency measurements: the bodies of
+//! Streamed generation (server-sent events) for the sweep's trials: the bodies of
 //! [`CompletionRequest::body`] sent with `stream: true`, reporting each chunk's cumulative
-//! completion tokens as it arrives.
+//! completion tokens as it arrives, so tokens and latencies fall into the window they came in.
 
 use futures::StreamExt;
 use serde::Deserialize;
