@@ -6,7 +6,8 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::local_fleet::{LocalFleet, completion_ids, free_port_base};
+use common::free_port_base;
+use common::local_fleet::{LocalFleet, completion_ids};
 
 #[test]
 fn generate_uses_every_instance_that_up_started() {

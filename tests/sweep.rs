@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::local_fleet::{LocalFleet, SIM, free_port_base};
+use common::free_port_base;
+use common::local_fleet::{LocalFleet, SIM};
 use serde_json::Value;
 
 /// Sweeps measure throughput: one at a time, so that they do not share the CPUs they measure.
