@@ -16,10 +16,7 @@ fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
     ];
     let a = Sim::start(&fast);
     let mut b = Sim::start(&[&fast[..], &["--sim-die-after", "120"]].concat());
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 600);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(600);
     let o = generate(&out, &prompts, &[&a.url, &b.url])
         .args(["--max-tokens", "32"])
         .output()

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -234,6 +234,16 @@ pub fn write_prompts(path: &Path, n: usize) {
         )
         .unwrap();
     }
+}
+
+/// A temp dir holding `prompts.jsonl` with `n` prompts (see [`write_prompts`]), and the path of
+/// an output dir in it: `(dir, prompts, out)`.
+pub fn prompts_and_out(n: usize) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.jsonl");
+    write_prompts(&prompts, n);
+    let out = dir.path().join("out");
+    (dir, prompts, out)
 }
 
 pub fn write_lines(path: &Path, lines: &[String]) {
