@@ -9,6 +9,29 @@ use std::collections::HashSet;
 use common::free_port_base;
 use common::local_fleet::{LocalFleet, completion_ids};
 
+/// Writes `n` prompts with ids `q0`, `q1`, ...
+fn write_questions(path: &std::path::Path, n: usize) {
+    let prompts: String = (0..n)
+        .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
+        .collect();
+    std::fs::write(path, prompts).unwrap();
+}
+
+/// `fleet up --profile PROFILE`, which must succeed.
+fn up(f: &LocalFleet, profile: &str) {
+    let up = f
+        .fleet()
+        .args(["-q", "up", "--profile", profile])
+        .output()
+        .unwrap();
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+}
+
 #[test]
 fn generate_uses_every_instance_that_up_started() {
     let f = LocalFleet::new(3);
@@ -24,21 +47,8 @@ fn generate_uses_every_instance_that_up_started() {
             f.gpu_state().display()
         ),
     );
-    let prompts: String = (0..300)
-        .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
-        .collect();
-    std::fs::write(d.join("prompts.jsonl"), prompts).unwrap();
-    let up = f
-        .fleet()
-        .args(["-q", "up", "--profile", "sim"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        up.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    write_questions(&d.join("prompts.jsonl"), 300);
+    up(&f, "sim");
 
     let generated = f
         .fleet()
@@ -133,21 +143,8 @@ fn the_watchdog_flags_a_run_far_below_the_sweeps_numbers_and_can_stop_it() {
         "measured",
         "extends: seed\nexpected:\n  output_tok_s_per_gpu: 23600\n  max_running_requests: 72\n",
     );
-    let prompts: String = (0..2000)
-        .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
-        .collect();
-    std::fs::write(d.join("prompts.jsonl"), prompts).unwrap();
-    let up = f
-        .fleet()
-        .args(["-q", "up", "--profile", "seed"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        up.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    write_questions(&d.join("prompts.jsonl"), 2000);
+    up(&f, "seed");
 
     let run = f
         .fleet()
