@@ -264,8 +264,12 @@ pub struct GenerateArgs {
     pub stall_timeout: Duration,
     #[arg(long)]
     pub resume: bool,
+    /// Upload each finished shard to s3://BUCKET/PREFIX (AWS_* environment) or file:///DIR.
     #[arg(long)]
     pub upload: Option<String>,
+    /// Completions per output shard: a shard is uploaded once it is full or the run ends.
+    #[arg(long, default_value_t = 100_000)]
+    pub shard_lines: u64,
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub warmup: Duration,
     /// Stop the run when it is below this fraction of the expected throughput after warm-up.

@@ -12,6 +12,7 @@ use crate::config::{self, Profile};
 use crate::generate::input::InputError;
 use crate::generate::journal::JournalError;
 use crate::generate::progress::Progress;
+use crate::generate::upload::{Destination, UploadEvent};
 use crate::generate::{
     self, ConcurrencyMode, Ended, Endpoint, Event, GenerateConfig, GenerateError,
 };
@@ -68,7 +69,34 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         println!("{}", summary_line(p));
         println!("output: {}", args.out.display());
     }
+    if let Some(dest) = &args.upload {
+        if summary.not_uploaded.is_empty() {
+            if !json && summary.ended == Ended::Done {
+                println!(
+                    "uploaded: {} shards, {} bytes to {dest}",
+                    p.s3_uploaded, p.s3_bytes
+                );
+            }
+        } else {
+            eprintln!(
+                "{} shards are not uploaded to {dest} (they are kept in {}):",
+                summary.not_uploaded.len(),
+                args.out.display()
+            );
+            for (shard, why) in &summary.not_uploaded {
+                eprintln!("  {shard}: {why}");
+            }
+            eprintln!("upload them with the same command plus --resume");
+        }
+    }
+    let uploads_missing = !summary.not_uploaded.is_empty();
     match summary.ended {
+        Ended::Done if uploads_missing => {
+            anyhow::bail!(
+                "the upload to {} is incomplete",
+                args.upload.as_deref().unwrap_or("?")
+            )
+        }
         Ended::Done if p.failed > 0 => {
             eprintln!(
                 "{} prompts failed: see {}",
@@ -114,9 +142,15 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     if args.max_tokens == 0 {
         return Err(usage("--max-tokens must be at least 1".into()));
     }
-    if args.upload.is_some() {
-        return Err(usage("--upload is not available in this build yet".into()));
+    if args.shard_lines == 0 {
+        return Err(usage("--shard-lines must be at least 1".into()));
     }
+    let upload = args
+        .upload
+        .as_deref()
+        .map(Destination::open)
+        .transpose()
+        .map_err(|e| usage(e.to_string()))?;
     if !args.prompts.is_file() {
         return Err(usage(format!(
             "--prompts {}: no such file",
@@ -136,6 +170,8 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     c.warmup = args.warmup;
     c.abort_below = args.abort_below;
     c.grace = args.grace;
+    c.sync.shard_lines = args.shard_lines;
+    c.upload = upload;
     Ok(c)
 }
 
@@ -278,6 +314,7 @@ impl View {
                 "stopping ({reason}): waiting for {in_flight} requests in flight"
             )),
             Event::Progress(p) => self.progress(&p),
+            Event::Upload(e) => self.upload(e),
         }
     }
 
@@ -305,6 +342,38 @@ impl View {
                     );
                 }
             }
+        }
+    }
+
+    fn upload(&mut self, e: UploadEvent) {
+        match e {
+            UploadEvent::Uploaded {
+                shard,
+                bytes,
+                elapsed,
+            } => {
+                let secs = elapsed.as_secs_f64();
+                let mb = bytes as f64 / 1e6;
+                let rate = if secs > 0.0 { mb / secs } else { f64::INFINITY };
+                self.say(&format!(
+                    "uploaded {shard}: {mb:.1} MB in {secs:.1} s ({rate:.1} MB/s)"
+                ));
+            }
+            UploadEvent::AlreadyThere { shard, .. } => {
+                self.say(&format!("{shard} is already uploaded"))
+            }
+            UploadEvent::Retrying {
+                shard,
+                attempt,
+                wait,
+                error,
+            } => self.say(&format!(
+                "warning: uploading {shard} failed (try {attempt}): {error}; retrying in {}",
+                humantime::format_duration(wait)
+            )),
+            UploadEvent::Failed { shard, error } => self.say(&format!(
+                "warning: {shard} is not uploaded: {error}; it stays in the output directory"
+            )),
         }
     }
 

@@ -17,6 +17,7 @@ use super::concurrency::Controller;
 use super::input::{self, Id, Line};
 use super::journal::{self, CompletionRecord, Entry, FailureRecord, Journal};
 use super::progress::{self, InstanceProgress, Progress, RateWindow, Status};
+use super::upload::{UploadEvent, Uploader};
 use super::watchdog::{self, Signals};
 use super::{Ended, Endpoint, Event, GenerateConfig, GenerateError, InstanceInfo, Summary};
 use crate::sglang::client::{
@@ -182,7 +183,7 @@ pub async fn run(
             r = futures::future::join_all(probes) => r,
             _ = cancel.cancelled() => {
                 let progress = Progress::before_start(scan.total, &recovered, Status::Interrupted);
-                return Ok(Summary { ended: Ended::Interrupted, progress });
+                return Ok(Summary { ended: Ended::Interrupted, progress, not_uploaded: Default::default() });
             }
         }
     };
@@ -254,7 +255,29 @@ pub async fn run(
         instances: started,
     });
 
-    let journal = Journal::start(&config.out, recovered.next_shard, config.sync)?;
+    // Shards of earlier runs are finished: they go first, then each one this run finishes.
+    let uploader = match &config.upload {
+        Some(dest) => {
+            let earlier = journal::shards(&config.out)?;
+            Some(Uploader::start(
+                dest.clone(),
+                config.upload_retry,
+                earlier,
+                &cancel,
+            ))
+        }
+        None => None,
+    };
+    let queue = uploader.as_ref().and_then(Uploader::queue);
+    let journal = match Journal::start(&config.out, recovered.next_shard, config.sync, queue) {
+        Ok(j) => j,
+        Err(e) => {
+            if let Some(u) = uploader {
+                u.abandon().await;
+            }
+            return Err(e.into());
+        }
+    };
     let (line_tx, line_rx) = mpsc::channel::<Line>(4096);
     let reader = {
         let path = config.prompts.clone();
@@ -285,6 +308,9 @@ pub async fn run(
         seq: 0,
         paused_since: None,
         warned: None,
+        uploader,
+        s3_uploaded: 0,
+        s3_bytes: 0,
     };
     run.window.record(now, 0, 0);
     let loop_result = run.drive(line_rx, &mut on_event, &cancel).await;
@@ -294,6 +320,17 @@ pub async fn run(
         .await
         .map_err(|e| GenerateError::Task(e.to_string()))?;
     let journal_result = run.journal.close().await;
+    // The journal's last shard is queued now; the job is done when it is uploaded too.
+    let upload_result = match run.uploader.take() {
+        Some(u) => {
+            u.finish(&config.out, |e| {
+                run.count_upload(&e);
+                on_event(Event::Upload(e));
+            })
+            .await
+        }
+        None => Ok(Default::default()),
+    };
     let outcome = match (loop_result, journal_result) {
         // The loop only sees that the writer is gone; the writer knows why.
         (Err(GenerateError::Journal(journal::JournalError::WriterGone)), Err(e)) => Err(e.into()),
@@ -301,7 +338,13 @@ pub async fn run(
         (Ok(_), Err(e)) => Err(e.into()),
         (Ok(ended), Ok(_)) => reader_result.map(|()| ended).map_err(GenerateError::from),
     };
+    let (outcome, not_uploaded) = match (outcome, upload_result) {
+        (Ok(ended), Ok(missing)) => (Ok(ended), missing),
+        (Err(e), _) => (Err(e), Default::default()),
+        (Ok(_), Err(e)) => (Err(e.into()), Default::default()),
+    };
     let status = match &outcome {
+        Ok(Ended::Done) if !not_uploaded.is_empty() => Status::Failed,
         Ok(Ended::Done) => Status::Done,
         Ok(Ended::Interrupted) => Status::Interrupted,
         Ok(Ended::Stalled | Ended::BelowExpected(_)) | Err(_) => Status::Failed,
@@ -314,7 +357,16 @@ pub async fn run(
     Ok(Summary {
         ended,
         progress: final_progress,
+        not_uploaded,
     })
+}
+
+/// The uploader's next event, for the run loop's `select!`.
+async fn next_upload(uploader: &mut Option<Uploader>) -> UploadEvent {
+    match uploader {
+        Some(u) => u.event().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -378,6 +430,10 @@ struct Run<'a> {
     paused_since: Option<Instant>,
     /// The last watchdog finding's cause, so one cause is announced once.
     warned: Option<watchdog::Cause>,
+    uploader: Option<Uploader>,
+    /// Shards in the upload destination (this run's and earlier runs') and their bytes.
+    s3_uploaded: u64,
+    s3_bytes: u64,
 }
 
 /// Why the loop is winding down.
@@ -480,6 +536,10 @@ impl Run<'_> {
                     None => input_open = false,
                 },
                 _ = sleep_until(next_due.unwrap_or(now)), if next_due.is_some() => {}
+                e = next_upload(&mut self.uploader), if self.uploader.is_some() => {
+                    self.count_upload(&e);
+                    on_event(Event::Upload(e));
+                }
                 Some(p) = probes.join_next() => {
                     let p = p.map_err(|e| GenerateError::Task(e.to_string()))?;
                     self.on_probe(p, on_event);
@@ -756,6 +816,13 @@ impl Run<'_> {
         Ok(())
     }
 
+    fn count_upload(&mut self, e: &UploadEvent) {
+        if let UploadEvent::Uploaded { bytes, .. } | UploadEvent::AlreadyThere { bytes, .. } = e {
+            self.s3_uploaded += 1;
+            self.s3_bytes += bytes;
+        }
+    }
+
     fn mark_down(&mut self, i: usize, reason: &str, on_event: &mut impl FnMut(Event)) {
         let inst = &mut self.insts[i];
         if !inst.up {
@@ -983,8 +1050,8 @@ impl Run<'_> {
                 now.duration_since(self.started_at).as_secs_f64() / 3600.0,
                 4,
             ),
-            s3_uploaded: 0,
-            s3_bytes: 0,
+            s3_uploaded: self.s3_uploaded,
+            s3_bytes: self.s3_bytes,
             status,
             instances: self
                 .insts

@@ -166,6 +166,11 @@ pub fn has_output(dir: &Path) -> Result<bool, JournalError> {
     Ok(!list_shards(dir)?.is_empty() || dir.join(FAILED_FILE).exists())
 }
 
+/// The completion shards in `dir`, in order.
+pub fn shards(dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
+    Ok(list_shards(dir)?.into_iter().map(|(_, p)| p).collect())
+}
+
 fn list_shards(dir: &Path) -> Result<Vec<(u32, PathBuf)>, JournalError> {
     let mut shards = Vec::new();
     let entries = match std::fs::read_dir(dir) {
@@ -289,6 +294,9 @@ pub struct WriterStats {
     pub syncs: u64,
 }
 
+/// Where the writer announces each shard it has finished (synced, never appended to again).
+pub type FinishedShards = tokio::sync::mpsc::UnboundedSender<PathBuf>;
+
 /// The sending side of the writer thread. Dropping it (or [`Journal::close`]) flushes
 /// everything and syncs.
 pub struct Journal {
@@ -297,11 +305,17 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Starts the writer on a blocking thread; new shards are numbered from `next_shard`.
-    pub fn start(dir: &Path, next_shard: u32, policy: SyncPolicy) -> Result<Self, JournalError> {
+    /// Starts the writer on a blocking thread; new shards are numbered from `next_shard`. Each
+    /// shard is sent to `finished` once it is complete: when the next one starts, or at close.
+    pub fn start(
+        dir: &Path,
+        next_shard: u32,
+        policy: SyncPolicy,
+        finished: Option<FinishedShards>,
+    ) -> Result<Self, JournalError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let (tx, rx) = mpsc::channel();
-        let mut writer = Writer::new(dir.to_path_buf(), next_shard, policy);
+        let mut writer = Writer::new(dir.to_path_buf(), next_shard, policy, finished);
         let handle = tokio::task::spawn_blocking(move || writer.run(rx));
         Ok(Journal {
             tx: Some(tx),
@@ -337,10 +351,16 @@ struct Writer {
     failed_buf: Vec<u8>,
     pending_lines: usize,
     stats: WriterStats,
+    finished: Option<FinishedShards>,
 }
 
 impl Writer {
-    fn new(dir: PathBuf, next_shard: u32, policy: SyncPolicy) -> Self {
+    fn new(
+        dir: PathBuf,
+        next_shard: u32,
+        policy: SyncPolicy,
+        finished: Option<FinishedShards>,
+    ) -> Self {
         Writer {
             dir,
             policy,
@@ -351,6 +371,15 @@ impl Writer {
             failed_buf: Vec::new(),
             pending_lines: 0,
             stats: WriterStats::default(),
+            finished,
+        }
+    }
+
+    /// Announces the current shard as finished; called only after its lines are synced.
+    fn finish_shard(&mut self) {
+        if let (Some((_, path, _)), Some(tx)) = (self.shard.take(), &self.finished) {
+            // The receiver stops listening when the run is interrupted; the shard stays local.
+            let _ = tx.send(path);
         }
     }
 
@@ -363,6 +392,7 @@ impl Writer {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     self.flush()?;
+                    self.finish_shard();
                     return Ok(self.stats);
                 }
             }
@@ -391,7 +421,7 @@ impl Writer {
                     .is_some_and(|(_, _, n)| *n >= self.policy.shard_lines);
                 if full {
                     self.flush()?;
-                    self.shard = None;
+                    self.finish_shard();
                 }
                 if self.shard.is_none() {
                     let path = self.dir.join(shard_name(self.next_shard));
@@ -480,7 +510,8 @@ mod tests {
             interval: Duration::from_millis(10),
             shard_lines: 3,
         };
-        let mut j = Journal::start(dir.path(), 0, policy).unwrap();
+        let (tx, mut finished) = tokio::sync::mpsc::unbounded_channel();
+        let mut j = Journal::start(dir.path(), 0, policy, Some(tx)).unwrap();
         for i in 0..7 {
             j.append(completion(&id(&format!("c{i}")), 5)).unwrap();
         }
@@ -495,6 +526,14 @@ mod tests {
         let stats = j.close().await.unwrap();
         assert_eq!(stats.shards_written, 3);
         assert!(dir.path().join("completions-00002.jsonl").exists());
+        // Each shard is announced once, complete: two at rotation, the last at close.
+        let mut announced = Vec::new();
+        while let Some(p) = finished.recv().await {
+            let lines = std::fs::read_to_string(&p).unwrap().lines().count();
+            announced.push((p.file_name().unwrap().to_str().unwrap().to_string(), lines));
+        }
+        let want = [(shard_name(0), 3), (shard_name(1), 3), (shard_name(2), 1)];
+        assert_eq!(announced, want);
 
         let r = recover(dir.path()).unwrap();
         assert_eq!((r.completed, r.failed, r.next_shard), (7, 1, 3));

@@ -16,6 +16,7 @@ mod dispatch;
 pub mod input;
 pub mod journal;
 pub mod progress;
+pub mod upload;
 pub mod watchdog;
 
 pub use crate::sglang::client::Endpoint;
@@ -45,6 +46,9 @@ pub struct GenerateConfig {
     pub http: HttpOptions,
     pub sync: journal::SyncPolicy,
     pub timing: Timing,
+    /// Where finished shards are uploaded (`--upload`).
+    pub upload: Option<upload::Destination>,
+    pub upload_retry: upload::RetryPolicy,
 }
 
 impl GenerateConfig {
@@ -68,6 +72,8 @@ impl GenerateConfig {
             http: HttpOptions::default(),
             sync: journal::SyncPolicy::default(),
             timing: Timing::default(),
+            upload: None,
+            upload_retry: upload::RetryPolicy::default(),
         }
     }
 }
@@ -144,6 +150,7 @@ pub enum Event {
     Resumed,
     Progress(progress::Progress),
     Watchdog(watchdog::Finding),
+    Upload(upload::UploadEvent),
     Stopping {
         reason: String,
         in_flight: u64,
@@ -166,6 +173,8 @@ pub enum Ended {
 pub struct Summary {
     pub ended: Ended,
     pub progress: progress::Progress,
+    /// With `--upload`: the shards that are not in the destination, with why.
+    pub not_uploaded: upload::NotUploaded,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -178,6 +187,8 @@ pub enum GenerateError {
     Progress(#[from] progress::ProgressError),
     #[error(transparent)]
     Client(#[from] ClientError),
+    #[error(transparent)]
+    Upload(#[from] upload::UploadError),
     #[error("no endpoints to send requests to")]
     NoEndpoints,
     #[error("no instance answered /server_info:\n{0}")]
