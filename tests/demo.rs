@@ -1,10 +1,13 @@
 //! `fleet demo` through the real binary: the whole mission on the simulated local fleet, and
 //! its cleanup on Ctrl-C.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::local_fleet::completion_ids;
 use serde_json::Value;
 
 /// Ports of the simulated servers the demo's profile names.
@@ -65,22 +68,7 @@ fn the_demo_picks_no_buffer_generates_every_prompt_once_and_stops_its_servers() 
     assert_eq!(report["generate"]["status"], "done");
     assert_eq!(report["generate"]["completed"], 2000);
     assert_eq!(report["generate"]["failed"], 0);
-    let mut ids = std::collections::HashSet::new();
-    for entry in std::fs::read_dir(out.join("completions")).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with("completions")
-        {
-            for line in std::fs::read_to_string(&path).unwrap().lines() {
-                let v: Value = serde_json::from_str(line).unwrap();
-                assert!(ids.insert(v["id"].as_str().unwrap().to_string()));
-            }
-        }
-    }
-    assert_eq!(ids.len(), 2000);
+    assert_eq!(completion_ids(&out.join("completions")).len(), 2000);
     assert!(
         report["saturation"]["ratio"].as_f64().is_some(),
         "{:#}",

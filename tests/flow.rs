@@ -5,81 +5,23 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 
-fn test_path() -> String {
-    let bins = PathBuf::from(env!("CARGO_BIN_EXE_sglang-sim"));
-    format!(
-        "{}:{}:{}",
-        common::fixtures_bin().display(),
-        bins.parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
+use common::free_port_base;
+use common::local_fleet::{LocalFleet, completion_ids};
 
-/// A base port with `n` free ports after it, below Linux's ephemeral range (32768+) so no
-/// outgoing connection takes one meanwhile, and away from other tests' fixed ports.
-fn free_port_base(n: u16) -> u16 {
-    // Tests of this file pick at the same moment, before any server binds: spread them apart.
-    static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let start = 26000 + ((std::process::id() % 200) as u16 + call * 20) * 20;
-    (start..32000)
-        .step_by(usize::from(n) + 1)
-        .chain((26000..start).step_by(usize::from(n) + 1))
-        .find(|&base| {
-            (base..base + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
-        })
-        .expect("no free range of local ports")
-}
-
-/// Runs `fleet down` when the test ends, passed or failed, so no server outlives it.
-struct Down<F: Fn() -> assert_cmd::Command>(F);
-
-impl<F: Fn() -> assert_cmd::Command> Drop for Down<F> {
-    fn drop(&mut self) {
-        let _ = (self.0)().args(["-q", "down", "--grace", "2s"]).output();
-    }
-}
-
-#[test]
-fn generate_uses_every_instance_that_up_started() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::create_dir_all(d.join("profiles")).unwrap();
-    std::fs::write(
-        d.join("fleet.yaml"),
-        "hosts:\n  - name: local\n    gpus: [0, 1, 2]\n",
-    )
-    .unwrap();
-    std::fs::write(
-        d.join("profiles/sim.yaml"),
-        format!(
-            "model: /models/test\nlauncher: [sglang-sim]\nport_base: {}\n\
-             server:\n  mamba_strategy: no_buffer\n\
-             env:\n  SGLANG_SIM_TIME_SCALE: \"100\"\n  SGLANG_SIM_STARTUP_SECS: \"50\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n\
-             health: {{startup_timeout: 60s, poll: 1s}}\n",
-            free_port_base(3),
-            d.join("gpus").display()
-        ),
-    )
-    .unwrap();
-    let prompts: String = (0..300)
+/// Writes `n` prompts with ids `q0`, `q1`, ...
+fn write_questions(path: &std::path::Path, n: usize) {
+    let prompts: String = (0..n)
         .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
         .collect();
-    std::fs::write(d.join("prompts.jsonl"), prompts).unwrap();
-    let fleet = || {
-        let mut c = assert_cmd::Command::cargo_bin("fleet").unwrap();
-        c.current_dir(d)
-            .env("PATH", test_path())
-            .env("FLEET_RUN_DIR", d.join("run"))
-            .env_remove("FLEET_CONFIG");
-        c
-    };
+    std::fs::write(path, prompts).unwrap();
+}
 
-    let _down = Down(fleet);
-    let up = fleet()
-        .args(["-q", "up", "--profile", "sim"])
+/// `fleet up --profile PROFILE`, which must succeed.
+fn up(f: &LocalFleet, profile: &str) {
+    let up = f
+        .fleet()
+        .args(["-q", "up", "--profile", profile])
         .output()
         .unwrap();
     assert_eq!(
@@ -88,8 +30,28 @@ fn generate_uses_every_instance_that_up_started() {
         "{}",
         String::from_utf8_lossy(&up.stderr)
     );
+}
 
-    let generated = fleet()
+#[test]
+fn generate_uses_every_instance_that_up_started() {
+    let f = LocalFleet::new(3);
+    let d = f.path();
+    f.write_profile(
+        "sim",
+        &format!(
+            "model: /models/test\nlauncher: [sglang-sim]\nport_base: {}\n\
+             server:\n  mamba_strategy: no_buffer\n\
+             env:\n  SGLANG_SIM_TIME_SCALE: \"100\"\n  SGLANG_SIM_STARTUP_SECS: \"50\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n\
+             health: {{startup_timeout: 60s, poll: 1s}}\n",
+            free_port_base(3),
+            f.gpu_state().display()
+        ),
+    );
+    write_questions(&d.join("prompts.jsonl"), 300);
+    up(&f, "sim");
+
+    let generated = f
+        .fleet()
         .args([
             "-q",
             "--json",
@@ -103,7 +65,8 @@ fn generate_uses_every_instance_that_up_started() {
         ])
         .output()
         .unwrap();
-    let down = fleet()
+    let down = f
+        .fleet()
         .args(["-q", "down", "--grace", "5s"])
         .output()
         .unwrap();
@@ -134,47 +97,20 @@ fn generate_uses_every_instance_that_up_started() {
     let expected: HashSet<String> = (0..3).map(|g| format!("local:gpu{g}")).collect();
     assert_eq!(names, expected, "every instance of the fleet took work");
 
-    let mut ids = HashSet::new();
-    for entry in std::fs::read_dir(d.join("out")).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with("completions")
-        {
-            for line in std::fs::read_to_string(&path).unwrap().lines() {
-                let v: serde_json::Value = serde_json::from_str(line).unwrap();
-                assert!(
-                    ids.insert(v["id"].as_str().unwrap().to_string()),
-                    "duplicate {}",
-                    v["id"]
-                );
-            }
-        }
-    }
-    assert_eq!(ids.len(), 300);
+    assert_eq!(completion_ids(&d.join("out")).len(), 300);
 }
 
 #[test]
 fn generate_without_url_or_running_instances_says_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::write(
-        d.join("fleet.yaml"),
-        "hosts:\n  - name: local\n    gpus: [0]\n",
-    )
-    .unwrap();
+    let f = LocalFleet::new(1);
+    let d = f.path();
     std::fs::write(
         d.join("prompts.jsonl"),
         "{\"id\":\"a\",\"prompt\":\"hi\"}\n",
     )
     .unwrap();
-    let out = assert_cmd::Command::cargo_bin("fleet")
-        .unwrap()
-        .current_dir(d)
-        .env("FLEET_RUN_DIR", d.join("run"))
-        .env_remove("FLEET_CONFIG")
+    let out = f
+        .fleet()
         .args(["generate", "--prompts", "prompts.jsonl", "--out", "out"])
         .output()
         .unwrap();
@@ -191,54 +127,27 @@ fn generate_without_url_or_running_instances_says_what_to_do() {
 /// and the cause, and `--abort-below` stops it keeping what was written.
 #[test]
 fn the_watchdog_flags_a_run_far_below_the_sweeps_numbers_and_can_stop_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::create_dir_all(d.join("profiles")).unwrap();
-    std::fs::write(
-        d.join("fleet.yaml"),
-        "hosts:\n  - name: local\n    gpus: [0, 1]\n",
-    )
-    .unwrap();
+    let f = LocalFleet::new(2);
+    let d = f.path();
     let base = format!(
         "model: /models/test\nlauncher: [sglang-sim]\nport_base: {}\n\
          server:\n  mamba_strategy: extra_buffer\n\
          env:\n  SGLANG_SIM_TIME_SCALE: \"20\"\n  SGLANG_SIM_STARTUP_SECS: \"20\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n\
          health: {{startup_timeout: 60s, poll: 1s}}\n",
         free_port_base(2),
-        d.join("gpus").display()
+        f.gpu_state().display()
     );
-    std::fs::write(d.join("profiles/seed.yaml"), &base).unwrap();
+    f.write_profile("seed", &base);
     // What a sweep wrote for no_buffer at this time scale: 1,180 tok/s per GPU, 20x.
-    std::fs::write(
-        d.join("profiles/measured.yaml"),
+    f.write_profile(
+        "measured",
         "extends: seed\nexpected:\n  output_tok_s_per_gpu: 23600\n  max_running_requests: 72\n",
-    )
-    .unwrap();
-    let prompts: String = (0..2000)
-        .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
-        .collect();
-    std::fs::write(d.join("prompts.jsonl"), prompts).unwrap();
-    let fleet = || {
-        let mut c = assert_cmd::Command::cargo_bin("fleet").unwrap();
-        c.current_dir(d)
-            .env("PATH", test_path())
-            .env("FLEET_RUN_DIR", d.join("run"))
-            .env_remove("FLEET_CONFIG");
-        c
-    };
-    let _down = Down(fleet);
-    let up = fleet()
-        .args(["-q", "up", "--profile", "seed"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        up.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
     );
+    write_questions(&d.join("prompts.jsonl"), 2000);
+    up(&f, "seed");
 
-    let run = fleet()
+    let run = f
+        .fleet()
         .args([
             "generate",
             "--prompts",

@@ -1,40 +1,20 @@
 //! `fleet generate` and `fleet progress` through the real binary against in-process SGLang
 //! stand-ins: exactly-once output, crash and resume, overflow, faults, malformed input, schema.
 
-mod generate_common;
+mod common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use generate_common::*;
+use common::generate::*;
 use rand::Rng;
 use serde_json::json;
-
-fn generate(
-    dir: &std::path::Path,
-    prompts: &std::path::Path,
-    urls: &[&str],
-) -> std::process::Command {
-    let mut c = fleet();
-    c.arg("generate")
-        .arg("--prompts")
-        .arg(prompts)
-        .arg("--out")
-        .arg(dir);
-    for u in urls {
-        c.arg("--url").arg(u);
-    }
-    c
-}
 
 #[test]
 fn two_thousand_prompts_exactly_once_over_two_instances() {
     let a = start_stub(StubSpec::default());
     let b = start_stub(StubSpec::default());
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 2000);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(2000);
     let o = generate(&out, &prompts, &[&a.url, &b.url])
         .output()
         .unwrap();
@@ -158,10 +138,7 @@ fn killed_at_random_points_then_resumed_gives_exactly_once() {
     };
     let a = start_stub(spec.clone());
     let b = start_stub(spec);
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 2000);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(2000);
     let mut rng = rand::rng();
     let mut done_before = 0;
     for round in 0..6 {
@@ -392,10 +369,7 @@ fn retryable_errors_are_retried_and_exhausted_ones_recorded() {
         fail_every: Some(5),
         ..StubSpec::default()
     });
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 200);
-    let out = tmp.path().join("out");
+    let (tmp, prompts, out) = prompts_and_out(200);
     let o = generate(&out, &prompts, &[&flaky.url])
         .args(["--max-retries", "10"])
         .output()
@@ -483,10 +457,7 @@ fn ctrl_c_finishes_in_flight_writes_everything_and_exits_130() {
         cap: 4,
         ..StubSpec::default()
     });
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 200);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(200);
     let child = generate(&out, &prompts, &[&stub.url])
         .args(["--concurrency", "4", "--grace", "10s"])
         .stdout(Stdio::piped())
@@ -538,10 +509,7 @@ fn watchdog_names_a_client_that_is_too_slow_and_abort_below_stops_the_run() {
         cap: 64,
         ..StubSpec::default()
     });
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 2000);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(2000);
     let o = generate(&out, &prompts, &[&stub.url])
         .args([
             "--concurrency",
@@ -582,10 +550,7 @@ fn a_dying_instance_is_taken_out_its_requests_go_elsewhere_and_it_comes_back() {
     };
     let a = start_stub(spec.clone());
     let b = start_stub(spec);
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 3000);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(3000);
     let child = generate(&out, &prompts, &[&a.url, &b.url])
         .args(["--max-retries", "0"])
         .stdout(Stdio::piped())

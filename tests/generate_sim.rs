@@ -1,27 +1,10 @@
 //! `fleet generate` against real `sglang-sim` servers: a server dying mid-run, context-length
 //! clamping with SGLang's own messages, and the watchdog catching the seed's low-cap strategy.
 
-mod generate_common;
+mod common;
 
-use generate_common::*;
+use common::generate::*;
 use serde_json::json;
-
-fn generate(
-    out: &std::path::Path,
-    prompts: &std::path::Path,
-    urls: &[&str],
-) -> std::process::Command {
-    let mut c = fleet();
-    c.arg("generate")
-        .arg("--prompts")
-        .arg(prompts)
-        .arg("--out")
-        .arg(out);
-    for u in urls {
-        c.arg("--url").arg(u);
-    }
-    c
-}
 
 #[test]
 fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
@@ -33,10 +16,7 @@ fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
     ];
     let a = Sim::start(&fast);
     let mut b = Sim::start(&[&fast[..], &["--sim-die-after", "120"]].concat());
-    let tmp = tempfile::tempdir().unwrap();
-    let prompts = tmp.path().join("prompts.jsonl");
-    write_prompts(&prompts, 600);
-    let out = tmp.path().join("out");
+    let (_tmp, prompts, out) = prompts_and_out(600);
     let o = generate(&out, &prompts, &[&a.url, &b.url])
         .args(["--max-tokens", "32"])
         .output()

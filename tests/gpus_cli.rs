@@ -5,10 +5,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Sshd, fixtures_bin};
+use common::Sshd;
+use common::generate::Sim;
+use common::local_fleet::test_path;
 
 const ALIAS: &str = "fleet-gpus-host";
 const GPU_NAME: &str = "NVIDIA RTX PRO 6000 Blackwell Server Edition";
@@ -105,55 +106,13 @@ fn local_inventory(dir: &Path) -> PathBuf {
     path
 }
 
-/// PATH with the fake nvidia-smi first (no NVML library exists on this machine).
-fn path_with_fakes() -> String {
-    format!(
-        "{}:{}",
-        fixtures_bin().display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
-
-struct Sim(Child);
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_sim(gpu: u32, state_dir: &Path) -> (Sim, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_sglang-sim"))
-        .args([
-            "--model-path",
-            "/models/m",
-            "--port",
-            &port.to_string(),
-            "--sim-startup-secs",
-            "0.2",
-        ])
-        .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
-        .env("SGLANG_SIM_GPU_STATE_DIR", state_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    (Sim(child), port)
-}
-
 fn local_gpus(config: &Path, state_dir: &Path) -> serde_json::Value {
     let out = assert_cmd::Command::cargo_bin("fleet")
         .unwrap()
         .args(["--json", "--config"])
         .arg(config)
         .arg("gpus")
-        .env("PATH", path_with_fakes())
+        .env("PATH", test_path())
         .env("SGLANG_SIM_GPU_STATE_DIR", state_dir)
         .output()
         .unwrap();
@@ -166,7 +125,7 @@ fn local_gpus_show_the_memory_a_running_server_holds_and_its_release() {
     let dir = tempfile::tempdir().unwrap();
     let config = local_inventory(dir.path());
     let state = dir.path().join("gpus");
-    let (mut sim, _port) = start_sim(3, &state);
+    let mut sim = Sim::start_on_gpu(3, &state, &[]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let used = loop {
         let json = local_gpus(&config, &state);
@@ -185,8 +144,7 @@ fn local_gpus_show_the_memory_a_running_server_holds_and_its_release() {
         used > 80_000,
         "a 27B model at mem fraction 0.85 holds most of the GPU: {used} MiB"
     );
-    sim.0.kill().unwrap();
-    sim.0.wait().unwrap();
+    sim.kill();
     let json = local_gpus(&config, &state);
     assert_eq!(
         json[0]["gpus"][3]["memory_used_mib"], 0,
@@ -223,7 +181,7 @@ fn a_broken_driver_is_reported_with_nvidia_smis_own_words() {
         .args(["--config"])
         .arg(&config)
         .arg("gpus")
-        .env("PATH", path_with_fakes())
+        .env("PATH", test_path())
         .env("FAKE_NVIDIA_SMI_NO_DRIVER", "1")
         .output()
         .unwrap();

@@ -6,50 +6,32 @@
 mod common;
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::local_fleet::{LocalFleet, SIM};
 use serde_json::Value;
-use tempfile::TempDir;
 
-/// A local fleet: inventory, profiles dir, run dir and GPU state dir in one temp dir.
+/// A local fleet of 8 GPUs whose profiles start at a fixed port base.
 struct Fleet {
-    dir: TempDir,
+    local: LocalFleet,
     port_base: u16,
 }
 
-fn sim_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_sglang-sim"))
-}
+impl std::ops::Deref for Fleet {
+    type Target = LocalFleet;
 
-/// PATH with the fake nvidia-smi and the built binaries (so `launcher: [sglang-sim]` resolves).
-fn test_path() -> String {
-    format!(
-        "{}:{}:{}",
-        common::fixtures_bin().display(),
-        sim_bin().parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
+    fn deref(&self) -> &LocalFleet {
+        &self.local
+    }
 }
 
 impl Fleet {
     fn new(port_base: u16) -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("profiles")).unwrap();
-        std::fs::write(
-            dir.path().join("fleet.yaml"),
-            "hosts:\n  - name: local\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n",
-        )
-        .unwrap();
-        Fleet { dir, port_base }
-    }
-
-    fn run_dir(&self) -> PathBuf {
-        self.dir.path().join("run")
-    }
-
-    fn gpu_state(&self) -> PathBuf {
-        self.dir.path().join("gpus")
+        Fleet {
+            local: LocalFleet::new(8),
+            port_base,
+        }
     }
 
     /// Writes `profiles/NAME.yaml`: a sim profile whose `server:` and `env:` get `server` and
@@ -71,20 +53,7 @@ impl Fleet {
             self.port_base,
             self.gpu_state().display()
         );
-        std::fs::write(self.dir.path().join(format!("profiles/{name}.yaml")), yaml).unwrap();
-    }
-
-    fn fleet(&self) -> assert_cmd::Command {
-        let mut cmd = assert_cmd::Command::cargo_bin("fleet").unwrap();
-        cmd.current_dir(self.dir.path())
-            .env("PATH", test_path())
-            .env("FLEET_RUN_DIR", self.run_dir())
-            .env("SGLANG_SIM_GPU_STATE_DIR", self.gpu_state())
-            .env_remove("FLEET_CONFIG")
-            .env_remove("FLEET_PROFILES_DIR")
-            .env_remove("FLEET_LOG")
-            .timeout(Duration::from_secs(120));
-        cmd
+        self.write_profile(name, &yaml);
     }
 
     /// Runs fleet with `args` plus `--json` and returns (exit code, stdout JSON, stderr).
@@ -96,13 +65,6 @@ impl Fleet {
             panic!("fleet {args:?}: stdout is not JSON ({e}):\n{stdout}\nstderr:\n{stderr}")
         });
         (out.status.code().unwrap_or(-1), value, stderr)
-    }
-}
-
-impl Drop for Fleet {
-    /// Never leave servers behind, even when a test fails half-way.
-    fn drop(&mut self) {
-        let _ = self.fleet().args(["down", "--grace", "1s"]).output();
     }
 }
 
@@ -404,7 +366,7 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
 fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
     let f = Fleet::new(24400);
     std::fs::write(
-        f.dir.path().join("profiles/keyed.yaml"),
+        f.path().join("profiles/keyed.yaml"),
         format!(
             "model: /models/test\nlauncher: [sglang-sim]\nport_base: 24400\nserved_model_name: q\napi_key_env: TEST_FLEET_KEY\nserver:\n  mamba_strategy: no_buffer\nenv: {{SGLANG_SIM_GPU_STATE_DIR: \"{}\"}}\n",
             f.gpu_state().display()
@@ -586,13 +548,8 @@ fn logs_by_host_gpu_and_by_port() {
 fn ctrl_c_during_up_stops_what_it_started() {
     let f = Fleet::new(24900);
     f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"));
-    cmd.current_dir(f.dir.path())
-        .env("PATH", test_path())
-        .env("FLEET_RUN_DIR", f.run_dir())
-        .env_remove("FLEET_CONFIG")
-        .env_remove("FLEET_PROFILES_DIR")
-        .args(["up", "--profile", "slow", "--gpus", "0,1"])
+    let mut cmd = f.command();
+    cmd.args(["up", "--profile", "slow", "--gpus", "0,1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn().unwrap();
@@ -638,7 +595,7 @@ fn up_status_down_through_ssh_and_pct() {
         home.path().join("profiles/sim.yaml"),
         format!(
             "model: /models/test\nlauncher: [{}]\nport_base: 25000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n",
-            sim_bin().display(),
+            SIM,
             gpus.display()
         ),
     )
@@ -684,7 +641,7 @@ fn up_status_down_through_ssh_and_pct() {
 fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
     let f = Fleet::new(25100);
     f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
-    let path = f.dir.path().join("profiles/slow.yaml");
+    let path = f.path().join("profiles/slow.yaml");
     let yaml = std::fs::read_to_string(&path)
         .unwrap()
         .replace("startup_timeout: 60s", "startup_timeout: 2s");
@@ -706,10 +663,8 @@ fn logs_follow_prints_new_lines_until_interrupted() {
     let f = Fleet::new(25200);
     // A 3 s load logs its phases over time: following shows them as they come.
     f.profile("sim", "", "  SGLANG_SIM_STARTUP_SECS: \"3\"\n");
-    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
-        .current_dir(f.dir.path())
-        .env("PATH", test_path())
-        .env("FLEET_RUN_DIR", f.run_dir())
+    let mut up = f
+        .command()
         .args(["-q", "up", "--profile", "sim", "--gpus", "0"])
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -719,10 +674,8 @@ fn logs_follow_prints_new_lines_until_interrupted() {
         assert!(Instant::now() < deadline, "the server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fleet"))
-        .current_dir(f.dir.path())
-        .env("PATH", test_path())
-        .env("FLEET_RUN_DIR", f.run_dir())
+    let mut child = f
+        .command()
         .args(["logs", "25200", "-n", "1", "-f"])
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -2,6 +2,8 @@
 //! readiness, capacity by strategy, overflow errors, auth, SSE framing, fault injection,
 //! signals, metrics, and measured throughput against the reported ideal.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -9,14 +11,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sglang-sim");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Sim {
     child: Child,
@@ -29,7 +23,7 @@ impl Sim {
     /// Starts the sim with a fast default load (0.2 s); `args` come last so they win.
     fn spawn(args: &[&str], env: &[(&str, &str)]) -> Sim {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = common::free_port_base(1);
         let log = std::fs::File::create(dir.path().join("log")).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(["--model-path", "/models/test", "--port", &port.to_string()])

@@ -5,17 +5,14 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::free_port_base;
+use common::local_fleet::{LocalFleet, SIM};
 use serde_json::Value;
-use tempfile::TempDir;
-
-const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
-const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
 
 /// Sweeps measure throughput: one at a time, so that they do not share the CPUs they measure.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -24,36 +21,20 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A port base with `n` free ports above it.
-fn free_port_base(n: u16) -> u16 {
-    let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
-    for i in 0..200u64 {
-        let base = 41_000 + ((seed.wrapping_mul(2_654_435_761) + i * 7_919) % 18_000) as u16;
-        if (0..n).all(|k| TcpListener::bind(("127.0.0.1", base + k)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no {n} free ports found");
-}
-
 /// A local simulated fleet: an inventory of `gpus` GPUs, a profiles dir, a run dir.
 struct Fleet {
-    dir: TempDir,
+    local: LocalFleet,
     gpus: u32,
 }
 
 impl Fleet {
     /// `server` and `env` are YAML lines added under the profile's `server:` and `env:`.
     fn new(gpus: u32, server: &[&str], env: &[(&str, &str)]) -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
-        std::fs::write(
-            dir.path().join("fleet.yaml"),
-            format!("hosts:\n  - name: local\n    gpus: [{}]\n", list.join(", ")),
-        )
-        .unwrap();
-        let fleet = Fleet { dir, gpus };
-        fleet.write_profile(
+        let fleet = Fleet {
+            local: LocalFleet::new(gpus),
+            gpus,
+        };
+        fleet.local.write_profile(
             "base",
             &fleet.profile_yaml(server, env, free_port_base(gpus as u16)),
         );
@@ -61,7 +42,7 @@ impl Fleet {
     }
 
     fn path(&self) -> &Path {
-        self.dir.path()
+        self.local.path()
     }
 
     fn profile_yaml(&self, server: &[&str], env: &[(&str, &str)], port_base: u16) -> String {
@@ -72,7 +53,7 @@ impl Fleet {
             yaml.push_str(&format!("  {s}\n"));
         }
         yaml.push_str("env:\n");
-        let gpus = self.path().join("gpus");
+        let gpus = self.local.gpu_state();
         let mut all = vec![
             ("SGLANG_SIM_TIME_SCALE", "1"),
             ("SGLANG_SIM_STARTUP_SECS", "0.5"),
@@ -89,11 +70,6 @@ impl Fleet {
         yaml
     }
 
-    fn write_profile(&self, name: &str, yaml: &str) {
-        std::fs::create_dir_all(self.path().join("profiles")).unwrap();
-        std::fs::write(self.path().join(format!("profiles/{name}.yaml")), yaml).unwrap();
-    }
-
     fn prompts(&self, n: usize) -> PathBuf {
         let path = self.path().join("prompts.jsonl");
         let lines: Vec<String> = (0..n)
@@ -107,15 +83,9 @@ impl Fleet {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(FLEET);
+        let mut cmd = self.local.command();
         cmd.args(["--config", "fleet.yaml", "--profiles-dir", "profiles"])
-            .args(args)
-            .current_dir(self.path())
-            .env("FLEET_RUN_DIR", self.path().join("run"))
-            .env_remove("FLEET_CONFIG")
-            .env_remove("FLEET_PROFILES_DIR")
-            .env_remove("FLEET_LOG")
-            .stdin(Stdio::null());
+            .args(args);
         cmd
     }
 
@@ -141,7 +111,7 @@ impl Fleet {
     /// The instance records left on the (local) target: what still runs.
     fn records(&self) -> Vec<Value> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(self.path().join("run"))
+        for e in std::fs::read_dir(self.local.run_dir())
             .into_iter()
             .flatten()
             .flatten()
@@ -155,7 +125,7 @@ impl Fleet {
 
     /// Fake GPU state files of live sims.
     fn busy_gpus(&self) -> usize {
-        std::fs::read_dir(self.path().join("gpus")).map_or(0, |d| d.count())
+        std::fs::read_dir(self.local.gpu_state()).map_or(0, |d| d.count())
     }
 
     fn file(&self) -> Value {
@@ -164,11 +134,21 @@ impl Fleet {
     }
 }
 
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        // Stops whatever a failed test left running, from fleet's own records.
-        let _ = self.fleet(&["down", "--grace", "2s"]);
-    }
+/// The trial most tests run: small requests, 1 s of warm-up, 2 s measured.
+const SHORT_TRIALS: &[&str] = &[
+    "--input-len",
+    "32",
+    "--output-len",
+    "24",
+    "--warmup",
+    "1s",
+    "--duration",
+    "2s",
+];
+
+/// `args` with [`SHORT_TRIALS`].
+fn short<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    [args, SHORT_TRIALS].concat()
 }
 
 fn row<'a>(report: &'a Value, label: &str) -> &'a Value {
@@ -247,8 +227,17 @@ fn seed_scenario_no_buffer_wins_by_far_and_the_winner_round_trips_as_a_profile()
     assert_eq!(code, 0, "{err}");
     assert!(shown.contains("mamba_strategy: no_buffer"), "{shown}");
     assert!(shown.contains("max_running_requests: 72"), "{shown}");
-    let expected = format!("output_tok_s_per_gpu: {:.1}", tok_per_gpu(nb));
-    assert!(shown.contains(&expected), "{expected} in\n{shown}");
+    // Written rounded to one decimal (half away from zero, unlike `{:.1}`).
+    let written_tok: f64 = shown
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("output_tok_s_per_gpu: "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no output_tok_s_per_gpu in\n{shown}"));
+    assert!(
+        (written_tok - tok_per_gpu(nb)).abs() <= 0.05 + 1e-9,
+        "{written_tok} vs measured {}",
+        tok_per_gpu(nb)
+    );
     let written = std::fs::read_to_string(f.path().join("profiles/winner.yaml")).unwrap();
     assert!(written.contains("extends: base"), "{written}");
 }
@@ -321,21 +310,13 @@ fn extra_buffer_wins_when_state_copies_are_free_and_apply_runs_it_everywhere() {
 fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on() {
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
-    let (code, r, err) = f.sweep_json(&[
+    let (code, r, err) = f.sweep_json(&short(&[
         "--set",
         "server.mem_fraction_static=0.30,0.85",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
         // Through the OpenAI chat endpoint, streamed with usage in the last chunk.
         "--endpoint",
         "chat",
-    ]);
+    ]));
     assert_eq!(code, 1, "a failed trial makes the exit code 1: {err}");
     assert_eq!(r["winner"], "mem_fraction_static=0.85");
     let bad = row(&r, "mem_fraction_static=0.30");
@@ -369,24 +350,16 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
         "chat usage gives the output tokens: {mean}"
     );
     // The text report shows the failure and its log.
-    let (_, text, _) = f.fleet(&[
+    let (_, text, _) = f.fleet(&short(&[
         "sweep",
         "--profile",
         "base",
         "--set",
         "server.mem_fraction_static=0.30,0.85",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
         "--endpoint",
         "chat",
         "--resume",
-    ]);
+    ]));
     assert!(text.contains("failed: mem_fraction_static=0.30:"), "{text}");
     assert!(text.contains("    | "), "{text}");
     assert!(f.records().is_empty());
@@ -396,18 +369,7 @@ fn an_axis_value_that_runs_out_of_memory_is_a_failed_row_and_the_sweep_goes_on()
 fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
-    let (code, r, err) = f.sweep_json(&[
-        "--set",
-        "env.SGLANG_SIM_DIE_AFTER=1000000,20",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
-    ]);
+    let (code, r, err) = f.sweep_json(&short(&["--set", "env.SGLANG_SIM_DIE_AFTER=1000000,20"]));
     assert_eq!(code, 1, "{err}");
     let dead = row(&r, "env.SGLANG_SIM_DIE_AFTER=20");
     let reason = dead["trial"]["outcome"]["reason"].as_str().unwrap();
@@ -427,18 +389,10 @@ fn a_server_that_dies_mid_trial_is_a_failed_row_with_its_log() {
 fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
     let _g = serial();
     let f = Fleet::new(2, &["mamba_strategy: no_buffer"], &[]);
-    let (code, r, err) = f.sweep_json(&[
+    let (code, r, err) = f.sweep_json(&short(&[
         "--set",
         "server.attention_backend=flashinfer,flashinfr",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
-    ]);
+    ]));
     assert_eq!(code, 1, "{err}");
     let bad = &row(&r, "attention_backend=flashinfr")["trial"]["outcome"];
     assert_eq!(bad["state"], "failed");
@@ -447,7 +401,7 @@ fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
     assert!(reason.contains("flashinfr"), "{reason}");
     assert_eq!(r["winner"], "attention_backend=flashinfer");
     // Its GPU never ran a server: only the good candidate's run directory exists.
-    let dirs = std::fs::read_dir(f.path().join("run")).unwrap().count();
+    let dirs = std::fs::read_dir(f.local.run_dir()).unwrap().count();
     assert_eq!(dirs, 1);
 }
 
@@ -455,24 +409,16 @@ fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
 fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trials() {
     let _g = serial();
     let f = Fleet::new(1, &["mem_fraction_static: 0.85"], &[]);
-    let args = [
+    let args = short(&[
         "sweep",
         "--profile",
         "base",
         "--strategies",
         "no_buffer,extra_buffer_lazy,extra_buffer",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
         "--json",
         "--write-profile",
         "winner.yaml",
-    ];
+    ]);
     let child = f
         .command(&args)
         .stdout(Stdio::null())
@@ -605,23 +551,15 @@ fn a_sweep_through_ssh_and_pct() {
         .arg(&inventory)
         .arg("--profiles-dir")
         .arg(&profiles)
-        .args([
+        .args(short(&[
             "--json",
             "sweep",
             "--profile",
             "base",
             "--strategies",
             "extra_buffer,no_buffer",
-            "--input-len",
-            "32",
-            "--output-len",
-            "24",
-            "--warmup",
-            "1s",
-            "--duration",
-            "2s",
-        ])
-        .env("FLEET_RUN_DIR", f.path().join("run"))
+        ]))
+        .env("FLEET_RUN_DIR", f.local.run_dir())
         .timeout(Duration::from_secs(120))
         .output()
         .unwrap();

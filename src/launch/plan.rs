@@ -183,7 +183,8 @@ fn instance(
     }
 }
 
-fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
+/// The GPUs `host` offers: its inventory list, or every GPU the host has for `all`.
+pub fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
     match &host.gpus {
         GpuSelection::All => facts.gpus_present.clone(),
         GpuSelection::List(list) => list.clone(),
@@ -220,13 +221,14 @@ fn join(gpus: &[u32]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sglang::flags::tests::profile;
 
     const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
 
-    fn host(name: &str, gpus: GpuSelection) -> HostSpec {
+    /// An inventory host on this machine (no SSH, no container) with `gpus`.
+    pub(crate) fn host(name: &str, gpus: GpuSelection) -> HostSpec {
         HostSpec {
             name: name.into(),
             ssh: None,

@@ -235,14 +235,7 @@ mod tests {
     const HELP_0_5_23: &str = include_str!("../../tests/fixtures/sglang/help-0.5.23.txt");
 
     fn host(name: &str) -> HostSpec {
-        HostSpec {
-            name: name.into(),
-            ssh: None,
-            container: None,
-            gpus: GpuSelection::List(vec![0, 1]),
-            address: None,
-            ssh_options: Default::default(),
-        }
+        plan::tests::host(name, GpuSelection::List(vec![0, 1]))
     }
 
     fn facts(help: &str, version: &str) -> HostFacts {

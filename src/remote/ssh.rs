@@ -112,7 +112,7 @@ impl Client {
         })?;
         tracing::warn!(
             "recorded the new host key of {} ({fingerprint}) in {}",
-            known_hosts_name(&self.hostname, self.port),
+            ssh_config::known_hosts_name(&self.hostname, self.port),
             self.known_hosts.display()
         );
         Ok(true)
@@ -159,14 +159,6 @@ fn file_line(path: &std::path::Path, entry: usize) -> usize {
         }
     }
     entry
-}
-
-fn known_hosts_name(hostname: &str, port: u16) -> String {
-    if port == 22 {
-        hostname.to_string()
-    } else {
-        format!("[{hostname}]:{port}")
-    }
 }
 
 impl SshTransport {

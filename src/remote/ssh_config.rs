@@ -30,11 +30,16 @@ pub(super) struct Resolved {
 impl Resolved {
     /// How OpenSSH names this server in known_hosts (and how messages name it).
     pub fn known_hosts_name(&self) -> String {
-        if self.port == 22 {
-            self.hostname.clone()
-        } else {
-            format!("[{}]:{}", self.hostname, self.port)
-        }
+        known_hosts_name(&self.hostname, self.port)
+    }
+}
+
+/// How OpenSSH names `hostname:port` in known_hosts: bare on port 22, else `[hostname]:port`.
+pub(super) fn known_hosts_name(hostname: &str, port: u16) -> String {
+    if port == 22 {
+        hostname.to_string()
+    } else {
+        format!("[{hostname}]:{port}")
     }
 }
 

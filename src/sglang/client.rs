@@ -490,19 +490,28 @@ impl SglangClient {
             .await
             .map_err(|e| ClientError::from_reqwest(&url, e))?;
         if status != 200 {
-            let text = String::from_utf8_lossy(&bytes);
-            if status == 400
-                && let Some(overflow) = parse_overflow(&text)
-            {
-                return Err(ClientError::ContextOverflow { url, overflow });
-            }
-            return Err(ClientError::Status {
+            return Err(completion_error(
                 url,
                 status,
-                body: snippet(&text),
-            });
+                &String::from_utf8_lossy(&bytes),
+            ));
         }
         parse_completion(req.api, &bytes).map_err(|reason| ClientError::Decode { url, reason })
+    }
+}
+
+/// The error for a completion request answered `status` (not 200) with `body`: SGLang's 400 for
+/// a prompt over the context length is a [`ClientError::ContextOverflow`].
+pub(crate) fn completion_error(url: String, status: u16, body: &str) -> ClientError {
+    if status == 400
+        && let Some(overflow) = parse_overflow(body)
+    {
+        return ClientError::ContextOverflow { url, overflow };
+    }
+    ClientError::Status {
+        url,
+        status,
+        body: snippet(body),
     }
 }
 

@@ -1,12 +1,14 @@
-//! Streamed generation (server-sent events) for latency measurements: the bodies of
+//! Streamed generation (server-sent events) for the sweep's trials: the bodies of
 //! [`CompletionRequest::body`] sent with `stream: true`, reporting each chunk's cumulative
-//! completion tokens as it arrives.
+//! completion tokens as it arrives, so tokens and latencies fall into the window they came in.
 
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::client::{Api, ClientError, CompletionRequest, Endpoint, parse_overflow};
+use super::client::{
+    Api, ClientError, CompletionRequest, Endpoint, completion_error, parse_overflow,
+};
 
 /// How a streamed request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,16 +202,7 @@ pub async fn stream(
             .text()
             .await
             .map_err(|e| ClientError::from_reqwest(&url, e))?;
-        if status == 400
-            && let Some(overflow) = parse_overflow(&text)
-        {
-            return Err(ClientError::ContextOverflow { url, overflow });
-        }
-        return Err(ClientError::Status {
-            url,
-            status,
-            body: text.chars().take(300).collect(),
-        });
+        return Err(completion_error(url, status, &text));
     }
     let mut bytes = resp.bytes_stream();
     let mut buf = String::new();

@@ -274,10 +274,11 @@ impl Plan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn settings(strategy: Strategy) -> Settings {
+    /// Typical launch settings (mem fraction 0.85, 8192-token context) with `strategy`.
+    pub(crate) fn settings(strategy: Strategy) -> Settings {
         Settings {
             mem_fraction_static: 0.85,
             strategy,

@@ -390,22 +390,13 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::model::tests::settings;
     use crate::sim::model::{Params, Settings, Strategy, plan};
 
     fn test_plan(max_running: Option<u64>) -> Arc<Plan> {
         let settings = Settings {
-            mem_fraction_static: 0.85,
-            strategy: Strategy::NoBuffer,
-            radix_cache_disabled: false,
-            overlap_disabled: false,
             max_running_requests: max_running,
-            max_mamba_cache_size: None,
-            mamba_full_memory_ratio: 0.9,
-            context_length: Some(8192),
-            max_total_tokens: None,
-            chunked_prefill_size: 8192,
-            max_prefill_tokens: 16384,
-            stream_interval: 1,
+            ..settings(Strategy::NoBuffer)
         };
         Arc::new(plan(&Params::default(), &settings).unwrap())
     }

@@ -16,7 +16,7 @@ use super::load::Workload;
 use super::rank::{Outcome, Trial};
 use super::space::Candidate;
 use super::trial::{self, Group, Server, Timing};
-use crate::config::{GpuSelection, HealthSettings, HostSpec, Profile};
+use crate::config::{HealthSettings, HostSpec, Profile};
 use crate::gpu;
 use crate::launch::down::{self, StopOutcome, StopState};
 use crate::launch::plan::{self, HostFacts, Instance, PlanError};
@@ -86,13 +86,7 @@ struct Running {
 pub fn host_gpus(hosts: &[(HostSpec, HostFacts)]) -> Vec<(String, Vec<u32>)> {
     hosts
         .iter()
-        .map(|(h, f)| {
-            let gpus = match &h.gpus {
-                GpuSelection::All => f.gpus_present.clone(),
-                GpuSelection::List(l) => l.clone(),
-            };
-            (h.name.clone(), gpus)
-        })
+        .map(|(h, f)| (h.name.clone(), plan::host_gpus(h, f)))
         .collect()
 }
 
@@ -128,21 +122,33 @@ pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFa
 }
 
 impl Setup<'_> {
-    /// Health checks and `/server_info` reads while starting: they answer fast or not at all.
-    fn probe_http(&self) -> Result<reqwest::Client, ClientError> {
-        http_client(HttpOptions {
+    /// Starts `instances` as `fleet up` would, replacing whatever ran there: a sweep owns the
+    /// GPUs it measures on. The sweep reports its own events, so up's are dropped.
+    async fn start(
+        &self,
+        instances: &[Instance],
+        cancel: &CancellationToken,
+    ) -> Result<Vec<UpOutcome>, SweepError> {
+        // Health checks and `/server_info` reads while starting answer fast or not at all.
+        let http = http_client(HttpOptions {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
-        })
-    }
-
-    fn up_options(&self) -> UpOptions {
-        // A sweep owns the GPUs it measures on: whatever ran there is replaced.
-        UpOptions {
+        })?;
+        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
+        let run = up::Run {
+            transports: self.transports,
+            http: &http,
+            api_key: self.api_key.as_deref(),
+            run_root: self.run_root,
+            events: &up_events,
+            cancel,
+        };
+        let options = UpOptions {
             replace: true,
             keep_on_interrupt: false,
             grace: self.grace,
-        }
+        };
+        Ok(up::up(instances, &self.health, &options, &run).await?)
     }
 
     /// Stops servers and waits (briefly) until their GPUs' memory is released, so that the next
@@ -284,17 +290,7 @@ impl Setup<'_> {
                 .collect(),
             servers: all.len(),
         });
-        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let http = self.probe_http()?;
-        let run = up::Run {
-            transports: self.transports,
-            http: &http,
-            api_key: self.api_key.as_deref(),
-            run_root: self.run_root,
-            events: &up_events,
-            cancel,
-        };
-        let outcomes = up::up(&all, &self.health, &self.up_options(), &run).await?;
+        let outcomes = self.start(&all, cancel).await?;
         if cancel.is_cancelled() {
             // `up` stopped what it started; stop what was already running too.
             let started: Vec<(usize, &Instance)> = owner.iter().copied().zip(all.iter()).collect();
@@ -438,17 +434,7 @@ impl Setup<'_> {
             self.run_root,
         )?;
         preflight::preflight(&instances, &facts_by_host(self.hosts))?;
-        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let http = self.probe_http()?;
-        let run = up::Run {
-            transports: self.transports,
-            http: &http,
-            api_key: self.api_key.as_deref(),
-            run_root: self.run_root,
-            events: &up_events,
-            cancel,
-        };
-        Ok(up::up(&instances, &self.health, &self.up_options(), &run).await?)
+        self.start(&instances, cancel).await
     }
 }
 
@@ -528,18 +514,12 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GpuSelection;
     use crate::sglang::flags::tests::profile;
 
     fn host(name: &str, gpus: GpuSelection) -> (HostSpec, HostFacts) {
         (
-            HostSpec {
-                name: name.into(),
-                ssh: None,
-                container: None,
-                gpus,
-                address: None,
-                ssh_options: BTreeMap::new(),
-            },
+            crate::launch::plan::tests::host(name, gpus),
             HostFacts {
                 help: None,
                 version: None,

@@ -1,8 +1,13 @@
 //! Shared integration-test harness: a real OpenSSH `sshd` on 127.0.0.1 (temporary host key,
 //! authorized client key, fixture `bin/` first on the SSH side's PATH), a temporary HOME with
 //! `~/.ssh/config`, key and known_hosts for the `fleet` binary, and inventory hosts for library
-//! tests. Use it with `mod common;`.
+//! tests. Use it with `mod common;`. [`local_fleet`] runs the binary on a local simulated fleet,
+//! [`generate`] serves SGLang stand-ins and reads `generate` output.
 #![allow(dead_code)] // each test crate uses a different part of it
+
+#[path = "../generate_common/mod.rs"]
+pub mod generate;
+pub mod local_fleet;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -79,12 +84,31 @@ pub fn current_user() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local addr")
-        .port()
+/// Where [`free_port_base`] looks: below Linux's ephemeral range (32768+), so no outgoing
+/// connection takes a port meanwhile; above tests/launch.rs's fixed ports (24000-25999); below
+/// the ports `fleet demo` picks (31000+).
+const PORTS: std::ops::Range<u16> = 26_000..31_000;
+
+/// A base port with `n` free ports after it. Tests of one binary pick at the same moment,
+/// before any server binds, so a range handed out is never handed out again by this process;
+/// each process starts at its own place so test binaries run at once rarely probe the same
+/// ports.
+pub fn free_port_base(n: u16) -> u16 {
+    static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let span = PORTS.end - PORTS.start;
+    let mut base = next.unwrap_or(PORTS.start + (std::process::id() % 50) as u16 * (span / 50));
+    for _ in 0..span {
+        if base + n > PORTS.end {
+            base = PORTS.start;
+        }
+        if (base..base + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            *next = Some(base + n);
+            return base;
+        }
+        base += 1;
+    }
+    panic!("no {n} free local ports in {PORTS:?}");
 }
 
 /// A running sshd, killed when dropped.
@@ -138,7 +162,7 @@ impl Sshd {
             );
             set_env.push_str(&format!(" {k}={v}"));
         }
-        let port = free_port();
+        let port = free_port_base(1);
         let d = dir.path().display();
         let config = format!(
             "ListenAddress 127.0.0.1:{port}\n\

@@ -1,12 +1,13 @@
 //! Shared helpers for the `fleet generate` tests: a small SGLang stand-in served in-process,
-//! prompt files, and readers that check every id is in the output exactly once.
+//! prompt files, and readers that check every id is in the output exactly once. Tests reach it as
+//! `common::generate`; benches/generate.rs includes this file by its path.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -104,7 +105,7 @@ async fn admit(s: &StubState, p: u64, m: u64) -> Result<u64, Response> {
     Ok(m.min(7))
 }
 
-async fn generate(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
+async fn generate_route(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
     let text = body["text"].as_str().unwrap_or_default().to_string();
     let p = prompt_tokens(&text);
     let m = body["sampling_params"]["max_new_tokens"]
@@ -165,7 +166,7 @@ pub fn start_stub(spec: StubSpec) -> Stub {
         seen: std::sync::Mutex::new(Vec::new()),
     });
     let app = Router::new()
-        .route("/generate", post(generate))
+        .route("/generate", post(generate_route))
         .route("/v1/chat/completions", post(chat))
         .route("/server_info", get(server_info))
         .route("/health", get(health))
@@ -233,6 +234,16 @@ pub fn write_prompts(path: &Path, n: usize) {
         )
         .unwrap();
     }
+}
+
+/// A temp dir holding `prompts.jsonl` with `n` prompts (see [`write_prompts`]), and the path of
+/// an output dir in it: `(dir, prompts, out)`.
+pub fn prompts_and_out(n: usize) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.jsonl");
+    write_prompts(&prompts, n);
+    let out = dir.path().join("out");
+    (dir, prompts, out)
 }
 
 pub fn write_lines(path: &Path, lines: &[String]) {
@@ -328,6 +339,20 @@ pub fn fleet() -> std::process::Command {
     c
 }
 
+/// `fleet generate --prompts PROMPTS --out OUT` with a `--url` for each of `urls`.
+pub fn generate(out: &Path, prompts: &Path, urls: &[&str]) -> std::process::Command {
+    let mut c = fleet();
+    c.arg("generate")
+        .arg("--prompts")
+        .arg(prompts)
+        .arg("--out")
+        .arg(out);
+    for u in urls {
+        c.arg("--url").arg(u);
+    }
+    c
+}
+
 /// A real `sglang-sim` process on a free loopback port, killed when dropped.
 pub struct Sim {
     child: std::process::Child,
@@ -358,6 +383,16 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 impl Sim {
     /// Starts `sglang-sim` with a short load and metrics on, plus `args`, and waits until ready.
     pub fn start(args: &[&str]) -> Sim {
+        Sim::launch(None, None, args)
+    }
+
+    /// [`Sim::start`] on GPU `gpu`, its memory recorded in `state_dir` where the fake
+    /// `nvidia-smi` reads it.
+    pub fn start_on_gpu(gpu: u32, state_dir: &Path, args: &[&str]) -> Sim {
+        Sim::launch(Some(gpu), Some(state_dir), args)
+    }
+
+    fn launch(gpu: Option<u32>, state_dir: Option<&Path>, args: &[&str]) -> Sim {
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -365,24 +400,26 @@ impl Sim {
             .unwrap()
             .port();
         let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sglang-sim"))
-            .args([
-                "--model-path",
-                "/models/test",
-                "--port",
-                &port.to_string(),
-                "--enable-metrics",
-            ])
-            .args(["--sim-startup-secs", "0.2"])
-            .arg("--sim-gpu-state-dir")
-            .arg(dir.path().join("gpus"))
-            .args(args)
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
-            .stderr(std::process::Stdio::from(log))
-            .spawn()
-            .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sglang-sim"));
+        cmd.args([
+            "--model-path",
+            "/models/test",
+            "--port",
+            &port.to_string(),
+            "--enable-metrics",
+        ])
+        .args(["--sim-startup-secs", "0.2"])
+        .arg("--sim-gpu-state-dir")
+        .arg(state_dir.map_or_else(|| dir.path().join("gpus"), Path::to_path_buf))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(log));
+        match gpu {
+            Some(g) => cmd.env("CUDA_VISIBLE_DEVICES", g.to_string()),
+            None => cmd.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        let child = cmd.spawn().unwrap();
         let mut sim = Sim {
             child,
             port,
@@ -429,6 +466,12 @@ impl Sim {
         fleet::sglang::metrics::parse(&body)
             .generation_tokens_total
             .expect("generation_tokens_total")
+    }
+
+    /// Kills the process and waits for it.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 
     /// Whether the process has exited.
