@@ -35,9 +35,11 @@ fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
         .iter()
         .filter(|l| l["instance"] == format!("127.0.0.1:{}", b.port))
         .count();
-    // It dies once a decode step takes it past 120 completions; a batches several at once.
+    // It dies once a decode step takes it past 120 completions (a step finishes several at
+    // once); answers it finished but had not yet sent die with it and are re-sent elsewhere,
+    // so fewer than 120 may reach the output from b, but some must, and never the whole job.
     assert!(
-        (120..300).contains(&on_b),
+        (1..300).contains(&on_b),
         "b completed {on_b} before dying after 120"
     );
     for l in &lines {
