@@ -102,7 +102,7 @@ fn journal_append(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         b.to_async(rt).iter_batched(
             || tempfile::tempdir().unwrap(),
             |dir| async {
-                let mut j = Journal::start(dir.path(), 0, SyncPolicy::default()).unwrap();
+                let mut j = Journal::start(dir.path(), 0, SyncPolicy::default(), None).unwrap();
                 for id in &ids {
                     j.append(Entry::Completion(journal::encode(&CompletionRecord {
                         id,
