@@ -42,15 +42,7 @@ pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
     let mut tunnels = Vec::new();
     for found in futures::future::join_all(per_host).await {
         for (record, tunnel) in found {
-            let key = record
-                .api_key_env
-                .as_ref()
-                .and_then(|v| std::env::var(v).ok());
-            endpoints.push(Endpoint {
-                name: format!("{}:gpu{}", record.host, record.gpu),
-                base_url: format!("http://{}", tunnel.local_addr()),
-                api_key: key,
-            });
+            endpoints.push(record.endpoint(tunnel.local_addr()));
             tunnels.push(tunnel);
         }
     }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::remote::{RemoteError, Transport};
+use crate::sglang::client::Endpoint;
 
 /// `instance.json`: written by `up` once the server is started; read by status, down and logs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +35,21 @@ pub struct InstanceRecord {
     pub log: String,
     pub pidfile: String,
     pub record: String,
+}
+
+impl InstanceRecord {
+    /// The server as an HTTP endpoint through a local port forwarded to it. The API key comes
+    /// from the environment variable the profile named, here as at `up`.
+    pub fn endpoint(&self, forwarded: std::net::SocketAddr) -> Endpoint {
+        Endpoint {
+            name: format!("{}:gpu{}", self.host, self.gpu),
+            base_url: format!("http://{forwarded}"),
+            api_key: self
+                .api_key_env
+                .as_ref()
+                .and_then(|v| std::env::var(v).ok()),
+        }
+    }
 }
 
 /// One line of `/proc/<pid>/stat`, the fields fleet needs.

@@ -7,7 +7,7 @@ use crate::gpu::GpuReading;
 use crate::launch::state::{self, InstanceRecord, Liveness, StateError};
 use crate::launch::up::LOG_TAIL_LINES;
 use crate::remote::Transport;
-use crate::sglang::client::{Endpoint, Health, SglangClient};
+use crate::sglang::client::{Health, SglangClient};
 use crate::sglang::metrics::Metrics;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -95,21 +95,9 @@ async fn instance_status(
         }
         return status;
     }
-    // The key lives in the environment variable the profile named, here as at `up`.
-    let key = r
-        .api_key_env
-        .as_ref()
-        .and_then(|var| std::env::var(var).ok());
     match t.forward(&r.address, r.port).await {
         Ok(tunnel) => {
-            let client = SglangClient::new(
-                http.clone(),
-                Endpoint {
-                    name: format!("{}:gpu{}", r.host, r.gpu),
-                    base_url: format!("http://{}", tunnel.local_addr()),
-                    api_key: key,
-                },
-            );
+            let client = SglangClient::new(http.clone(), r.endpoint(tunnel.local_addr()));
             status.health = match client.health().await {
                 Ok(Health::Ready) => Some(200),
                 Ok(Health::NotReady { status }) => Some(status),
