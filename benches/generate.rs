@@ -208,6 +208,7 @@ fn saturation(rt: &tokio::runtime::Runtime) {
             Sim::start(&[
                 "--mamba-radix-cache-strategy",
                 "no_buffer",
+                "--disable-overlap-schedule",
                 "--sim-time-scale",
                 SCALE,
             ])

@@ -50,7 +50,7 @@ fn main() -> anyhow::Result<()> {
         println!(
             "== SGLang {version}: the mamba strategy flag is rendered as the host's --help names it"
         );
-        print!("{}", report::plan_table(&instances[..2], &versions));
+        print!("{}", report::plan_text(&instances[..2], &versions));
         println!("   ... {} instances in all", instances.len());
 
         // extra_buffer_lazy exists only from 0.5.15: preflight says so before anything starts.

@@ -65,6 +65,15 @@ fn the_demo_picks_no_buffer_generates_every_prompt_once_and_stops_its_servers() 
         "no_buffer wins by a wide margin: {speedup:.1}x"
     );
 
+    // The winner as it runs: SGLang 0.5.23 starts no_buffer only with overlap scheduling off.
+    let argv = report["plan"][0]["argv"].as_array().unwrap();
+    let has = |a: &str| argv.iter().any(|x| x == a);
+    assert!(
+        has("no_buffer") && has("--disable-overlap-schedule"),
+        "{:#}",
+        report["plan"]
+    );
+
     assert_eq!(report["generate"]["status"], "done");
     assert_eq!(report["generate"]["completed"], 2000);
     assert_eq!(report["generate"]["failed"], 0);

@@ -11,6 +11,7 @@ fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
     let fast = [
         "--mamba-radix-cache-strategy",
         "no_buffer",
+        "--disable-overlap-schedule",
         "--sim-time-scale",
         "500",
     ];
@@ -108,7 +109,17 @@ fn the_watchdog_flags_the_seeds_extra_buffer_run_against_the_profiles_sweep_numb
     let scale = ["--sim-time-scale", "20"];
     // What a sweep would have recorded: no_buffer's throughput and cap on this (simulated) GPU.
     let (ideal, cap) = {
-        let nb = Sim::start(&[&scale[..], &["--mamba-radix-cache-strategy", "no_buffer"]].concat());
+        let nb = Sim::start(
+            &[
+                &scale[..],
+                &[
+                    "--mamba-radix-cache-strategy",
+                    "no_buffer",
+                    "--disable-overlap-schedule",
+                ],
+            ]
+            .concat(),
+        );
         (nb.ideal_output_tok_s(), nb.cap())
     };
     let slow = Sim::start(

@@ -400,7 +400,7 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
             "argv": ["sglang-sim", "--model-path", "/models/test", "--served-model-name", "q",
                      "--host", "127.0.0.1", "--port", "24405",
                      "--mamba-radix-cache-strategy", "no_buffer",
-                     "--api-key", "********", "--enable-metrics"],
+                     "--api-key", "********", "--disable-overlap-schedule", "--enable-metrics"],
             "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "5",
                     "SGLANG_SIM_GPU_STATE_DIR": f.gpu_state().display().to_string()},
         }])

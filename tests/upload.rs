@@ -28,6 +28,7 @@ fn fast_sim() -> Sim {
     Sim::start(&[
         "--mamba-radix-cache-strategy",
         "no_buffer",
+        "--disable-overlap-schedule",
         "--sim-time-scale",
         "500",
     ])
@@ -94,6 +95,7 @@ fn a_resume_after_ctrl_c_uploads_the_rest_and_nothing_twice() {
     let sim = Sim::start(&[
         "--mamba-radix-cache-strategy",
         "no_buffer",
+        "--disable-overlap-schedule",
         "--sim-time-scale",
         "20",
     ]);

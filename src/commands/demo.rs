@@ -44,15 +44,15 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
     results.insert("out".into(), json!(stage.dir));
 
     let sweep_title = format!(
-        "2/5  Measure before committing GPU-days: extra_buffer vs no_buffer side by side, 4 GPUs each\n\
-         3/5  Rank them, with the ETA of the seed's 654,676-prompt job on all 8 GPUs; apply the winner\n     \
+        "2/6  Measure before committing GPU-days: extra_buffer vs no_buffer side by side, 4 GPUs each\n\
+         3/6  Rank them, with the ETA of the seed's 654,676-prompt job on all 8 GPUs; apply the winner\n     \
          (the sims run {0}x real time: tok/s below are {0}x a real GPU's, ETAs a {0}th of real ones)",
         demo::TIME_SCALE
     );
-    let steps: [(&str, &str, Vec<String>); 4] = [
+    let steps: [(&str, &str, Vec<String>); 5] = [
         (
             "up",
-            "1/5  Start the seed's fleet as it was set up: 8 servers, mamba strategy extra_buffer",
+            "1/6  Start the seed's fleet as it was set up: 8 servers, mamba strategy extra_buffer",
             args_of(&["up", "--profile", "seed-extra-buffer"]),
         ),
         (
@@ -80,8 +80,14 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
             ]),
         ),
         (
+            "plan",
+            "4/6  What the winner runs (one GPU shown): SGLang 0.5.23 starts no_buffer only with \
+             overlap scheduling off, so fleet adds --disable-overlap-schedule",
+            args_of(&["up", "--profile", "winner", "--gpus", "0", "--dry-run"]),
+        ),
+        (
             "generate",
-            "4/5  Generate the bundled sample on the winner, with progress and the watchdog",
+            "5/6  Generate the bundled sample on the winner, with progress and the watchdog",
             args_of(&[
                 "generate",
                 "--prompts",
@@ -96,7 +102,7 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
         ),
         (
             "down",
-            "5/5  Stop the fleet",
+            "6/6  Stop the fleet",
             args_of(&["down", "--grace", "10s"]),
         ),
     ];

@@ -92,7 +92,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
                 serde_json::to_string_pretty(&report::plan_json(&instances))?
             );
         } else {
-            print!("{}", report::plan_table(&instances, &versions));
+            print!("{}", report::plan_text(&instances, &versions));
         }
         return Ok(if partial {
             Outcome::Partial

@@ -21,7 +21,8 @@ use super::upload::{UploadEvent, Uploader};
 use super::watchdog::{self, Signals};
 use super::{Ended, Endpoint, Event, GenerateConfig, GenerateError, InstanceInfo, Summary};
 use crate::sglang::client::{
-    Api, ClientError, CompletionRequest, Health, Prompt, ServerInfo, SglangClient, http_client,
+    Api, ClientError, CompletionRequest, Health, Prompt, Remedy, ServerInfo, SglangClient,
+    http_client,
 };
 use crate::sglang::metrics::Metrics;
 
@@ -89,6 +90,8 @@ struct Inst {
     in_flight: u32,
     cap: Option<u64>,
     kv_tokens: Option<u64>,
+    /// The context length in effect (`/v1/models` `max_model_len`).
+    context_len: Option<u64>,
     /// Cancelled when the instance is taken out; replaced when it comes back.
     abort: CancellationToken,
     health_failures: u32,
@@ -236,6 +239,7 @@ pub async fn run(
             in_flight: 0,
             cap,
             kv_tokens: kv,
+            context_len: ctx_len,
             abort: CancellationToken::new(),
             health_failures: 0,
             probing: false,
@@ -674,8 +678,15 @@ impl Run<'_> {
         }))
     }
 
-    fn spawn(&mut self, tasks: &mut JoinSet<TaskDone>, i: usize, job: Job) {
+    fn spawn(&mut self, tasks: &mut JoinSet<TaskDone>, i: usize, mut job: Job) {
         let inst = &mut self.insts[i];
+        // More output tokens than the context holds never fit, and chat refuses them before
+        // reading the prompt (serving_chat.py): ask for at most the context at once.
+        if let Some(c) = inst.context_len
+            && u64::from(job.req.max_tokens) > c
+        {
+            job.req.max_tokens = c.min(u64::from(u32::MAX)) as u32;
+        }
         inst.in_flight += 1;
         let client = inst.client.clone();
         let abort = inst.abort.clone();
@@ -750,26 +761,24 @@ impl Run<'_> {
                 }
             }
             Attempt::Failed(ClientError::ContextOverflow { overflow, .. }) => {
-                match overflow.fitting_max_tokens() {
-                    None => {
-                        let error = format!(
-                            "the prompt alone is {} tokens; the context length is {}",
-                            overflow.prompt_tokens, overflow.context_len
-                        );
-                        self.fail(&job.id, job.line, "prompt_too_long", &error)?;
+                match overflow.remedy() {
+                    Remedy::PromptTooLong => {
+                        self.fail(&job.id, job.line, "prompt_too_long", &overflow.to_string())?;
                     }
-                    Some(fit) if !job.clamped && fit < job.req.max_tokens => {
+                    // One clamp to C − P − 1; the chat check's clamp to C comes before it, since
+                    // it is made before the server knows the prompt's length.
+                    Remedy::MaxTokens(fit)
+                        if fit < job.req.max_tokens
+                            && !(job.clamped && overflow.knows_prompt()) =>
+                    {
                         job.req.max_tokens = fit;
-                        job.clamped = true;
+                        job.clamped |= overflow.knows_prompt();
                         if !stopping {
                             self.ready.push_front(job);
                         }
                     }
-                    Some(fit) => {
-                        let error = format!(
-                            "still over the context length ({}) with max_tokens {} (prompt {} tokens)",
-                            overflow.context_len, fit, overflow.prompt_tokens
-                        );
+                    Remedy::MaxTokens(fit) => {
+                        let error = format!("{overflow}; still too long with max_tokens {fit}");
                         self.fail(&job.id, job.line, "context_overflow", &error)?;
                     }
                 }
@@ -864,13 +873,14 @@ impl Run<'_> {
                     };
                     Probe { inst: i, kind }
                 });
-            } else if health {
+            } else if health && !inst.metrics_available {
+                // SGLang's /health runs a generation that a busy server may answer late
+                // (RUNTIME.md, readiness): a running job reads liveness from /metrics, or from
+                // /server_info where metrics are off.
                 inst.probing = true;
                 probes.spawn(async move {
-                    Probe {
-                        inst: i,
-                        kind: ProbeKind::Health(client.health().await),
-                    }
+                    let kind = ProbeKind::Health(client.server_info().await.map(|_| Health::Ready));
+                    Probe { inst: i, kind }
                 });
             } else if inst.metrics_available {
                 inst.probing = true;
@@ -942,6 +952,7 @@ impl Run<'_> {
                 inst.up = true;
                 inst.cap = info.effective_max_running_requests;
                 inst.kv_tokens = info.max_total_num_tokens;
+                inst.context_len = info.context_length;
                 inst.ctl = Controller::new(self.config.concurrency, inst.cap);
                 inst.metrics_available = true;
                 // A restarted server counts from zero again.

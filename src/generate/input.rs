@@ -162,16 +162,24 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
                 ));
             }
         };
-        let max_tokens =
-            match body
-                .remove("max_tokens")
-                .or_else(|| body.remove("max_completion_tokens"))
-            {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(
-                    || format!("body.max_tokens must be a positive integer, got {v}"),
-                )?),
-            };
+        // Both fields leave the body, so the request carries one: SGLang's chat reads
+        // `max_completion_tokens or max_tokens` (srt/entrypoints/openai/protocol.py), and a
+        // stale second field would override `--max-tokens` and the overflow clamp.
+        let completion = body.remove("max_completion_tokens");
+        let plain = body.remove("max_tokens");
+        let (field, value) = match (completion, plain) {
+            (Some(v), _) if !v.is_null() && v != 0 => ("max_completion_tokens", Some(v)),
+            (_, v) => ("max_tokens", v),
+        };
+        let max_tokens = match value {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("body.{field} must be a positive integer, got {v}"))?,
+            ),
+        };
         let prompt = if let Some(m) = body.remove("messages") {
             messages(m, "body.messages")?
         } else if let Some(p) = body.remove("prompt") {
@@ -430,6 +438,25 @@ mod tests {
         assert_eq!(extra.get("model"), Some(&json!("m")));
         assert_eq!(extra.get("seed"), Some(&json!(1)));
         assert!(!extra.contains_key("messages"));
+    }
+
+    #[test]
+    fn a_batch_body_with_both_token_fields_keeps_the_one_chat_reads() {
+        let both = |body: &str| {
+            let line = format!(r#"{{"custom_id":"b","url":"/v1/chat/completions","body":{body}}}"#);
+            parse_line(1, &line).parsed
+        };
+        let p = both(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":100,"max_completion_tokens":300}"#).unwrap();
+        assert_eq!(p.max_tokens, Some(300));
+        let extra = p.extra.unwrap();
+        assert!(!extra.contains_key("max_tokens") && !extra.contains_key("max_completion_tokens"));
+        let p = both(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":100,"max_completion_tokens":null}"#).unwrap();
+        assert_eq!(p.max_tokens, Some(100));
+        assert_eq!(
+            both(r#"{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-1}"#)
+                .unwrap_err(),
+            "body.max_completion_tokens must be a positive integer, got -1"
+        );
     }
 
     #[test]

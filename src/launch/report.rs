@@ -15,21 +15,24 @@ fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
-/// `fleet up --dry-run`: what would run where, with the exact (masked) command line.
-pub fn plan_table(instances: &[Instance], versions: &BTreeMap<String, Option<String>>) -> String {
-    let rows = instances.iter().map(|i| {
+/// `fleet up --dry-run`: what would run where, with the exact (masked) command line, one block
+/// per instance (a command line is far wider than a table column).
+pub fn plan_text(instances: &[Instance], versions: &BTreeMap<String, Option<String>>) -> String {
+    let mut out = String::new();
+    for i in instances {
+        let version = opt(versions.get(&i.host).cloned().flatten());
         let env: Vec<String> = i.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        vec![
-            i.host.clone(),
-            i.gpu.to_string(),
-            i.port.to_string(),
-            opt(versions.get(&i.host).cloned().flatten()),
-            env.join(" "),
-            shlex::try_join(i.display_argv().iter().map(String::as_str))
-                .unwrap_or_else(|_| i.display_argv().join(" ")),
-        ]
-    });
-    table(&["HOST", "GPU", "PORT", "SGLANG", "ENV", "COMMAND"], rows)
+        let argv = shlex::try_join(i.display_argv().iter().map(String::as_str))
+            .unwrap_or_else(|_| i.display_argv().join(" "));
+        out.push_str(&format!(
+            "{} gpu{} :{} (SGLang {version})\n  env: {}\n  $ {argv}\n",
+            i.host,
+            i.gpu,
+            i.port,
+            env.join(" ")
+        ));
+    }
+    out
 }
 
 /// `fleet up --dry-run --json`: `[{"host","gpu","port","argv":[...],"env":{...}}]`.
@@ -62,6 +65,7 @@ pub fn up_table(outcomes: &[UpOutcome], versions: &BTreeMap<String, Option<Strin
             opt(o.pid),
             o.state.as_str().to_string(),
             opt(o.ready_after.map(|s| format!("{s:.1}s"))),
+            opt(o.info.mamba_strategy.as_deref()),
             opt(o.info.effective_max_running_requests),
             opt(o.info.max_total_num_tokens),
             opt(version),
@@ -75,6 +79,7 @@ pub fn up_table(outcomes: &[UpOutcome], versions: &BTreeMap<String, Option<Strin
             "PID",
             "STATE",
             "READY AFTER",
+            "STRATEGY",
             "MAX RUNNING",
             "KV TOKENS",
             "VERSION",
@@ -117,6 +122,7 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             s.pid.to_string(),
             s.state().to_string(),
             format_uptime(s.uptime),
+            opt(s.mamba_strategy.as_deref()),
             opt(load.and_then(|l| l.num_running_reqs)),
             opt(load.and_then(|l| l.num_queue_reqs)),
             opt(load
@@ -145,6 +151,7 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             "PID",
             "STATE",
             "UP",
+            "STRATEGY",
             "RUNNING",
             "QUEUED",
             "GEN TOK/S",
@@ -227,6 +234,7 @@ mod tests {
                 max_total_num_tokens: Some(1_234_567),
                 effective_max_running_requests: Some(72),
                 context_length: Some(8192),
+                mamba_strategy: Some("no_buffer".into()),
             },
             error: None,
             log_tail: None,
@@ -245,7 +253,16 @@ mod tests {
         assert_eq!(
             row,
             [
-                "ct200", "5", "30005", "4242", "ready", "94.0s", "72", "1234567", "0.5.10"
+                "ct200",
+                "5",
+                "30005",
+                "4242",
+                "ready",
+                "94.0s",
+                "no_buffer",
+                "72",
+                "1234567",
+                "0.5.10"
             ]
         );
     }

@@ -18,8 +18,15 @@ pub struct InstanceStatus {
     pub pid: u32,
     pub profile: String,
     pub liveness: Liveness,
+    /// `ready`, `loading` (starting, or its port not open yet), `unreachable`, `dead` or `gone`.
+    pub state: &'static str,
     /// `/health`'s status code; `None` when dead or unreachable.
     pub health: Option<u16>,
+    /// The process runs but nothing answers on its port yet: SGLang opens it only after the
+    /// model has loaded.
+    pub port_closed: bool,
+    /// The mamba strategy the server resolved, from `/server_info`.
+    pub mamba_strategy: Option<String>,
     /// `None` when dead, unreachable or started without `--enable-metrics`.
     pub load: Option<Metrics>,
     /// Seconds since `up` started it.
@@ -40,13 +47,19 @@ pub fn attach_gpus(statuses: &mut [InstanceStatus], host: &str, readings: &[GpuR
 impl InstanceStatus {
     /// `ready`, `loading`, `unreachable`, `dead` or `gone` (pid reused).
     pub fn state(&self) -> &'static str {
-        match (self.liveness, self.health) {
-            (Liveness::Dead, _) => "dead",
-            (Liveness::Reused, _) => "gone",
-            (Liveness::Running, Some(200)) => "ready",
-            (Liveness::Running, Some(_)) => "loading",
-            (Liveness::Running, None) => "unreachable",
-        }
+        self.state
+    }
+}
+
+/// What `liveness` and the port's answer add up to.
+fn state_of(liveness: Liveness, health: Option<u16>, port_closed: bool) -> &'static str {
+    match (liveness, health) {
+        (Liveness::Dead, _) => "dead",
+        (Liveness::Reused, _) => "gone",
+        (Liveness::Running, Some(200)) => "ready",
+        (Liveness::Running, Some(_)) => "loading",
+        (Liveness::Running, None) if port_closed => "loading",
+        (Liveness::Running, None) => "unreachable",
     }
 }
 
@@ -83,7 +96,10 @@ async fn instance_status(
         pid: r.pid,
         profile: r.profile.clone(),
         liveness,
+        state: state_of(liveness, None, false),
         health: None,
+        port_closed: false,
+        mamba_strategy: None,
         load: None,
         uptime: now_unix.saturating_sub(r.started_at),
         log_tail: None,
@@ -98,14 +114,19 @@ async fn instance_status(
     match t.forward(&r.address, r.port).await {
         Ok(tunnel) => {
             let client = SglangClient::new(http.clone(), r.endpoint(tunnel.local_addr()));
-            status.health = match client.health().await {
-                Ok(Health::Ready) => Some(200),
-                Ok(Health::NotReady { status }) => Some(status),
-                Err(_) => None,
-            };
-            if status.health == Some(200) {
-                status.load = client.metrics().await.ok();
+            // Load first: SGLang's /health runs a 1-token generation of its own, which the
+            // running count would include.
+            let (info, load) = tokio::join!(client.server_info(), client.metrics());
+            match client.health().await {
+                Ok(Health::Ready) => status.health = Some(200),
+                Ok(Health::NotReady { status: code }) => status.health = Some(code),
+                Err(e) => status.port_closed = e.is_unreachable(),
             }
+            if status.health == Some(200) {
+                status.load = load.ok();
+                status.mamba_strategy = info.ok().and_then(|i| i.mamba_strategy);
+            }
+            status.state = state_of(liveness, status.health, status.port_closed);
             tunnel.close().await;
         }
         Err(e) => tracing::warn!("{e}"),

@@ -101,6 +101,8 @@ pub struct Capacity {
     /// `internal_states[0].effective_max_running_requests_per_dp`: the real cap.
     pub effective_max_running_requests: Option<u64>,
     pub context_length: Option<u64>,
+    /// The mamba strategy the server resolved (what `auto` became).
+    pub mamba_strategy: Option<String>,
 }
 
 impl From<&ServerInfo> for Capacity {
@@ -110,6 +112,7 @@ impl From<&ServerInfo> for Capacity {
             max_total_num_tokens: info.max_total_num_tokens,
             effective_max_running_requests: info.effective_max_running_requests,
             context_length: info.context_length,
+            mamba_strategy: info.mamba_strategy.clone(),
         }
     }
 }

@@ -530,7 +530,9 @@ async fn pipe(
     {
         Ok(channel) => channel,
         Err(e) => {
-            tracing::warn!(host = %dest.host, "forward to {}:{}: the server refused the channel: {e}", dest.addr, dest.port);
+            // Usually nothing listens there yet (SGLang opens its port only after the model
+            // has loaded); the caller sees the closed connection and decides what it means.
+            tracing::debug!(host = %dest.host, "forward to {}:{}: the server refused the channel: {e}", dest.addr, dest.port);
             return;
         }
     };

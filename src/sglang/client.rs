@@ -2,6 +2,7 @@
 //! on `/generate`, `/v1/chat/completions` and `/v1/completions`, with typed errors that say
 //! whether a request may be retried and parse SGLang's context-overflow 400s.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -54,10 +55,7 @@ pub enum ClientError {
         status: u16,
         body: String,
     },
-    #[error(
-        "{url}: context overflow: prompt is {} tokens, context length {}",
-        overflow.prompt_tokens, overflow.context_len
-    )]
+    #[error("{url}: does not fit: {overflow}")]
     ContextOverflow { url: String, overflow: Overflow },
     #[error("{url}: unexpected response: {reason}")]
     Decode { url: String, reason: String },
@@ -106,44 +104,128 @@ impl ClientError {
     }
 }
 
-/// The token counts an SGLang context-overflow message reports.
+/// SGLang's 400s for a request that does not fit: each says which limit and by how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Overflow {
-    pub prompt_tokens: u64,
-    pub context_len: u64,
+pub enum Overflow {
+    /// The tokenizer: "The input (N tokens) is longer than the model's context length (C
+    /// tokens)." The prompt alone does not fit.
+    InputLonger {
+        prompt_tokens: u64,
+        context_len: u64,
+    },
+    /// The tokenizer: "Requested token count exceeds the model's maximum context length of C
+    /// tokens. You requested a total of T tokens: P tokens from the input messages and M tokens
+    /// for the completion." Fewer output tokens would fit.
+    Total {
+        prompt_tokens: u64,
+        context_len: u64,
+    },
+    /// Chat only (srt/entrypoints/openai/serving_chat.py): "max_completion_tokens is too large:
+    /// N.This model supports at most C completion tokens." Checked before the prompt is
+    /// tokenized, so the prompt's length is not known yet.
+    CompletionTooLarge { requested: u64, context_len: u64 },
+    /// The scheduler (srt/managers/utils.py `validate_input_length`): "Input length (N tokens)
+    /// exceeds the maximum allowed length (M tokens)." A prompt of at least M tokens never runs.
+    InputLimit { prompt_tokens: u64, max_input: u64 },
 }
 
 impl Overflow {
-    /// `max_tokens` that fits beside the prompt (C - P - 1), or `None` when the prompt alone
-    /// leaves no room for a single output token.
-    pub fn fitting_max_tokens(&self) -> Option<u32> {
-        let room = self.context_len.checked_sub(self.prompt_tokens + 1)?;
-        if room == 0 {
-            None
-        } else {
-            Some(room.min(u32::MAX as u64) as u32)
+    /// What to do about it: fewer output tokens, or nothing (the prompt itself is too long).
+    pub fn remedy(&self) -> Remedy {
+        match *self {
+            Overflow::InputLonger { .. } | Overflow::InputLimit { .. } => Remedy::PromptTooLong,
+            Overflow::Total {
+                prompt_tokens,
+                context_len,
+            } => match context_len.checked_sub(prompt_tokens + 1) {
+                Some(room) if room > 0 => Remedy::MaxTokens(room.min(u32::MAX as u64) as u32),
+                _ => Remedy::PromptTooLong,
+            },
+            Overflow::CompletionTooLarge { context_len, .. } => {
+                Remedy::MaxTokens(context_len.min(u32::MAX as u64) as u32)
+            }
+        }
+    }
+
+    /// Whether the remedy is the final clamp (C − P − 1), after which only a prompt's own
+    /// length is left to blame.
+    pub fn knows_prompt(&self) -> bool {
+        !matches!(self, Overflow::CompletionTooLarge { .. })
+    }
+}
+
+impl fmt::Display for Overflow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Overflow::InputLonger {
+                prompt_tokens,
+                context_len,
+            } => write!(
+                f,
+                "the prompt is {prompt_tokens} tokens; the context length is {context_len}"
+            ),
+            Overflow::Total {
+                prompt_tokens,
+                context_len,
+            } => write!(
+                f,
+                "prompt ({prompt_tokens} tokens) plus max_tokens exceed the context length ({context_len})"
+            ),
+            Overflow::CompletionTooLarge {
+                requested,
+                context_len,
+            } => write!(
+                f,
+                "max_tokens {requested} exceeds the context length ({context_len})"
+            ),
+            Overflow::InputLimit {
+                prompt_tokens,
+                max_input,
+            } => write!(
+                f,
+                "the prompt is {prompt_tokens} tokens; the server runs prompts of fewer than {max_input}"
+            ),
         }
     }
 }
 
-/// Recognises both of SGLang's context-length messages (DESIGN §6) anywhere in an error body.
+/// The answer to an [`Overflow`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remedy {
+    /// Send it again asking for at most this many output tokens.
+    MaxTokens(u32),
+    /// No output length makes it fit.
+    PromptTooLong,
+}
+
+/// Recognises SGLang's four messages (see [`Overflow`]) anywhere in an error body.
 pub fn parse_overflow(body: &str) -> Option<Overflow> {
     if let Some(at) = body.find("The input (") {
         let s = &body[at..];
-        let prompt_tokens = number_after(s, "The input (")?;
-        let context_len = number_after(s, "context length (")?;
-        return Some(Overflow {
-            prompt_tokens,
-            context_len,
+        return Some(Overflow::InputLonger {
+            prompt_tokens: number_after(s, "The input (")?,
+            context_len: number_after(s, "context length (")?,
         });
     }
     if let Some(at) = body.find("maximum context length of ") {
         let s = &body[at..];
-        let context_len = number_after(s, "maximum context length of ")?;
-        let prompt_tokens = number_after(s, "tokens: ")?;
-        return Some(Overflow {
-            prompt_tokens,
-            context_len,
+        return Some(Overflow::Total {
+            context_len: number_after(s, "maximum context length of ")?,
+            prompt_tokens: number_after(s, "tokens: ")?,
+        });
+    }
+    if let Some(at) = body.find("max_completion_tokens is too large: ") {
+        let s = &body[at..];
+        return Some(Overflow::CompletionTooLarge {
+            requested: number_after(s, "max_completion_tokens is too large: ")?,
+            context_len: number_after(s, "supports at most ")?,
+        });
+    }
+    if let Some(at) = body.find("Input length (") {
+        let s = &body[at..];
+        return Some(Overflow::InputLimit {
+            prompt_tokens: number_after(s, "Input length (")?,
+            max_input: number_after(s, "maximum allowed length (")?,
         });
     }
     None
@@ -283,6 +365,9 @@ pub struct ServerInfo {
     pub context_length: Option<u64>,
     pub served_model_name: Option<String>,
     pub model_path: Option<String>,
+    /// The mamba strategy the server resolved (`auto` is never reported: 0.5.23 turns it into
+    /// extra_buffer while overlap is on), from the server args it echoes.
+    pub mamba_strategy: Option<String>,
     /// The whole document, for fields fleet does not type (e.g. the simulator's `sim` block).
     pub raw: Value,
 }
@@ -305,6 +390,8 @@ impl ServerInfo {
                 .or_else(|| u(raw.get("context_len"))),
             served_model_name: s(raw.get("served_model_name")),
             model_path: s(raw.get("model_path")),
+            mamba_strategy: s(raw.get("mamba_radix_cache_strategy"))
+                .or_else(|| s(raw.get("mamba_scheduler_strategy"))),
             raw,
         }
     }
@@ -337,12 +424,16 @@ impl Default for HttpOptions {
     }
 }
 
+/// Idle connections are dropped before uvicorn's 5 s keep-alive closes them (srt/environ.py),
+/// so a request is never sent on a connection the server is about to close.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
 /// One pooled HTTP client to share across every server and task: hundreds of requests stay in
 /// flight per server, so idle connections are kept rather than reopened.
 pub fn http_client(opts: HttpOptions) -> Result<reqwest::Client, ClientError> {
     reqwest::Client::builder()
         .pool_max_idle_per_host(2048)
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(POOL_IDLE)
         .tcp_nodelay(true)
         .connect_timeout(opts.connect_timeout)
         .timeout(opts.request_timeout)
@@ -360,8 +451,12 @@ pub struct SglangClient {
     endpoint: Endpoint,
 }
 
-/// Probes (health, info, metrics) must answer fast even when generation is slow.
+/// Probes (info, metrics) must answer fast even when generation is slow.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// SGLang's `/health` runs a 1-token generation and waits up to 20 s for the scheduler
+/// (srt/entrypoints/http_server.py, HEALTH_CHECK_TIMEOUT): a shorter limit would call a busy but
+/// healthy server dead.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
 
 impl SglangClient {
     pub fn new(http: reqwest::Client, endpoint: Endpoint) -> Self {
@@ -383,8 +478,13 @@ impl SglangClient {
 
     async fn get_text(&self, path: &str) -> Result<(u16, String), ClientError> {
         let (url, rb) = self.request(reqwest::Method::GET, path);
+        let timeout = if path == "/health" {
+            HEALTH_TIMEOUT
+        } else {
+            PROBE_TIMEOUT
+        };
         let resp = rb
-            .timeout(PROBE_TIMEOUT)
+            .timeout(timeout)
             .send()
             .await
             .map_err(|e| ClientError::from_reqwest(&url, e))?;
@@ -432,8 +532,8 @@ impl SglangClient {
             })?;
             let mut info = ServerInfo::from_json(raw);
             // `context_length` there is only the CLI value; the effective one is in /v1/models.
-            if info.context_length.is_none() {
-                info.context_length = self.max_model_len().await.ok().flatten();
+            if let Some(effective) = self.max_model_len().await.ok().flatten() {
+                info.context_length = Some(effective);
             }
             return Ok(info);
         }
@@ -620,12 +720,12 @@ mod tests {
         let o = parse_overflow(body).unwrap();
         assert_eq!(
             o,
-            Overflow {
+            Overflow::InputLonger {
                 prompt_tokens: 9000,
                 context_len: 8192
             }
         );
-        assert_eq!(o.fitting_max_tokens(), None);
+        assert_eq!(o.remedy(), Remedy::PromptTooLong);
     }
 
     #[test]
@@ -636,22 +736,44 @@ mod tests {
         let o = parse_overflow(body).unwrap();
         assert_eq!(
             o,
-            Overflow {
+            Overflow::Total {
                 prompt_tokens: 1000,
                 context_len: 8192
             }
         );
-        assert_eq!(o.fitting_max_tokens(), Some(7191));
-        let tight = Overflow {
-            prompt_tokens: 8191,
+        assert_eq!(o.remedy(), Remedy::MaxTokens(7191));
+        let total = |prompt_tokens| Overflow::Total {
+            prompt_tokens,
             context_len: 8192,
         };
-        assert_eq!(tight.fitting_max_tokens(), None);
-        let one = Overflow {
-            prompt_tokens: 8190,
-            context_len: 8192,
-        };
-        assert_eq!(one.fitting_max_tokens(), Some(1));
+        assert_eq!(total(8191).remedy(), Remedy::PromptTooLong);
+        assert_eq!(total(8190).remedy(), Remedy::MaxTokens(1));
+    }
+
+    #[test]
+    fn parses_the_chat_and_scheduler_limits() {
+        // serving_chat.py joins its two sentences without a space.
+        let chat = r#"{"object":"error","message":"max_completion_tokens is too large: 9000.This model supports at most 8192 completion tokens.","type":"BadRequestError","param":null,"code":400}"#;
+        let o = parse_overflow(chat).unwrap();
+        assert_eq!(
+            o,
+            Overflow::CompletionTooLarge {
+                requested: 9000,
+                context_len: 8192
+            }
+        );
+        assert_eq!(o.remedy(), Remedy::MaxTokens(8192));
+        assert!(!o.knows_prompt());
+        let limit = r#"{"error":{"message":"Input length (8187 tokens) exceeds the maximum allowed length (8186 tokens). Use a shorter input or enable --allow-auto-truncate."}}"#;
+        let o = parse_overflow(limit).unwrap();
+        assert_eq!(
+            o,
+            Overflow::InputLimit {
+                prompt_tokens: 8187,
+                max_input: 8186
+            }
+        );
+        assert_eq!(o.remedy(), Remedy::PromptTooLong);
     }
 
     #[test]
@@ -667,6 +789,7 @@ mod tests {
         let raw = json!({
             "version": "0.5.23", "max_total_num_tokens": 1_200_000, "max_running_requests": null,
             "context_length": 8192, "served_model_name": "qwen",
+            "mamba_radix_cache_strategy": "extra_buffer",
             "internal_states": [{"effective_max_running_requests_per_dp": 72}]
         });
         let i = ServerInfo::from_json(raw);
@@ -676,6 +799,9 @@ mod tests {
         assert_eq!(i.context_length, Some(8192));
         assert_eq!(i.version.as_deref(), Some("0.5.23"));
         assert_eq!(i.served_model_name.as_deref(), Some("qwen"));
+        assert_eq!(i.mamba_strategy.as_deref(), Some("extra_buffer"));
+        let old = ServerInfo::from_json(json!({"mamba_scheduler_strategy": "no_buffer"}));
+        assert_eq!(old.mamba_strategy.as_deref(), Some("no_buffer"));
     }
 
     #[test]

@@ -4,13 +4,19 @@
 
 use std::fmt;
 
-use crate::config::Profile;
+use crate::config::{MambaStrategy, Profile};
 use crate::sglang::help::{Arity, HelpSpec};
 
 /// The mamba strategy flag from SGLang 0.5.15 on (the only one from 0.5.20).
 pub const MAMBA_RADIX_CACHE_STRATEGY: &str = "--mamba-radix-cache-strategy";
-/// The mamba strategy flag of SGLang 0.5.10 to 0.5.18.
+/// The mamba strategy flag of SGLang 0.5.10 to 0.5.19 (a deprecated alias from 0.5.15).
 pub const MAMBA_SCHEDULER_STRATEGY: &str = "--mamba-scheduler-strategy";
+
+/// SGLang 0.5.15+ refuses an explicit no_buffer on a hybrid model while overlap scheduling is
+/// on (srt/arg_groups/mamba_hook.py, `validate_mamba_no_buffer`); every version accepts it.
+pub const DISABLE_OVERLAP_SCHEDULE: &str = "--disable-overlap-schedule";
+/// With the radix cache off, SGLang neither resolves nor validates the mamba strategy.
+pub const DISABLE_RADIX_CACHE: &str = "--disable-radix-cache";
 
 /// Flags whose value is a secret: masked wherever an argv is shown or stored.
 const SECRET_FLAGS: &[&str] = &["--api-key", "--admin-api-key"];
@@ -59,11 +65,24 @@ pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
     if let Some(key) = r.api_key {
         push("--api-key", key.to_string());
     }
+    let listed = |flag: &str| s.extra_args.iter().any(|a| is_flag(a, flag));
+    if s.mamba_strategy == Some(MambaStrategy::NoBuffer)
+        && !listed(DISABLE_OVERLAP_SCHEDULE)
+        && !listed(DISABLE_RADIX_CACHE)
+    {
+        args.push(DISABLE_OVERLAP_SCHEDULE.to_string());
+    }
     if s.enable_metrics {
         args.push("--enable-metrics".to_string());
     }
     args.extend(s.extra_args.iter().cloned());
     args
+}
+
+/// Whether `arg` is `flag`, alone or as `flag=value`.
+fn is_flag(arg: &str, flag: &str) -> bool {
+    arg.strip_prefix(flag)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('='))
 }
 
 /// The name the host's SGLang accepts for the logical `mamba_strategy` (DESIGN §6): the new
@@ -121,6 +140,20 @@ pub enum Mismatch {
     Stray {
         value: String,
     },
+    /// Accepted by argparse, refused by SGLang's own validation right after it.
+    NoBuffer(NoBufferRule),
+}
+
+/// What `validate_mamba_no_buffer` (srt/arg_groups/mamba_hook.py, SGLang 0.5.15+) asserts for
+/// an explicit no_buffer on a hybrid model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoBufferRule {
+    /// "no_buffer only supports page_size=1."
+    PageSize(String),
+    /// "no_buffer do not support overlap schedule."
+    OverlapOn,
+    /// "no_buffer do not support trtllm_mha attention backend."
+    TrtllmMha,
 }
 
 impl fmt::Display for Mismatch {
@@ -152,12 +185,90 @@ impl fmt::Display for Mismatch {
                 write!(f, "{flag} takes no value, got '{value}'")
             }
             Mismatch::Stray { value } => write!(f, "unexpected argument '{value}'"),
+            Mismatch::NoBuffer(rule) => {
+                let (what, hint) = match rule {
+                    NoBufferRule::PageSize(size) => (
+                        format!("--page-size {size}: no_buffer only supports page_size=1"),
+                        "drop --page-size or use mamba_strategy extra_buffer",
+                    ),
+                    NoBufferRule::OverlapOn => (
+                        "no_buffer does not support the overlap schedule".to_string(),
+                        "add --disable-overlap-schedule",
+                    ),
+                    NoBufferRule::TrtllmMha => (
+                        "attention_backend trtllm_mha: no_buffer does not support it".to_string(),
+                        "choose another attention_backend (e.g. flashinfer or triton)",
+                    ),
+                };
+                write!(
+                    f,
+                    "{what} (SGLang's validate_mamba_no_buffer refuses it at start; {hint})"
+                )
+            }
         }
     }
 }
 
-/// Every argument of `args` (what follows the launcher) that `help` does not accept, in order.
+/// Every argument of `args` (what follows the launcher) that `help` does not accept, in order,
+/// then what SGLang's validation after argparse would refuse.
 pub fn check(args: &[String], help: &HelpSpec) -> Vec<Mismatch> {
+    let mut problems = check_argparse(args, help);
+    // The strict no_buffer validation came with the new flag name (0.5.15); before it, SGLang
+    // turned overlap off by itself.
+    if help.has(MAMBA_RADIX_CACHE_STRATEGY) {
+        problems.extend(
+            no_buffer_rules(args, help)
+                .into_iter()
+                .map(Mismatch::NoBuffer),
+        );
+    }
+    problems
+}
+
+/// The last value given for any of `flags` (argparse keeps the last), `--flag=value` included.
+fn last_value<'a>(args: &'a [String], flags: &[&str]) -> Option<&'a str> {
+    let mut found = None;
+    for (i, arg) in args.iter().enumerate() {
+        for flag in flags {
+            if arg == flag {
+                found = args.get(i + 1).map(String::as_str);
+            } else if let Some(v) = arg.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+                found = Some(v);
+            }
+        }
+    }
+    found
+}
+
+/// srt/arg_groups/mamba_hook.py, `validate_mamba_no_buffer`: what an explicit no_buffer needs,
+/// unless the radix cache is off (then the strategy is not validated at all).
+fn no_buffer_rules(args: &[String], help: &HelpSpec) -> Vec<NoBufferRule> {
+    let has = |flag: &str| args.iter().any(|a| is_flag(a, flag));
+    // A strategy flag this SGLang does not know is already reported as unrecognized.
+    let names: Vec<&str> = [MAMBA_RADIX_CACHE_STRATEGY, MAMBA_SCHEDULER_STRATEGY]
+        .into_iter()
+        .filter(|f| help.has(f))
+        .collect();
+    let strategy = last_value(args, &names);
+    if strategy != Some("no_buffer") || has(DISABLE_RADIX_CACHE) {
+        return Vec::new();
+    }
+    let mut rules = Vec::new();
+    if let Some(size) = last_value(args, &["--page-size"])
+        && size.trim() != "1"
+    {
+        rules.push(NoBufferRule::PageSize(size.to_string()));
+    }
+    if !has(DISABLE_OVERLAP_SCHEDULE) {
+        rules.push(NoBufferRule::OverlapOn);
+    }
+    if last_value(args, &["--attention-backend"]) == Some("trtllm_mha") {
+        rules.push(NoBufferRule::TrtllmMha);
+    }
+    rules
+}
+
+fn check_argparse(args: &[String], help: &HelpSpec) -> Vec<Mismatch> {
     let mut problems = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -237,7 +348,7 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{HealthSettings, MambaStrategy, ServerSettings};
+    use crate::config::{HealthSettings, ServerSettings};
 
     const HELP_0_5_23: &str = include_str!("../../tests/fixtures/sglang/help-0.5.23.txt");
     const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
@@ -313,6 +424,7 @@ pub(crate) mod tests {
                 "flashinfer",
                 "--mamba-radix-cache-strategy",
                 "no_buffer",
+                "--disable-overlap-schedule",
                 "--enable-metrics",
                 "--trust-remote-code",
             ])
@@ -458,6 +570,69 @@ pub(crate) mod tests {
             matches!(&problems[..], [Mismatch::Unknown { flag, nearest: Some(_) }] if flag == "--mamba-scheduler-strategy"),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn no_buffer_renders_overlap_off_once_and_not_without_the_radix_cache() {
+        let help = HelpSpec::parse(HELP_0_5_23);
+        let count = |args: &[String]| {
+            args.iter()
+                .filter(|a| *a == DISABLE_OVERLAP_SCHEDULE)
+                .count()
+        };
+        let mut p = profile();
+        assert_eq!(count(&render(&p, &help, None)), 1);
+        p.server.extra_args = s(&["--disable-overlap-schedule"]);
+        let args = render(&p, &help, None);
+        assert_eq!(count(&args), 1, "listed in extra_args: rendered once");
+        assert!(check(&args, &help).is_empty());
+        p.server.extra_args = s(&["--disable-radix-cache"]);
+        assert_eq!(count(&render(&p, &help, None)), 0);
+        p.server.extra_args = vec![];
+        p.server.mamba_strategy = Some(MambaStrategy::ExtraBuffer);
+        assert_eq!(count(&render(&p, &help, None)), 0);
+        // 0.5.10 turns overlap off itself but accepts the flag too.
+        p.server.mamba_strategy = Some(MambaStrategy::NoBuffer);
+        let old = HelpSpec::parse(HELP_0_5_10);
+        let args = render(&p, &old, None);
+        assert_eq!(count(&args), 1);
+        assert!(check(&args, &old).is_empty());
+    }
+
+    #[test]
+    fn no_buffer_rules_are_reported_before_anything_starts() {
+        let help = HelpSpec::parse(HELP_0_5_23);
+        let mut p = profile();
+        p.server.attention_backend = Some("trtllm_mha".into());
+        p.server.extra_args = s(&["--page-size", "16"]);
+        let problems = check(&render(&p, &help, None), &help);
+        assert_eq!(
+            problems,
+            vec![
+                Mismatch::NoBuffer(NoBufferRule::PageSize("16".into())),
+                Mismatch::NoBuffer(NoBufferRule::TrtllmMha),
+            ]
+        );
+        assert_eq!(
+            problems[0].to_string(),
+            "--page-size 16: no_buffer only supports page_size=1 (SGLang's validate_mamba_no_buffer \
+             refuses it at start; drop --page-size or use mamba_strategy extra_buffer)"
+        );
+        let overlap_on = s(&[
+            "--model-path",
+            "m",
+            "--mamba-radix-cache-strategy=no_buffer",
+        ]);
+        assert_eq!(
+            check(&overlap_on, &help),
+            vec![Mismatch::NoBuffer(NoBufferRule::OverlapOn)]
+        );
+        // Without the radix cache nothing is validated, and 0.5.10 has no such rule.
+        p.server.extra_args = s(&["--page-size", "16", "--disable-radix-cache"]);
+        assert!(check(&render(&p, &help, None), &help).is_empty());
+        let old = HelpSpec::parse(HELP_0_5_10);
+        p.server.extra_args = s(&["--page-size", "16"]);
+        assert!(check(&render(&p, &old, None), &old).is_empty());
     }
 
     #[test]

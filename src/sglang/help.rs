@@ -111,8 +111,7 @@ pub fn stated_version(text: &str) -> Option<String> {
 /// One entry's option part, e.g. `--ep-size EP_SIZE, --expert-parallel-size EP_SIZE`.
 fn parse_entry(head: &str) -> Option<OptionSpec> {
     let mut names = Vec::new();
-    let mut arity = Arity::Flag;
-    let mut choices = None;
+    let mut metavar = "";
     for alias in head.split(", ") {
         let alias = alias.trim();
         let (name, value) = match alias.split_once(' ') {
@@ -123,16 +122,16 @@ fn parse_entry(head: &str) -> Option<OptionSpec> {
             return None;
         }
         names.push(name.to_string());
-        // Every alias repeats the same metavar; the first one decides.
-        if names.len() == 1 {
-            arity = arity_of(value);
-            choices = choices_of(value);
+        // Python ≤ 3.12 repeats the metavar after every alias; 3.13+ prints it once, after the
+        // last one (`--model-path, --model MODEL_PATH`). The entry as a whole has one arity.
+        if !value.is_empty() {
+            metavar = value;
         }
     }
     Some(OptionSpec {
         names,
-        arity,
-        choices,
+        arity: arity_of(metavar),
+        choices: choices_of(metavar),
     })
 }
 
@@ -170,6 +169,9 @@ mod tests {
 
     const HELP_0_5_23: &str = include_str!("../../tests/fixtures/sglang/help-0.5.23.txt");
     const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
+    /// The 0.5.23 table rendered by Python 3.13's argparse (metavar once per entry).
+    const HELP_0_5_23_PY313: &str =
+        include_str!("../../tests/fixtures/sglang/help-0.5.23-py3.13.txt");
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -247,6 +249,17 @@ mod tests {
             new.get("--no-enable-tf32-matmul").unwrap().arity,
             Arity::Flag
         );
+    }
+
+    #[test]
+    fn python_3_13_help_reads_the_same_options() {
+        let old = HelpSpec::parse(HELP_0_5_23);
+        let new = HelpSpec::parse(HELP_0_5_23_PY313);
+        assert!(HELP_0_5_23_PY313.contains("\n  --model-path, --model MODEL_PATH\n"));
+        assert_eq!(new, old, "both layouts describe the same options");
+        assert_eq!(new.get("--model").unwrap().arity, Arity::One);
+        let ep = new.get("--ep").unwrap();
+        assert_eq!((ep.arity, ep.names.len()), (Arity::One, 3));
     }
 
     #[test]

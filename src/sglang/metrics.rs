@@ -39,6 +39,12 @@ pub fn parse(text: &str) -> Metrics {
         // Label values may contain spaces, so the value starts after the closing brace.
         let value_part = match after.strip_prefix('{') {
             Some(labels) => match labels.rfind('}') {
+                // With priority scheduling each gauge is written once as the total (priority="")
+                // and again per priority (srt/observability/metrics_collector.py): only the
+                // total counts.
+                Some(end) if label(&labels[..end], "priority").is_some_and(|p| !p.is_empty()) => {
+                    continue;
+                }
                 Some(end) => &labels[end + 1..],
                 None => continue,
             },
@@ -54,6 +60,31 @@ pub fn parse(text: &str) -> Metrics {
         *slot = Some(slot.unwrap_or(0.0) + value);
     }
     m
+}
+
+/// The value of label `key` in a Prometheus label set (`a="x",b="y\\"z"`), unescaped.
+fn label(labels: &str, key: &str) -> Option<String> {
+    let mut rest = labels;
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        let (name, after) = rest.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (i, '"') => break i,
+                (_, c) => value.push(c),
+            }
+        };
+        if name.trim() == key {
+            return Some(value);
+        }
+        rest = &after[end + 1..];
+    }
 }
 
 #[cfg(test)]
@@ -81,6 +112,25 @@ sglang:time_to_first_token_seconds_bucket{le=\"0.1\"} 4
         assert_eq!(m.token_usage, Some(0.25));
         assert_eq!(m.generation_tokens_total, Some(1500.0));
         assert_eq!(m.prompt_tokens_total, Some(7033.0));
+    }
+
+    #[test]
+    fn priority_breakdowns_are_not_added_to_the_total() {
+        let text = "\
+sglang:num_running_reqs{model_name=\"m\",priority=\"\",tp_rank=\"0\"} 72.0
+sglang:num_running_reqs{model_name=\"m\",priority=\"0\",tp_rank=\"0\"} 40.0
+sglang:num_running_reqs{model_name=\"m\",priority=\"1\",tp_rank=\"0\"} 32.0
+sglang:generation_tokens_total{is_streaming=\"false\",model_name=\"m\"} 900
+sglang:generation_tokens_total{is_streaming=\"true\",model_name=\"m\"} 100
+";
+        let m = parse(text);
+        assert_eq!(m.num_running_reqs, Some(72.0));
+        assert_eq!(m.generation_tokens_total, Some(1000.0));
+        assert_eq!(
+            label(r#"a="x, y",b="q\"uote""#, "b").as_deref(),
+            Some("q\"uote")
+        );
+        assert_eq!(label(r#"a="x""#, "b"), None);
     }
 
     #[test]

@@ -97,11 +97,14 @@ impl OptSpec {
         }
     }
 
-    fn invocation(&self) -> String {
+    fn invocation(&self, metavar_once: bool) -> String {
         if self.nargs == Nargs::Zero {
             return self.names.join(", ");
         }
         let v = self.value_part();
+        if metavar_once {
+            return format!("{}{v}", self.names.join(", "));
+        }
         self.names
             .iter()
             .map(|n| format!("{n}{v}"))
@@ -156,16 +159,19 @@ enum Found<'a> {
 #[derive(Debug)]
 pub struct Parser {
     pub description: String,
+    /// Python 3.13+ argparse: an entry's metavar is printed once, after its last alias.
+    pub metavar_once: bool,
     /// (group title, options); the first group is argparse's default `options:`.
     pub groups: Vec<(String, Vec<OptSpec>)>,
 }
 
 /// Which SGLang option table a sim version uses, and whether the deprecated aliases
-/// `--mamba-scheduler-strategy` / `--cuda-graph-max-bs` are added to it.
+/// `--mamba-scheduler-strategy` / `--cuda-graph-max-bs` are added to it. 0.5.19's
+/// srt/server_args.py still registers both as `DeprecatedAliasStoreAction`; 0.5.20 dropped them.
 pub fn table_for(version: (u32, u32, u32)) -> (&'static str, bool) {
     if version < (0, 5, 15) {
         (TABLE_0_5_10, false)
-    } else if version <= (0, 5, 18) {
+    } else if version <= (0, 5, 19) {
         (TABLE_0_5_23, true)
     } else {
         (TABLE_0_5_23, false)
@@ -288,7 +294,7 @@ pub fn load_table(tsv: &str) -> Vec<OptSpec> {
         .collect()
 }
 
-/// The options SGLang 0.5.15..=0.5.18 still accepted under their old names.
+/// The options SGLang 0.5.15..=0.5.19 still accepted under their old names.
 pub fn deprecated_aliases() -> Vec<OptSpec> {
     let alias = |name: &str, choices: &[&str], help: &str| OptSpec {
         names: vec![name.to_string()],
@@ -561,7 +567,7 @@ impl Parser {
                 push_entry(&mut out, "-h, --help", "show this help message and exit");
             }
             for o in opts {
-                push_entry(&mut out, &o.invocation(), &o.help);
+                push_entry(&mut out, &o.invocation(self.metavar_once), &o.help);
             }
         }
         out
@@ -624,6 +630,7 @@ mod tests {
         }
         Parser {
             description: "test".into(),
+            metavar_once: false,
             groups: vec![("options".into(), opts)],
         }
     }
@@ -753,6 +760,13 @@ mod tests {
             p.parse(&args("--model /m --help")),
             Err(Outcome::Help(help.clone()))
         );
+        let py313 = Parser {
+            metavar_once: true,
+            ..p
+        };
+        let help = py313.help();
+        assert!(help.contains("\n  --model-path, --model MODEL_PATH\n"));
+        assert!(help.contains("\n  -h, --help            show this help message and exit\n"));
     }
 
     #[test]

@@ -7,8 +7,11 @@ use serde_json::{Map, Value as Json};
 
 use crate::sim::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
 use crate::sim::model::{Params, Settings, Strategy};
+use crate::sim::server_args::{self, Refusal};
 
 pub const DEFAULT_VERSION: &str = "0.5.23";
+/// SGLang supports Python 3.11 and later; 3.12 is what its images ship.
+pub const DEFAULT_PYTHON: &str = "3.12";
 
 struct SimOpt {
     name: &'static str,
@@ -44,6 +47,12 @@ const SIM_OPTS: &[SimOpt] = &[
         Kind::Str,
         DEFAULT_VERSION,
         "SGLang version to emulate: picks the accepted options, what `auto` resolves to and the reported version.",
+    ),
+    knob(
+        "--sim-python",
+        Kind::Str,
+        DEFAULT_PYTHON,
+        "Python version whose argparse renders --help: from 3.13 an entry's metavar follows only its last alias.",
     ),
     knob(
         "--sim-time-scale",
@@ -215,21 +224,28 @@ fn sim_specs() -> Vec<OptSpec> {
 /// The version to emulate: `--sim-version V` / `--sim-version=V` on the command line, else
 /// `SGLANG_SIM_VERSION`, else the default. It is read first because it picks the option table.
 pub fn requested_version(args: &[String]) -> String {
+    early_knob(args, "--sim-version", DEFAULT_VERSION)
+}
+
+/// A knob needed before parsing (it shapes the parser): the flag, else its environment
+/// variable, else `default`.
+fn early_knob(args: &[String], name: &str, default: &str) -> String {
     let mut it = args.iter();
+    let inline = format!("{name}=");
     while let Some(a) = it.next() {
-        if a == "--sim-version" {
+        if a == name {
             if let Some(v) = it.next() {
                 return v.clone();
             }
-        } else if let Some(v) = a.strip_prefix("--sim-version=") {
+        } else if let Some(v) = a.strip_prefix(&inline) {
             return v.to_string();
         }
     }
-    std::env::var("SGLANG_SIM_VERSION").unwrap_or_else(|_| DEFAULT_VERSION.to_string())
+    std::env::var(env_name(name)).unwrap_or_else(|_| default.to_string())
 }
 
 /// The parser for a version: SGLang's options, then the sim's own group.
-pub fn parser_for(version: &str) -> Result<Parser, String> {
+pub fn parser_for(version: &str, python: &str) -> Result<Parser, String> {
     let v = argparse::parse_version(version).ok_or_else(|| {
         format!("argument --sim-version: invalid version: '{version}' (expected e.g. 0.5.23)")
     })?;
@@ -238,7 +254,11 @@ pub fn parser_for(version: &str) -> Result<Parser, String> {
     if aliases {
         opts.extend(argparse::deprecated_aliases());
     }
+    let python = argparse::parse_version(&format!("{python}.0")).ok_or_else(|| {
+        format!("argument --sim-python: invalid version: '{python}' (expected e.g. 3.13)")
+    })?;
     Ok(Parser {
+        metavar_once: python >= (3, 13, 0),
         description: format!(
             "sglang-sim emulating SGLang {version}: a stand-in for `python -m \
              sglang.launch_server` that accepts exactly this version's options, serves its HTTP \
@@ -275,6 +295,8 @@ pub struct Config {
     pub settings: Settings,
     /// The server args as `/server_info` reports them (dest → value).
     pub server_args: Map<String, Json>,
+    /// What SGLang logs while resolving the arguments (e.g. overlap turned off on 0.5.10).
+    pub startup_warnings: Vec<&'static str>,
 }
 
 /// Source of a `--sim-*` value: the flag, else its environment variable.
@@ -379,30 +401,53 @@ fn given_json(spec: &OptSpec, v: &Value) -> Json {
     }
 }
 
-/// Parses a full command line (without argv[0]).
-pub fn parse(args: &[String]) -> Result<Config, (Option<Parser>, Outcome)> {
-    let version = requested_version(args);
-    let parser = parser_for(&version).map_err(|e| (None, Outcome::Error(e)))?;
-    let parsed = match parser.parse(args) {
-        Ok(p) => p,
-        Err(o) => return Err((Some(parser), o)),
-    };
-    resolve(&parser, &parsed, version).map_err(|e| (Some(parser), Outcome::Error(e)))
+/// Why the sim does not start.
+pub enum Refused {
+    /// argparse's answer: `--help`, or a usage error (exit 2).
+    Argparse(Option<Parser>, Outcome),
+    /// SGLang's own validation after argparse (a traceback, exit 1).
+    Startup(Refusal),
 }
 
-fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, String> {
+/// Parses a full command line (without argv[0]).
+pub fn parse(args: &[String]) -> Result<Config, Refused> {
+    let version = requested_version(args);
+    let python = early_knob(args, "--sim-python", DEFAULT_PYTHON);
+    let parser =
+        parser_for(&version, &python).map_err(|e| Refused::Argparse(None, Outcome::Error(e)))?;
+    let parsed = match parser.parse(args) {
+        Ok(p) => p,
+        Err(o) => return Err(Refused::Argparse(Some(parser), o)),
+    };
+    match resolve(&parser, &parsed, version) {
+        Ok(Ok(config)) => Ok(config),
+        Ok(Err(refusal)) => Err(Refused::Startup(refusal)),
+        Err(e) => Err(Refused::Argparse(Some(parser), Outcome::Error(e))),
+    }
+}
+
+/// The typed config; the inner error is SGLang refusing the arguments after argparse.
+fn resolve(
+    parser: &Parser,
+    parsed: &Parsed,
+    version: String,
+) -> Result<Result<Config, Refusal>, String> {
     let v = argparse::parse_version(&version).unwrap_or((0, 5, 23));
     let requested = parsed
         .str("mamba_radix_cache_strategy")
-        .or_else(|| parsed.str("mamba_scheduler_strategy"))
-        .unwrap_or("auto");
-    // SGLang 0.5.15+ resolves `auto` to extra_buffer for hybrid models that support overlap
-    // (the simulated model is one); earlier versions to no_buffer.
-    let strategy = match Strategy::parse(requested) {
-        Some(s) => s,
-        None if v >= (0, 5, 15) => Strategy::ExtraBuffer,
-        None => Strategy::NoBuffer,
+        .or_else(|| parsed.str("mamba_scheduler_strategy"));
+    let given = server_args::Given {
+        strategy: requested.and_then(Strategy::parse),
+        disable_overlap_schedule: parsed.flag("disable_overlap_schedule"),
+        disable_radix_cache: parsed.flag("disable_radix_cache"),
+        page_size: num(parsed, "page_size"),
+        attention_backend: parsed.str("attention_backend"),
     };
+    let mamba = match server_args::resolve(v, &given) {
+        Ok(r) => r,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let strategy = mamba.strategy;
     let gib = |name: &str| sim_f64(parsed, name).map(|g| g * 1024.0);
     let gpu_total_mib = match sim_raw(parsed, "--sim-gpu-mem-gib")? {
         Some(_) => gib("--sim-gpu-mem-gib")?.round(),
@@ -428,8 +473,8 @@ fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, 
     let settings = Settings {
         mem_fraction_static: num(parsed, "mem_fraction_static").unwrap_or(0.85),
         strategy,
-        radix_cache_disabled: parsed.flag("disable_radix_cache"),
-        overlap_disabled: parsed.flag("disable_overlap_schedule"),
+        radix_cache_disabled: mamba.radix_cache_disabled,
+        overlap_disabled: mamba.overlap_disabled,
         max_running_requests: num(parsed, "max_running_requests"),
         max_mamba_cache_size: num(parsed, "max_mamba_cache_size"),
         mamba_full_memory_ratio: num(parsed, "mamba_full_memory_ratio").unwrap_or(0.9),
@@ -479,7 +524,7 @@ fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, 
         };
         server_args.insert(dest, value);
     }
-    let resolved: [(&str, Json); 7] = [
+    let resolved: [(&str, Json); 9] = [
         ("served_model_name", Json::from(served_model_name.clone())),
         (
             "mem_fraction_static",
@@ -499,6 +544,14 @@ fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, 
         ),
         ("port", Json::from(port)),
         (
+            "disable_overlap_schedule",
+            Json::from(settings.overlap_disabled),
+        ),
+        (
+            "disable_radix_cache",
+            Json::from(settings.radix_cache_disabled),
+        ),
+        (
             if v >= (0, 5, 15) {
                 "mamba_radix_cache_strategy"
             } else {
@@ -514,7 +567,7 @@ fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, 
         server_args.insert("api_key".into(), Json::from("<redacted>"));
     }
 
-    Ok(Config {
+    Ok(Ok(Config {
         version,
         host: parsed.str("host").unwrap_or("127.0.0.1").to_string(),
         port,
@@ -534,7 +587,8 @@ fn resolve(parser: &Parser, parsed: &Parsed, version: String) -> Result<Config, 
         params,
         settings,
         server_args,
-    })
+        startup_warnings: mamba.warnings,
+    }))
 }
 
 #[cfg(test)]
@@ -545,18 +599,30 @@ mod tests {
         s.split_whitespace().map(str::to_string).collect()
     }
 
+    fn ok(s: &str) -> Config {
+        match parse(&args(s)) {
+            Ok(c) => c,
+            Err(Refused::Startup(r)) => panic!("refused at start: {}", r.error),
+            Err(Refused::Argparse(_, o)) => panic!("argparse: {o:?}"),
+        }
+    }
+
     #[test]
     fn auto_resolves_by_version_and_flags_win_over_defaults() {
-        let c = parse(&args("--model /m --sim-version 0.5.10")).unwrap();
+        let c = ok("--model /m --sim-version 0.5.10");
         assert_eq!(c.settings.strategy, Strategy::NoBuffer);
         assert_eq!(c.server_args["mamba_scheduler_strategy"], "no_buffer");
-        let c = parse(&args("--model /m")).unwrap();
+        assert_eq!(c.server_args["disable_overlap_schedule"], true);
+        assert_eq!(c.startup_warnings.len(), 1);
+        let c = ok("--model /m");
         assert_eq!(c.settings.strategy, Strategy::ExtraBuffer);
-        let c = parse(&args(
+        assert_eq!(c.server_args["mamba_radix_cache_strategy"], "extra_buffer");
+        let c = ok("--model /m --disable-overlap-schedule");
+        assert_eq!(c.server_args["mamba_radix_cache_strategy"], "no_buffer");
+        let c = ok(
             "--model /m --sim-version 0.5.16 --mamba-scheduler-strategy no_buffer --port 31001 \
-             --sim-time-scale 50 --enable-metrics --served-model-name q",
-        ))
-        .unwrap();
+             --sim-time-scale 50 --enable-metrics --served-model-name q --disable-overlap-schedule",
+        );
         assert_eq!(c.settings.strategy, Strategy::NoBuffer);
         assert_eq!(
             (c.port, c.time_scale, c.enable_metrics),
@@ -570,8 +636,8 @@ mod tests {
     #[test]
     fn sim_flags_are_validated() {
         let err = |s: &str| match parse(&args(s)) {
-            Err((_, Outcome::Error(e))) => e,
-            other => panic!("expected error, got {:?}", other.map(|c| c.port)),
+            Err(Refused::Argparse(_, Outcome::Error(e))) => e,
+            _ => panic!("expected an argparse error for {s}"),
         };
         assert_eq!(
             err("--model /m --sim-time-scale x"),
@@ -582,6 +648,11 @@ mod tests {
             "argument --sim-fail-rate: must be between 0 and 1, got 2"
         );
         assert!(err("--model /m --sim-version banana").contains("invalid version"));
+        // After argparse, SGLang's own validation refuses no_buffer with overlap on.
+        match parse(&args("--model /m --mamba-radix-cache-strategy no_buffer")) {
+            Err(Refused::Startup(r)) => assert!(r.error.contains("overlap schedule")),
+            _ => panic!("no_buffer without --disable-overlap-schedule must be refused"),
+        }
         assert_eq!(env_name("--sim-foo-bar"), "SGLANG_SIM_FOO_BAR");
     }
 }

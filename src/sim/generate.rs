@@ -51,32 +51,56 @@ impl Prepared {
     }
 }
 
-/// SGLang's TokenizerManager checks, in its order and words, then the output length: the
-/// prompt's natural length capped by max tokens and by the room left in the context.
+/// Why a request is answered 400 before it runs, and which part of SGLang says so.
+enum Rejection {
+    /// TokenizerManager's `_validate_one_request` raises before any output: a plain HTTP 400
+    /// even for a streamed OpenAI request (serving_base primes the first chunk).
+    Tokenizer(String),
+    /// The scheduler aborts the request on arrival: a 400 when not streamed
+    /// (tokenizer_manager.py raises ValueError), an error event when streamed.
+    Scheduler(String),
+}
+
+/// SGLang's TokenizerManager checks (srt/managers/tokenizer_manager.py,
+/// `_validate_one_request`) and the scheduler's input limit (srt/managers/scheduler.py with
+/// srt/managers/utils.py `validate_input_length`), in their order and words, then the output
+/// length: the prompt's natural length capped by max tokens and by the room left in the context.
 fn prepare(
     app: &Shared,
     prompt_tokens: u64,
     prompt_hash: u64,
     max_new: Option<u64>,
-) -> Result<Prepared, String> {
-    let ctx = app.plan().context_len;
+) -> Result<Prepared, Rejection> {
+    let plan = app.plan();
+    let ctx = plan.context_len;
     if prompt_tokens >= ctx {
-        return Err(format!(
+        return Err(Rejection::Tokenizer(format!(
             "The input ({prompt_tokens} tokens) is longer than the model's context length ({ctx} tokens)."
-        ));
+        )));
     }
     if let Some(m) = max_new
-        && m + prompt_tokens >= ctx
+        && m + prompt_tokens > ctx
     {
-        return Err(format!(
+        return Err(Rejection::Tokenizer(format!(
             "Requested token count exceeds the model's maximum context length of {ctx} tokens. \
              You requested a total of {} tokens: {prompt_tokens} tokens from the input messages \
              and {m} tokens for the completion. Please reduce the number of tokens in the input \
              messages or the completion to fit within the limit.",
             m + prompt_tokens
-        ));
+        )));
     }
-    let natural = text::natural_output_len(prompt_hash, app.plan().params.mean_output_tokens);
+    // srt/managers/tp_worker.py: max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5.
+    let max_input = ctx
+        .saturating_sub(1)
+        .min(plan.max_total_num_tokens.saturating_sub(1))
+        .saturating_sub(5);
+    if prompt_tokens >= max_input {
+        return Err(Rejection::Scheduler(format!(
+            "Input length ({prompt_tokens} tokens) exceeds the maximum allowed length \
+             ({max_input} tokens). Use a shorter input or enable --allow-auto-truncate."
+        )));
+    }
+    let natural = text::natural_output_len(prompt_hash, plan.params.mean_output_tokens);
     let limit = max_new.unwrap_or(u64::MAX).min(ctx - prompt_tokens);
     Ok(Prepared {
         prompt_tokens,
@@ -121,6 +145,7 @@ async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, ShuttingDown> {
         prompt_tokens: p.prompt_tokens,
         output_tokens: p.output_tokens,
         counts: true,
+        log_metrics: true,
         reply: Reply::Once(tx),
     };
     app.jobs.send(job).await.map_err(|_| ShuttingDown)?;
@@ -145,6 +170,7 @@ async fn run_streamed(
         prompt_tokens: p.prompt_tokens,
         output_tokens: p.output_tokens,
         counts: true,
+        log_metrics: true,
         reply: Reply::Stream(tx),
     };
     app.jobs.send(job).await.map_err(|_| ShuttingDown)?;
@@ -186,7 +212,7 @@ where
 }
 
 /// A stream that reports one error chunk then `[DONE]` (how SGLang reports a request rejected
-/// after streaming has begun, e.g. a context overflow).
+/// after streaming has begun, e.g. the scheduler's input limit).
 fn sse_error(chunk: Json) -> Response {
     let events = futures::stream::iter([
         Ok::<_, Infallible>(Event::default().data(chunk.to_string())),
@@ -256,10 +282,18 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
     );
     let (n, fail) = number_request(&app);
     let rid = req.rid.clone().unwrap_or_else(|| request_id(&app, n));
+    // srt/entrypoints/http_server.py: a streamed /generate already answered 200 when the
+    // tokenizer raises, so both kinds of rejection arrive as an error event there.
     let p = match prepare(&app, prompt_tokens, prompt_hash, max_new) {
         Ok(p) => p,
-        Err(msg) if req.stream => return sse_error(json!({"error": {"message": msg}})),
-        Err(msg) => return native_error(StatusCode::BAD_REQUEST, &msg),
+        Err(Rejection::Tokenizer(msg) | Rejection::Scheduler(msg)) if req.stream => {
+            return sse_error(json!({"error": {
+                "message": msg, "type": "invalid_request_error", "code": 400, "retryable": false,
+            }}));
+        }
+        Err(Rejection::Tokenizer(msg) | Rejection::Scheduler(msg)) => {
+            return native_error(StatusCode::BAD_REQUEST, &msg);
+        }
     };
     if fail {
         return native_error(
@@ -448,13 +482,13 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
     let (n, fail) = number_request(&app);
     let p = match prepare(&app, req.prompt_tokens, req.prompt_hash, req.max_new) {
         Ok(p) => p,
-        Err(msg) if req.stream => {
+        Err(Rejection::Scheduler(msg)) if req.stream => {
             return sse_error(json!({"error": {
                 "object": "error", "message": msg, "type": "BadRequestError",
                 "param": null, "code": 400,
             }}));
         }
-        Err(msg) => return bad_request(&msg),
+        Err(Rejection::Tokenizer(msg) | Rejection::Scheduler(msg)) => return bad_request(&msg),
     };
     if fail {
         return openai_error(
@@ -540,12 +574,23 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
         .collect();
     let prompt_tokens = text::chat_tokens(texts.iter().map(String::as_str));
     let prompt_hash = text::hash(texts.join("\u{1f}").as_bytes());
+    // srt/entrypoints/openai/protocol.py: `max_completion_tokens or max_tokens`.
+    let max_new = req.max_completion_tokens.or(req.max_tokens);
+    // srt/entrypoints/openai/serving_chat.py, `_validate_request`: before any tokenizing.
+    let ctx = app.plan().context_len;
+    if let Some(m) = max_new
+        && m > ctx
+    {
+        return bad_request(&format!(
+            "max_completion_tokens is too large: {m}.This model supports at most {ctx} completion tokens."
+        ));
+    }
     let req = OpenAiReq {
         kind: OpenAi::Chat,
         model: req.model,
         prompt_tokens,
         prompt_hash,
-        max_new: req.max_completion_tokens.or(req.max_tokens),
+        max_new,
         stream: req.stream,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
     };

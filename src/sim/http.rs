@@ -20,7 +20,7 @@ use crate::sim::config::Config;
 use crate::sim::generate;
 use crate::sim::log;
 use crate::sim::model::Plan;
-use crate::sim::scheduler::{Job, Metrics};
+use crate::sim::scheduler::{Job, Metrics, Reply};
 
 /// What every handler shares.
 pub struct App {
@@ -111,15 +111,23 @@ async fn gate(State(app): State<Shared>, req: Request, next: Next) -> Response {
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.to_string())
         .unwrap_or_else(|| "-".into());
-    let exempt = method == Method::OPTIONS || path.starts_with("/health") || path == "/metrics";
+    // srt/entrypoints/http_server.py: `/health*`, `/ready*` and `/metrics*` need no key, and
+    // the scheme is matched case-insensitively.
+    let exempt = method == Method::OPTIONS
+        || path.starts_with("/health")
+        || path.starts_with("/ready")
+        || path.starts_with("/metrics");
     let response = if let Some(key) = app.cfg.api_key.as_deref()
         && !exempt
         && req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .is_none_or(|v| v.strip_prefix("Bearer ") != Some(key))
-    {
+            .is_none_or(|v| {
+                v.split_once(' ').is_none_or(|(scheme, given)| {
+                    !scheme.eq_ignore_ascii_case("bearer") || given != key
+                })
+            }) {
         json_response(StatusCode::UNAUTHORIZED, &json!({"error": "Unauthorized"}))
     } else if !app.ready.load(Ordering::Acquire) && !path.starts_with("/health") {
         json_response(
@@ -140,13 +148,44 @@ async fn gate(State(app): State<Shared>, req: Request, next: Next) -> Response {
     response
 }
 
+/// srt/entrypoints/http_server.py `health_generate` (both /health and /health_generate, with
+/// SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION on by default): 503 while starting; otherwise it
+/// injects a 1-token generation, then checks once a second whether the scheduler sent anything
+/// since, and gives up after 20 s. So a healthy server answers after at least a second, and a
+/// stuck one after 20. Those seconds are server time, scaled like the rest of the sim.
 async fn health(State(app): State<Shared>) -> StatusCode {
-    if app.ready.load(Ordering::Acquire) {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+    if !app.ready.load(Ordering::Acquire) {
+        return StatusCode::SERVICE_UNAVAILABLE;
     }
+    let before = app.metrics.steps_out.load(Ordering::Acquire);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let probe = Job {
+        prompt_tokens: 1,
+        output_tokens: 1,
+        counts: false,
+        log_metrics: false,
+        reply: Reply::Once(tx),
+    };
+    if app.jobs.send(probe).await.is_err() {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    // Dropping the receiver when done is SGLang's `task.cancel()` of the probe.
+    let _probe = rx;
+    let second = std::time::Duration::from_secs_f64(1.0 / app.cfg.time_scale);
+    for _ in 0..HEALTH_CHECK_TIMEOUT_SECS {
+        tokio::time::sleep(second).await;
+        if app.metrics.steps_out.load(Ordering::Acquire) > before {
+            return StatusCode::OK;
+        }
+    }
+    log::server(
+        "ERROR Health check failed. Server couldn't get a response from detokenizer for last 20 seconds.",
+    );
+    StatusCode::SERVICE_UNAVAILABLE
 }
+
+/// `HEALTH_CHECK_TIMEOUT` in srt/entrypoints/http_server.py.
+const HEALTH_CHECK_TIMEOUT_SECS: u32 = 20;
 
 /// The `sim` block: what the simulated configuration can do, in wall-clock terms.
 pub fn sim_block(cfg: &Config, plan: &Plan) -> Json {

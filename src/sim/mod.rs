@@ -12,6 +12,7 @@ mod http;
 mod log;
 mod model;
 mod scheduler;
+mod server_args;
 mod text;
 
 use std::net::SocketAddr;
@@ -28,7 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::sim::argparse::{Outcome, PROG};
-use crate::sim::config::Config;
+use crate::sim::config::{Config, Refused};
 use crate::sim::gpu_state::{GpuState, StateFile};
 use crate::sim::model::{LoadError, Plan};
 use crate::sim::scheduler::{End, Job, Metrics, Reply, Scheduler};
@@ -46,16 +47,22 @@ pub fn main() -> ExitCode {
         .collect();
     let cfg = match config::parse(&args) {
         Ok(c) => c,
-        Err((_, Outcome::Help(text))) => {
+        Err(Refused::Argparse(_, Outcome::Help(text))) => {
             print!("{text}");
             return ExitCode::SUCCESS;
         }
-        Err((parser, Outcome::Error(msg))) => {
+        Err(Refused::Argparse(parser, Outcome::Error(msg))) => {
             match parser {
                 Some(p) => eprint!("{}", p.error_text(&msg)),
                 None => eprintln!("usage: {PROG} [-h] ...\n{PROG}: error: {msg}"),
             }
             return ExitCode::from(2);
+        }
+        // SGLang validates the arguments in `run_server` before loading anything: a traceback
+        // within seconds of start, exit 1 (srt/arg_groups/mamba_hook.py).
+        Err(Refused::Startup(refusal)) => {
+            eprint!("{}", refusal.traceback());
+            return ExitCode::from(1);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -304,6 +311,9 @@ async fn join_quietly(handle: JoinHandle<()>) {
 async fn serve(cfg: Config) -> anyhow::Result<u8> {
     let cfg = Arc::new(cfg);
     let pid = std::process::id();
+    for w in &cfg.startup_warnings {
+        log::server(&format!("WARNING server_args.py: {w}"));
+    }
     log::server(&format!(
         "server_args=ServerArgs({})",
         cfg.server_args
@@ -312,18 +322,6 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let listener = match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await {
-        Ok(l) => l,
-        Err(e) => {
-            log::server(&format!(
-                "ERROR:    [Errno {}] error while attempting to bind on address ('{}', {}): {e}",
-                e.raw_os_error().unwrap_or(0),
-                cfg.host,
-                cfg.port
-            ));
-            return Ok(1);
-        }
-    };
     let cancel = CancellationToken::new();
     let signals = tokio::spawn(watch_signals(cancel.clone(), cfg.ignore_sigterm));
     let state = Arc::new(StateFile::new(&cfg.gpu_state_dir, cfg.gpu_index, pid));
@@ -349,6 +347,37 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         requests: AtomicU64::new(0),
         started_unix,
     });
+    let plan = match loader.load().await {
+        Ok(plan) => Arc::new(plan),
+        Err(end) => {
+            cancel.cancel();
+            finish(None, signals, &state).await;
+            return Ok(match end {
+                LoadEnd::Interrupted => 0,
+                LoadEnd::Failed => 1,
+            });
+        }
+    };
+
+    // The HTTP port opens only once the model is loaded: srt/entrypoints/engine.py starts
+    // uvicorn (http_server.py) after the scheduler processes report ready, so a client sees
+    // connection refused for the whole load, then 503 until the warm-up generation is done.
+    // Set before the server starts, since the routes read it.
+    app.plan.get_or_init(|| plan.clone());
+    let listener = match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            log::server(&format!(
+                "ERROR:    [Errno {}] error while attempting to bind on address ('{}', {}): {e}",
+                e.raw_os_error().unwrap_or(0),
+                cfg.host,
+                cfg.port
+            ));
+            cancel.cancel();
+            finish(None, signals, &state).await;
+            return Ok(1);
+        }
+    };
     let server = {
         let cancel = cancel.clone();
         let router = http::router(app.clone());
@@ -362,21 +391,6 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
             }
         })
     };
-
-    let plan = match loader.load().await {
-        Ok(plan) => Arc::new(plan),
-        Err(end) => {
-            cancel.cancel();
-            shutdown(server, signals, &state).await;
-            return Ok(match end {
-                LoadEnd::Interrupted => 0,
-                LoadEnd::Failed => 1,
-            });
-        }
-    };
-
-    // Set before `ready`, which is what opens the routes that read it.
-    app.plan.get_or_init(|| plan.clone());
     let sched = Scheduler::new(plan.clone(), cfg.time_scale, metrics.clone(), cfg.die_after);
     let mut scheduler = tokio::spawn(sched.run(jobs_rx, cancel.clone()));
     let base = GpuState {
@@ -409,6 +423,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         prompt_tokens: text::count_tokens("The capital city of France is"),
         output_tokens: 1,
         counts: false,
+        log_metrics: true,
         reply: Reply::Once(warm_tx),
     };
     let warmed = jobs_tx.send(warmup).await.is_ok()
@@ -443,18 +458,20 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         let _ = scheduler.await;
     }
     join_quietly(tracker).await;
-    shutdown(server, signals, &state).await;
+    finish(Some(server), signals, &state).await;
     Ok(code)
 }
 
-async fn shutdown(
-    mut server: JoinHandle<()>,
+/// Stops the HTTP server (when it was started), the signal watcher and the fake GPU state.
+async fn finish(
+    server: Option<JoinHandle<()>>,
     signals: JoinHandle<anyhow::Result<()>>,
     state: &StateFile,
 ) {
-    if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
-        .await
-        .is_err()
+    if let Some(mut server) = server
+        && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+            .await
+            .is_err()
     {
         log::server("WARNING sglang-sim: HTTP connections still open at shutdown; closing them.");
         server.abort();

@@ -40,6 +40,9 @@ pub struct Metrics {
     pub prompt_tokens_total: AtomicU64,
     pub generation_tokens_total: AtomicU64,
     pub requests_total: AtomicU64,
+    /// Scheduler steps that sent output to the tokenizer side, which is what SGLang's health
+    /// check watches (`last_receive_tstamp` in srt/entrypoints/http_server.py).
+    pub steps_out: AtomicU64,
 }
 
 impl Metrics {
@@ -92,6 +95,9 @@ pub struct Job {
     pub output_tokens: u64,
     /// Whether it counts toward `--sim-die-after` (the warm-up request does not).
     pub counts: bool,
+    /// Whether its tokens reach the metrics counters: not for `/health`'s probe, which SGLang
+    /// sends with `log_metrics=False` (srt/entrypoints/http_server.py).
+    pub log_metrics: bool,
     pub reply: Reply,
 }
 
@@ -232,7 +238,9 @@ impl Scheduler {
             self.finish_at.pop();
             let Some(r) = self.remove(id) else { continue };
             let out = r.job.output_tokens;
-            self.metrics.finished(r.job.prompt_tokens, out);
+            if r.job.log_metrics {
+                self.metrics.finished(r.job.prompt_tokens, out);
+            }
             if r.job.counts {
                 self.completed += 1;
             }
@@ -334,6 +342,7 @@ impl Scheduler {
                     tokio::task::yield_now().await;
                 }
             }
+            self.metrics.steps_out.fetch_add(1, Ordering::Release);
             match work {
                 Work::Prefill { ids, tokens } => {
                     self.stream_progress(&ids);
@@ -408,6 +417,7 @@ mod tests {
                 prompt_tokens: 100,
                 output_tokens: output,
                 counts: true,
+                log_metrics: true,
                 reply: Reply::Once(tx),
             },
             rx,

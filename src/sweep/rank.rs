@@ -32,6 +32,9 @@ pub struct Measured {
     /// In-flight requests the load kept on each server (about 1.25x the cap).
     pub in_flight: u32,
     pub kv_tokens: u64,
+    /// The mamba strategy the servers resolved (what `auto` became); `None` when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
     /// Seconds from start to ready, slowest replica; `None` when the server was already up.
     pub startup_s: Option<f64>,
     /// Output tokens of the requests that finished in the window, per second: what
@@ -201,6 +204,7 @@ mod tests {
                 cap,
                 in_flight: cap * 5 / 4,
                 kv_tokens: 100_000,
+                strategy: None,
                 startup_s: Some(5.0),
                 completed_output_tok_s: tok_s_per_gpu * 4.0,
                 metrics_output_tok_s: Some(tok_s_per_gpu * 4.0 * 1.01),

@@ -110,6 +110,7 @@ pub fn text(r: &Report) -> String {
     let mut header = vec![
         "#",
         "candidate",
+        "strategy",
         "out tok/s/GPU",
         "vs winner",
         "req/s",
@@ -135,6 +136,7 @@ pub fn text(r: &Report) -> String {
         match &row.trial.outcome {
             Outcome::Ok(m) => {
                 cells.extend([
+                    m.strategy.clone().unwrap_or_else(|| "-".into()),
                     format!("{:.1}", m.output_tok_s_per_gpu),
                     row.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
                     format!("{:.2}", m.req_s),
@@ -314,6 +316,7 @@ mod tests {
                 cap,
                 in_flight: cap * 5 / 4,
                 kv_tokens: 278_118,
+                strategy: Some("no_buffer".into()),
                 startup_s: Some(31.0),
                 completed_output_tok_s: 1000.0,
                 metrics_output_tok_s: Some(metrics),

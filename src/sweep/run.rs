@@ -47,7 +47,7 @@ pub struct Setup<'a> {
 pub enum Event {
     Starting { labels: Vec<String>, servers: usize },
     Measuring { labels: Vec<String> },
-    TrialDone(Trial),
+    TrialDone(Box<Trial>),
     Applying { label: String, servers: usize },
 }
 
@@ -268,7 +268,7 @@ impl Setup<'_> {
                 Err(reason) => {
                     let t = self.failed(c, reason, Vec::new());
                     store.record(t.clone())?;
-                    let _ = events.send(Event::TrialDone(t));
+                    let _ = events.send(Event::TrialDone(Box::new(t)));
                 }
             }
         }
@@ -342,7 +342,7 @@ impl Setup<'_> {
                     self.stop(theirs).await;
                     let t = self.failed(*c, reason, tail);
                     store.record(t.clone())?;
-                    let _ = events.send(Event::TrialDone(t));
+                    let _ = events.send(Event::TrialDone(Box::new(t)));
                 }
             }
         }
@@ -367,6 +367,7 @@ impl Setup<'_> {
                     },
                     cap: o.info.effective_max_running_requests.unwrap_or(0) as u32,
                     kv_tokens: o.info.max_total_num_tokens.unwrap_or(0),
+                    strategy: o.info.mamba_strategy.clone(),
                 });
                 tunnels.push(tunnel);
             }
@@ -415,7 +416,7 @@ impl Setup<'_> {
                 outcome,
             };
             store.record(t.clone())?;
-            let _ = events.send(Event::TrialDone(t));
+            let _ = events.send(Event::TrialDone(Box::new(t)));
         }
         Ok((running, false))
     }

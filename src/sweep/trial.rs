@@ -31,6 +31,8 @@ pub struct Server {
     /// Effective max running requests.
     pub cap: u32,
     pub kv_tokens: u64,
+    /// The mamba strategy the server resolved (`/server_info`).
+    pub strategy: Option<String>,
 }
 
 /// One candidate's servers in a round.
@@ -214,6 +216,7 @@ pub fn summarize(
         cap,
         in_flight: in_flight(cap),
         kv_tokens: group.servers.iter().map(|s| s.kv_tokens).min().unwrap_or(0),
+        strategy: group.servers.iter().find_map(|s| s.strategy.clone()),
         startup_s: group.startup_s,
         completed_output_tok_s: all.completed_tokens as f64 / secs,
         metrics_output_tok_s: metrics_deltas.map(|d| d / secs),
@@ -398,6 +401,7 @@ mod tests {
                     endpoint: Endpoint::from_url(&format!("http://127.0.0.1:3000{i}")),
                     cap,
                     kv_tokens: 1000 + i as u64,
+                    strategy: Some("no_buffer".into()),
                 })
                 .collect(),
             startup_s: Some(1.5),
@@ -445,6 +449,7 @@ mod tests {
         assert_eq!(m.metrics_output_tok_s, Some(500.0));
         assert!(!m.metrics_disagree());
         assert_eq!((m.cap, m.in_flight, m.kv_tokens), (72, 90, 1000));
+        assert_eq!(m.strategy.as_deref(), Some("no_buffer"));
         let (itl, ttft) = (m.itl_s.unwrap(), m.ttft_s.unwrap());
         assert_eq!((itl.p50, itl.p99), (0.01, 0.05));
         assert_eq!(ttft.p50, 0.2);
