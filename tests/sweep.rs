@@ -196,6 +196,9 @@ fn seed_scenario_no_buffer_wins_by_far_and_the_winner_round_trips_as_a_profile()
     assert_eq!(nb["rank"], 1);
     assert_eq!(nb["trial"]["outcome"]["cap"], 72);
     assert_eq!(eb["trial"]["outcome"]["cap"], 37);
+    // The strategy each server resolved, read back from /server_info.
+    assert_eq!(nb["trial"]["outcome"]["strategy"], "no_buffer");
+    assert_eq!(eb["trial"]["outcome"]["strategy"], "extra_buffer");
     let ratio = tok_per_gpu(nb) / tok_per_gpu(eb);
     assert!(
         ratio > 5.0,

@@ -55,7 +55,8 @@ impl Metrics {
             .store(v.to_bits(), Ordering::Relaxed);
     }
 
-    /// Counts a finished request (SGLang counts tokens when a request finishes).
+    /// Counts a finished request: SGLang adds a request's tokens to the counters when it
+    /// finishes (`observe_one_finished_request`, srt/observability/metrics_collector.py).
     pub fn finished(&self, prompt: u64, completion: u64) {
         self.prompt_tokens_total
             .fetch_add(prompt, Ordering::Relaxed);
