@@ -28,6 +28,10 @@ pub const SSH_OPTIONS: &[&str] = &[
     "IdentityFile",
     "UserKnownHostsFile",
     "ConnectTimeout",
+    "ProxyJump",
+    "ServerAliveInterval",
+    "ServerAliveCountMax",
+    "IdentitiesOnly",
 ];
 
 /// Proxmox VE's range of guest ids.
@@ -319,6 +323,12 @@ fn ssh_options(
             "ConnectTimeout" => c
                 .int(value, &field, 1, i128::from(u32::MAX))
                 .map(|s| s.to_string()),
+            // 0 turns keepalives off, as in OpenSSH.
+            "ServerAliveInterval" | "ServerAliveCountMax" => c
+                .int(value, &field, 0, i128::from(u32::MAX))
+                .map(|s| s.to_string()),
+            "IdentitiesOnly" => yes_no(c, value, &field),
+            "ProxyJump" => proxy_jump(c, value, &field),
             _ => c.string(value, &field),
         };
         let in_target = match *name {
@@ -348,6 +358,49 @@ fn ssh_options(
         }
     }
     options
+}
+
+/// `yes`/`no` as OpenSSH writes them, or a YAML boolean.
+fn yes_no(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
+    let text = match &node.value {
+        Value::Bool(b) => return Some(if *b { "yes" } else { "no" }.to_string()),
+        Value::Str(s) => s.to_ascii_lowercase(),
+        other => {
+            c.wrong_type(node.loc, field, "yes or no", other);
+            return None;
+        }
+    };
+    match text.as_str() {
+        "yes" | "true" => Some("yes".into()),
+        "no" | "false" => Some("no".into()),
+        _ => {
+            c.report(node.loc, field, format!("`{text}` is not yes or no"), None);
+            None
+        }
+    }
+}
+
+/// `none`, or jump hosts `[user@]host[:port]` separated by commas, first hop first.
+fn proxy_jump(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
+    let text = c.string(node, field)?;
+    if text.eq_ignore_ascii_case("none") {
+        return Some(text);
+    }
+    for hop in text.split(',') {
+        if let Err(e) = parse_ssh_target(hop.strip_prefix("ssh://").unwrap_or(hop)) {
+            c.report(
+                node.loc,
+                field,
+                e,
+                Some(
+                    "write jump hosts as `[user@]host[:port]`, separated by commas, or `none`"
+                        .into(),
+                ),
+            );
+            return None;
+        }
+    }
+    Some(text)
 }
 
 fn unique_names(c: &mut Checker, hosts: &[Read]) {

@@ -1,27 +1,44 @@
-//! The `ssh` transport: one russh connection per host, with exec and direct-tcpip channels
-//! multiplexed over it. Host keys are checked against known_hosts (OpenSSH's accept-new at
-//! most); authentication tries ssh-agent, then identity files.
+//! The `ssh` transport: one russh connection per host (through its ProxyJump hops, if any),
+//! with exec and direct-tcpip channels multiplexed over it, kept alive with keepalives and
+//! re-established when it drops.
+//!
+//! - [`hop`]: one handshake, host-key check and authentication.
+//! - [`jump`]: dialing through jump hosts, shared per process.
+//! - [`link`]: noticing a lost connection and redialing with backoff.
+//! - [`forward`]: forwarded local ports that survive reconnects.
+//!
+//! While the link is down, [`Transport::run`] waits for it up to the host's connect timeout
+//! (`ConnectTimeout`, else `--connect-timeout`), then fails with [`RemoteError::LinkDown`]; a
+//! command in flight when the link drops fails with [`RemoteError::ConnectionLost`] (it may or
+//! may not have run, so it is not repeated).
+
+mod forward;
+mod hop;
+mod jump;
+mod link;
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use russh::client::{self, AuthResult, Handle};
-use russh::keys::agent::AgentIdentity;
-use russh::keys::agent::client::AgentClient;
-use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
-use russh::{ChannelMsg, ChannelOpenFailure, Disconnect};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use russh::client;
+use russh::{ChannelMsg, ChannelOpenFailure};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::ssh_config::{self, Resolved};
-use super::{CommandOutput, ConnectOptions, RemoteError, Transport, Tunnel, mask, quote_argv};
+use super::{
+    CommandOutput, ConnectOptions, Link, LinkLoss, RemoteError, Transport, Tunnel, mask, quote_argv,
+};
 use crate::config::{HostSpec, SshTarget};
+use hop::Session;
+use link::{Dial, Dialed, Keeper};
 
 /// OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay below it so that
 /// forwarded ports and other clients' sessions still fit.
@@ -30,15 +47,15 @@ const MAX_CONCURRENT_EXECS: usize = 8;
 /// Retries of a refused session open back off from 2 ms, doubling, until this (about 0.5 s).
 const SESSION_RETRY_LIMIT: Duration = Duration::from_millis(300);
 
-/// Also answers a dead connection within a minute instead of at the next TCP timeout.
-const KEEPALIVE: Duration = Duration::from_secs(15);
-
 pub struct SshTransport {
     host: String,
     /// `user@name` with name as known_hosts spells it, for messages and logs.
     target: String,
-    handle: Arc<Handle<Client>>,
+    keeper: Arc<Keeper<Session>>,
     execs: Semaphore,
+    /// How long a command waits for a lost link to come back.
+    wait_for_link: Duration,
+    supervisor: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
 impl fmt::Debug for SshTransport {
@@ -50,119 +67,41 @@ impl fmt::Debug for SshTransport {
     }
 }
 
-static KNOWN_HOSTS_LOCK: Mutex<()> = Mutex::new(());
-
-/// What the host key check concluded when it refused a key; read after the handshake fails.
-#[derive(Debug)]
-enum KeyVerdict {
-    Unknown { fingerprint: String },
-    Changed { fingerprint: String, line: usize },
-    Unreadable(String),
-}
-
-struct Client {
-    hostname: String,
-    port: u16,
-    known_hosts: PathBuf,
-    accept_new: bool,
-    verdict: Arc<Mutex<Option<KeyVerdict>>>,
-}
-
-impl Client {
-    fn check(&self, key: &PublicKey) -> Result<bool, KeyVerdict> {
-        // Hosts of one inventory often share a Proxmox host and connect at once: read and
-        // record under one lock so a new key is written once.
-        let _known_hosts = KNOWN_HOSTS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
-        let known = russh::keys::known_hosts::known_host_keys_path(
-            &self.hostname,
-            self.port,
-            &self.known_hosts,
-        )
-        .map_err(|e| KeyVerdict::Unreadable(format!("{}: {e}", self.known_hosts.display())))?;
-        if known.iter().any(|(_, k)| k.key_data() == key.key_data()) {
-            return Ok(true);
-        }
-        // A host recorded under any key, even of another algorithm, is not "new": treating it so
-        // would let an attacker who offers a different key type be accepted.
-        if let Some((line, _)) = known
-            .iter()
-            .find(|(_, k)| k.algorithm() == key.algorithm())
-            .or(known.first())
-        {
-            return Err(KeyVerdict::Changed {
-                fingerprint,
-                line: file_line(&self.known_hosts, *line),
-            });
-        }
-        if !self.accept_new {
-            return Err(KeyVerdict::Unknown { fingerprint });
-        }
-        russh::keys::known_hosts::learn_known_hosts_path(
-            &self.hostname,
-            self.port,
-            key,
-            &self.known_hosts,
-        )
-        .map_err(|e| {
-            KeyVerdict::Unreadable(format!(
-                "cannot record the key in {}: {e}",
-                self.known_hosts.display()
-            ))
-        })?;
-        tracing::warn!(
-            "recorded the new host key of {} ({fingerprint}) in {}",
-            ssh_config::known_hosts_name(&self.hostname, self.port),
-            self.known_hosts.display()
-        );
-        Ok(true)
-    }
-}
-
-impl client::Handler for Client {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        key: &PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        let key = match key {
-            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
-            // known_hosts lists plain keys; a certificate is trusted exactly as far as its key is.
-            PublicKeyOrCertificate::Certificate(cert) => {
-                PublicKey::new(cert.public_key().clone(), "")
-            }
-        };
-        match self.check(&key) {
-            Ok(trusted) => Ok(trusted),
-            Err(verdict) => {
-                *self.verdict.lock().unwrap_or_else(|e| e.into_inner()) = Some(verdict);
-                Ok(false)
-            }
+impl Drop for SshTransport {
+    fn drop(&mut self) {
+        if let Some((cancel, _)) = &self.supervisor {
+            cancel.cancel();
         }
     }
 }
 
-/// russh numbers known_hosts entries without counting `#` comment lines; OpenSSH users expect
-/// the line number in the file, as `ssh-keygen -R` and editors count.
-fn file_line(path: &std::path::Path, entry: usize) -> usize {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return entry;
-    };
-    let mut seen = 0;
-    for (i, line) in text.lines().enumerate() {
-        if !line.starts_with('#') {
-            seen += 1;
-            if seen == entry {
-                return i + 1;
-            }
-        }
+/// Redials the whole chain to one host, under the rules of the first connection.
+struct Redial {
+    host: String,
+    resolved: Resolved,
+    opts: ConnectOptions,
+}
+
+impl Dial for Redial {
+    type Conn = Session;
+    fn dial(&self) -> BoxFuture<'_, Result<Dialed<Session>, RemoteError>> {
+        Box::pin(async move {
+            let (conn, ended) = jump::dial(&self.host, &self.resolved, &self.opts).await?;
+            Ok(Dialed {
+                conn,
+                ended: ended_future(ended),
+            })
+        })
     }
-    entry
+}
+
+fn ended_future(ended: tokio::sync::oneshot::Receiver<LinkLoss>) -> BoxFuture<'static, LinkLoss> {
+    ended.map(|r| r.unwrap_or(LinkLoss::Ended)).boxed()
 }
 
 impl SshTransport {
-    /// Connects, verifies the host key and authenticates, all within `opts.connect_timeout`.
+    /// Connects (through the host's jump hosts), verifies every host key and authenticates,
+    /// each hop within its connect timeout; then keeps the connection up until dropped.
     pub async fn connect(
         host: &HostSpec,
         target: &SshTarget,
@@ -172,37 +111,86 @@ impl SshTransport {
             .filter(|h| !h.is_empty())
             .map(PathBuf::from);
         let resolved =
-            ssh_config::resolve(target, &host.ssh_options, home.as_deref()).map_err(|message| {
+            ssh_config::resolve(target, &host.ssh_options, home.as_deref()).map_err(|source| {
                 RemoteError::Config {
                     host: host.name.clone(),
-                    message,
+                    source,
                 }
             })?;
-        let name = resolved.known_hosts_name();
-        let target_label = format!("{}@{name}", resolved.user);
-        tracing::debug!(host = %host.name, "ssh: connecting to {target_label}");
-        let timeout = resolved.connect_timeout.unwrap_or(opts.connect_timeout);
-        let handle = tokio::time::timeout(timeout, open(&host.name, &resolved, opts))
-            .await
-            .map_err(|_| RemoteError::Timeout {
+        let target_label = format!("{}@{}", resolved.user, resolved.known_hosts_name());
+        let hops = resolved.hops();
+        if hops.is_empty() {
+            tracing::debug!(host = %host.name, "ssh: connecting to {target_label}");
+        } else {
+            tracing::debug!(host = %host.name, "ssh: connecting to {target_label} through {}", hops.join(", "));
+        }
+        let (session, ended) = jump::dial(&host.name, &resolved, opts).await?;
+        let keeper = Arc::new(Keeper::new(session));
+        let cancel = CancellationToken::new();
+        let wait_for_link = resolved.connect_timeout.unwrap_or(opts.connect_timeout);
+        let supervisor = tokio::spawn(link::supervise(
+            Redial {
                 host: host.name.clone(),
-                target: name.clone(),
-                after: timeout,
-            })??;
+                resolved,
+                opts: opts.clone(),
+            },
+            ended_future(ended),
+            keeper.clone(),
+            link::RECONNECT,
+            host.name.clone(),
+            target_label.clone(),
+            cancel.clone(),
+        ));
         Ok(SshTransport {
             host: host.name.clone(),
             target: target_label,
-            handle: Arc::new(handle),
+            keeper,
             execs: Semaphore::new(MAX_CONCURRENT_EXECS),
+            wait_for_link,
+            supervisor: Some((cancel, supervisor)),
         })
+    }
+
+    /// Stops reconnecting and waits for the supervisor to end; dropping does the first only.
+    pub async fn close(mut self) {
+        if let Some((cancel, task)) = self.supervisor.take() {
+            cancel.cancel();
+            let _ = task.await;
+        }
+    }
+
+    /// The connection, waiting for a lost one to come back up to `wait_for_link`.
+    async fn session(&self) -> Result<Arc<Session>, RemoteError> {
+        match self.keeper.wait_up(self.wait_for_link).await {
+            Ok(session) => Ok(session),
+            Err(Link::Failed { error, .. }) => Err(RemoteError::LinkFailed {
+                host: self.host.clone(),
+                error,
+            }),
+            Err(Link::Down { reason, .. }) => Err(RemoteError::LinkDown {
+                host: self.host.clone(),
+                target: self.target.clone(),
+                reason,
+                waited: self.wait_for_link,
+            }),
+            Err(Link::Up { .. }) => Err(RemoteError::LinkDown {
+                host: self.host.clone(),
+                target: self.target.clone(),
+                reason: LinkLoss::Ended,
+                waited: self.wait_for_link,
+            }),
+        }
     }
 
     /// sshd frees a session slot only when it garbage-collects the closed channel, which can be
     /// after it has already read our next open request; such a refusal is retried briefly.
-    async fn open_session(&self) -> Result<russh::Channel<client::Msg>, RemoteError> {
+    async fn open_session(
+        &self,
+        session: &Session,
+    ) -> Result<russh::Channel<client::Msg>, RemoteError> {
         let mut delay = Duration::from_millis(2);
         loop {
-            match self.handle.channel_open_session().await {
+            match session.handle.channel_open_session().await {
                 Err(russh::Error::ChannelOpenFailure(
                     ChannelOpenFailure::ConnectFailed | ChannelOpenFailure::ResourceShortage,
                 )) if delay < SESSION_RETRY_LIMIT => {
@@ -223,177 +211,6 @@ impl SshTransport {
     }
 }
 
-async fn open(
-    host: &str,
-    r: &Resolved,
-    opts: &ConnectOptions,
-) -> Result<Handle<Client>, RemoteError> {
-    let name = r.known_hosts_name();
-    let stream = TcpStream::connect((r.hostname.as_str(), r.port))
-        .await
-        .map_err(|source| RemoteError::Unreachable {
-            host: host.to_string(),
-            target: name.clone(),
-            source,
-        })?;
-    // Small exec requests and replies: waiting for Nagle only adds latency.
-    stream
-        .set_nodelay(true)
-        .map_err(|source| RemoteError::Unreachable {
-            host: host.to_string(),
-            target: name.clone(),
-            source,
-        })?;
-    let verdict = Arc::new(Mutex::new(None));
-    let handler = Client {
-        hostname: r.hostname.clone(),
-        port: r.port,
-        known_hosts: r.known_hosts.clone(),
-        accept_new: opts.accept_new_host_key,
-        verdict: verdict.clone(),
-    };
-    let config = Arc::new(client::Config {
-        keepalive_interval: Some(KEEPALIVE),
-        nodelay: true,
-        ..Default::default()
-    });
-    let handshake = client::connect_stream(config, stream, handler).await;
-    let verdict = verdict.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let mut handle = match (handshake, verdict) {
-        (Ok(handle), _) => handle,
-        (Err(_), Some(KeyVerdict::Unknown { fingerprint })) => {
-            return Err(RemoteError::UnknownHostKey {
-                host: host.to_string(),
-                target: name,
-                fingerprint,
-                known_hosts: r.known_hosts.clone(),
-            });
-        }
-        (Err(_), Some(KeyVerdict::Changed { fingerprint, line })) => {
-            return Err(RemoteError::HostKeyChanged {
-                host: host.to_string(),
-                target: name,
-                fingerprint,
-                known_hosts: r.known_hosts.clone(),
-                line,
-            });
-        }
-        (Err(_), Some(KeyVerdict::Unreadable(message))) => {
-            return Err(RemoteError::Config {
-                host: host.to_string(),
-                message,
-            });
-        }
-        (Err(e), None) => {
-            return Err(RemoteError::Ssh {
-                host: host.to_string(),
-                target: name,
-                message: e.to_string(),
-            });
-        }
-    };
-    authenticate(host, &mut handle, r).await?;
-    Ok(handle)
-}
-
-/// ssh-agent first, then identity files, as OpenSSH does. Returns which keys were refused.
-async fn authenticate(
-    host: &str,
-    handle: &mut Handle<Client>,
-    r: &Resolved,
-) -> Result<(), RemoteError> {
-    let ssh_err = |e: russh::Error| RemoteError::Ssh {
-        host: host.to_string(),
-        target: r.known_hosts_name(),
-        message: format!("during authentication: {e}"),
-    };
-    let mut tried = Vec::new();
-    let mut rsa_hash: Option<Option<HashAlg>> = None;
-
-    if let Some(sock) = std::env::var_os("SSH_AUTH_SOCK").filter(|s| !s.is_empty()) {
-        match AgentClient::connect_uds(&sock).await {
-            Err(e) => tried.push(format!(
-                "ssh-agent at {} (unreachable: {e})",
-                sock.to_string_lossy()
-            )),
-            Ok(mut agent) => match agent.request_identities().await {
-                Err(e) => tried.push(format!("ssh-agent ({e})")),
-                Ok(ids) if ids.is_empty() => tried.push("ssh-agent (no keys)".to_string()),
-                Ok(ids) => {
-                    for id in ids {
-                        let AgentIdentity::PublicKey { key, comment } = id else {
-                            continue;
-                        };
-                        let label =
-                            format!("agent key {comment} ({})", key.fingerprint(HashAlg::Sha256));
-                        let hash = rsa_hash_for(handle, key.algorithm().is_rsa(), &mut rsa_hash)
-                            .await
-                            .map_err(ssh_err)?;
-                        match handle
-                            .authenticate_publickey_with(&r.user, key, hash, &mut agent)
-                            .await
-                        {
-                            Ok(AuthResult::Success) => return Ok(()),
-                            Ok(AuthResult::Failure { .. }) => tried.push(label),
-                            Err(e) => tried.push(format!("{label} (agent could not sign: {e})")),
-                        }
-                    }
-                }
-            },
-        }
-    }
-
-    for path in &r.identity_files {
-        let shown = path.display();
-        let key = match russh::keys::load_secret_key(path, None) {
-            Ok(key) => key,
-            Err(russh::keys::Error::KeyIsEncrypted) => {
-                tried.push(format!(
-                    "{shown} (passphrase-protected: load it with `ssh-add {shown}`)"
-                ));
-                continue;
-            }
-            Err(e) => {
-                tried.push(format!("{shown} (unreadable: {e})"));
-                continue;
-            }
-        };
-        let hash = rsa_hash_for(handle, key.algorithm().is_rsa(), &mut rsa_hash)
-            .await
-            .map_err(ssh_err)?;
-        let result = handle
-            .authenticate_publickey(&r.user, PrivateKeyWithHashAlg::new(Arc::new(key), hash))
-            .await
-            .map_err(ssh_err)?;
-        if result.success() {
-            return Ok(());
-        }
-        tried.push(shown.to_string());
-    }
-    let _ = handle.disconnect(Disconnect::ByApplication, "", "en").await;
-    Err(RemoteError::AuthRefused {
-        host: host.to_string(),
-        user: r.user.clone(),
-        target: r.known_hosts_name(),
-        tried,
-    })
-}
-
-/// The RSA signature hash the server accepts, asked once and only when an RSA key is offered.
-async fn rsa_hash_for(
-    handle: &Handle<Client>,
-    is_rsa: bool,
-    cache: &mut Option<Option<HashAlg>>,
-) -> Result<Option<HashAlg>, russh::Error> {
-    if !is_rsa {
-        return Ok(None);
-    }
-    if cache.is_none() {
-        *cache = Some(handle.best_supported_rsa_hash().await?.flatten());
-    }
-    Ok(cache.flatten())
-}
-
 #[async_trait]
 impl Transport for SshTransport {
     fn host(&self) -> &str {
@@ -408,13 +225,22 @@ impl Transport for SshTransport {
             target: self.target.clone(),
             message: "connection closed".into(),
         })?;
-        let mut channel = self.open_session().await?;
+        let session = self.session().await?;
+        let lost = || RemoteError::ConnectionLost {
+            host: self.host.clone(),
+            target: self.target.clone(),
+            command: mask(&command),
+        };
+        let mut channel = self
+            .open_session(&session)
+            .await
+            .map_err(|e| if session.is_closed() { lost() } else { e })?;
         channel
             .exec(true, command.as_bytes())
             .await
-            .map_err(|e| self.broken(e))?;
+            .map_err(|_| lost())?;
         // Nothing is ever written to a remote command's stdin; a program reading it must see EOF.
-        channel.eof().await.map_err(|e| self.broken(e))?;
+        channel.eof().await.map_err(|_| lost())?;
 
         let mut out = CommandOutput::default();
         // Output may still arrive after EOF and exit-status; only Close ends the channel.
@@ -437,12 +263,8 @@ impl Transport for SshTransport {
                 _ => {}
             }
         }
-        if out.status.is_none() && self.handle.is_closed() {
-            return Err(RemoteError::Ssh {
-                host: self.host.clone(),
-                target: self.target.clone(),
-                message: format!("connection lost while running `{}`", mask(&command)),
-            });
+        if out.status.is_none() && session.is_closed() {
+            return Err(lost());
         }
         Ok(out)
     }
@@ -462,10 +284,10 @@ impl Transport for SshTransport {
             .map_err(|e| forward_err(e.to_string()))?;
         tracing::debug!(host = %self.host, "ssh {}: forwarding {local} -> {addr}:{port}", self.target);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(serve_forward(
+        let task = tokio::spawn(forward::serve(
             listener,
-            self.handle.clone(),
-            Destination {
+            self.keeper.clone(),
+            forward::Destination {
                 host: self.host.clone(),
                 addr: addr.to_string(),
                 port,
@@ -474,73 +296,9 @@ impl Transport for SshTransport {
         ));
         Ok(Tunnel::forwarded(local, cancel, task))
     }
-}
 
-#[derive(Clone)]
-struct Destination {
-    host: String,
-    addr: String,
-    port: u16,
-}
-
-/// Accepts local connections until cancelled; each gets its own direct-tcpip channel.
-async fn serve_forward(
-    listener: TcpListener,
-    handle: Arc<Handle<Client>>,
-    dest: Destination,
-    cancel: CancellationToken,
-) {
-    let mut pipes = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    pipes.spawn(pipe(tcp, peer, handle.clone(), dest.clone(), cancel.clone()));
-                }
-                Err(e) => {
-                    // Usually out of file descriptors: back off instead of spinning.
-                    tracing::warn!(host = %dest.host, "forward to {}:{}: accept failed: {e}", dest.addr, dest.port);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = pipes.join_next(), if !pipes.is_empty() => {}
-        }
-    }
-    drop(listener);
-    while pipes.join_next().await.is_some() {}
-}
-
-async fn pipe(
-    mut tcp: TcpStream,
-    peer: SocketAddr,
-    handle: Arc<Handle<Client>>,
-    dest: Destination,
-    cancel: CancellationToken,
-) {
-    let _ = tcp.set_nodelay(true);
-    let channel = match handle
-        .channel_open_direct_tcpip(
-            dest.addr.as_str(),
-            u32::from(dest.port),
-            peer.ip().to_string(),
-            u32::from(peer.port()),
-        )
-        .await
-    {
-        Ok(channel) => channel,
-        Err(e) => {
-            tracing::warn!(host = %dest.host, "forward to {}:{}: the server refused the channel: {e}", dest.addr, dest.port);
-            return;
-        }
-    };
-    let mut remote = channel.into_stream();
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        copied = tokio::io::copy_bidirectional(&mut tcp, &mut remote) => {
-            if let Err(e) = copied {
-                tracing::debug!(host = %dest.host, "forward to {}:{} ended: {e}", dest.addr, dest.port);
-            }
-        }
+    /// Up, down while reconnecting, or failed for good; see the module docs.
+    fn link(&self) -> watch::Receiver<Link> {
+        self.keeper.link()
     }
 }
