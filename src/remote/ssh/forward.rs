@@ -100,4 +100,9 @@ async fn pipe(
             }
         }
     }
+    // A link lost mid-request ends the channel like a clean close would; the client must not
+    // take the cut for the end of a complete answer.
+    if session.is_closed() {
+        reset(tcp);
+    }
 }
