@@ -330,3 +330,58 @@ fn a_world_of_two_hosts_each_with_its_own_key_container_and_tmp() {
         world.hosts[1].sshd.host_fingerprint()
     );
 }
+
+#[test]
+fn identities_only_offers_only_the_configured_keys_even_with_an_agent() {
+    let sshd = Sshd::start();
+    let home = sshd.home(ALIAS);
+    let config = inventory(&home, false);
+    // The agent holds the authorized key; the config names another one.
+    let agent = Agent::start(&[&sshd.client_key]);
+    let other = common::keygen(sshd.dir.path(), "configured_unauthorized");
+    home.add_key(&other, "configured_key");
+    let block = |extra: &str| {
+        format!(
+            "Host {ALIAS}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile ~/.ssh/configured_key\n{extra}",
+            sshd.port, sshd.user
+        )
+    };
+    let run = || {
+        home.fleet()
+            .env("SSH_AUTH_SOCK", &agent.sock)
+            .args(["--config", &config, "exec", "--host", "gpu1", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    // Without IdentitiesOnly the agent's key logs in, as with OpenSSH.
+    std::fs::write(home.path().join(".ssh/config"), block("")).unwrap();
+    assert_eq!(run().status.code(), Some(0));
+    // With it, only the configured key is offered: refused, and the agent key never tried.
+    std::fs::write(
+        home.path().join(".ssh/config"),
+        block("  IdentitiesOnly yes\n"),
+    )
+    .unwrap();
+    let out = run();
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("refused authentication; tried: ")
+            && text.contains("configured_key")
+            && !text.contains("agent key"),
+        "{text}"
+    );
+    // An agent key that is one of the configured identities is still used (its public half
+    // next to the configured path is enough, as in OpenSSH).
+    std::fs::copy(
+        format!("{}.pub", sshd.client_key.display()),
+        home.path().join(".ssh/agent_only.pub"),
+    )
+    .unwrap();
+    std::fs::write(
+        home.path().join(".ssh/config"),
+        block("  IdentitiesOnly yes\n  IdentityFile ~/.ssh/agent_only\n"),
+    )
+    .unwrap();
+    assert_eq!(run().status.code(), Some(0), "{}", stdout(&run()));
+}

@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::local_fleet::{LocalFleet, SIM};

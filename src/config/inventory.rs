@@ -611,6 +611,45 @@ mod tests {
     }
 
     #[test]
+    fn jump_and_keepalive_options_are_checked() {
+        let inv = load(
+            "hosts:\n  - name: a\n    ssh: root@pve\n    ssh_options:\n      ProxyJump: ops@bastion:2222,inner\n      ServerAliveInterval: 0\n      serveralivecountmax: 5\n      IdentitiesOnly: yes\n",
+        )
+        .unwrap();
+        let o = &inv.hosts[0].ssh_options;
+        assert_eq!(o["ProxyJump"], "ops@bastion:2222,inner");
+        assert_eq!(o["ServerAliveInterval"], "0");
+        assert_eq!(o["ServerAliveCountMax"], "5");
+        assert_eq!(o["IdentitiesOnly"], "yes");
+        let inv = load("hosts:\n  - name: a\n    ssh: pve\n    ssh_options: {ProxyJump: none, IdentitiesOnly: false}\n").unwrap();
+        assert_eq!(inv.hosts[0].ssh_options["IdentitiesOnly"], "no");
+        let p = shown(
+            "hosts:\n  - name: a\n    ssh: pve\n    ssh_options:\n      ProxyJump: bastion,@x\n      IdentitiesOnly: maybe\n      ServerAliveInterval: -1\n      ProxyCommand: nc\n",
+        );
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(
+            p[0].starts_with(
+                "fleet.yaml:5:18: hosts[0].ssh_options.ProxyJump: `@x` has an empty user"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with(
+                "fleet.yaml:6:23: hosts[0].ssh_options.IdentitiesOnly: `maybe` is not yes or no"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            p[2].starts_with("fleet.yaml:7:28: hosts[0].ssh_options.ServerAliveInterval"),
+            "{p:?}"
+        );
+        assert!(
+            p[3].contains("ProxyCommand: unknown or unsupported ssh option"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn a_missing_file_says_where_it_looked_and_shows_an_example() {
         let dir = tempfile::tempdir().unwrap();
         let e = load_inventory(&dir.path().join("fleet.yaml"))

@@ -252,7 +252,7 @@ pub enum RemoteError {
     #[error("{host}: SSH configuration: {source}")]
     Config {
         host: String,
-        source: SshConfigError,
+        source: Box<SshConfigError>,
     },
 
     #[error("{host}: cannot use known_hosts: {message}")]

@@ -213,10 +213,10 @@ impl Chain {
         self.link_addrs(i).1
     }
 
-    /// The address namespace `i` has on the link to the one after it: what the next hop sees
-    /// connections from namespace `i` come from.
-    pub fn down_addr(&self, i: usize) -> String {
-        self.link_addrs(i + 1).0
+    /// Where connections into namespace `i` come from: the address of the one before it (this
+    /// one for 0) on their link.
+    pub fn peer_addr(&self, i: usize) -> String {
+        self.link_addrs(i).0
     }
 }
 

@@ -17,6 +17,9 @@ use super::hop::{Session, handshake};
 
 type Slot = Arc<tokio::sync::Mutex<Weak<Session>>>;
 
+/// A connection, and what says why it ended once it has.
+type Dialed = (Arc<Session>, oneshot::Receiver<LinkLoss>);
+
 /// Jump connections by [`Resolved::identity`]. Weak: a jump connection lives as long as some
 /// connection through it does, and a dead one is redialed by the next host that needs it.
 static JUMPS: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Default::default);
@@ -26,7 +29,7 @@ pub(super) fn dial<'a>(
     host: &'a str,
     r: &'a Resolved,
     opts: &'a ConnectOptions,
-) -> BoxFuture<'a, Result<(Arc<Session>, oneshot::Receiver<LinkLoss>), RemoteError>> {
+) -> BoxFuture<'a, Result<Dialed, RemoteError>> {
     Box::pin(async move {
         let via = match &r.jump {
             None => None,

@@ -114,7 +114,7 @@ impl SshTransport {
             ssh_config::resolve(target, &host.ssh_options, home.as_deref()).map_err(|source| {
                 RemoteError::Config {
                     host: host.name.clone(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
         let target_label = format!("{}@{}", resolved.user, resolved.known_hosts_name());
