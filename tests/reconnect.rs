@@ -228,15 +228,8 @@ async fn a_host_gone_for_seconds_and_back_on_the_same_port_is_reconnected() {
     assert_eq!(roundtrip(local, b"before").await.unwrap(), b"before");
 
     sshd.stop();
-    let down = link_until(&mut link, "down", |l| matches!(l, Link::Down { .. })).await;
-    let Link::Down { reason, .. } = &down else {
-        unreachable!()
-    };
-    assert_ne!(
-        *reason,
-        LinkLoss::Ended,
-        "a reason from the session: {down:?}"
-    );
+    // Why it ended depends on how the kernel closed the socket (FIN or RST): not asserted.
+    link_until(&mut link, "down", |l| matches!(l, Link::Down { .. })).await;
 
     // While down, a new connection on the forwarded port is closed at once, not left hanging.
     let start = Instant::now();

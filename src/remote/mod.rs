@@ -1,5 +1,6 @@
 //! Reaching hosts: the one `Transport` trait (run an argv, start a detached process, forward a
-//! TCP port) and its implementations: `local`, `ssh` (one multiplexed russh connection per host)
+//! TCP port, watch the connection's [`Link`]) and its implementations: `local`, `ssh` (one
+//! multiplexed russh connection per host, through ProxyJump hops, re-established when it drops)
 //! and `pct` (wraps another transport as `pct exec <CT> -- bash -c <quoted script>`).
 //!
 //! A command is always an argv. Where a shell must parse it (the SSH exec request, `bash -c`
