@@ -4,6 +4,7 @@
 //! [`remote`] transports and HTTP → typed results → [`report`] (tables, JSON, progress).
 //! [`sim`] is the `sglang-sim` stand-in server, a separate program that shares only the crate.
 
+pub mod backoff;
 pub mod cli;
 pub mod commands;
 pub mod config;

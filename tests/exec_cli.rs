@@ -70,10 +70,17 @@ fn exec_runs_on_every_host_with_values_as_literal_data_and_reports_the_unreachab
         text.contains("== down (unreachable) ==\ndown: cannot connect to [127.0.0.1]:"),
         "{text}"
     );
-    assert!(
-        !Path::new(&marker).exists(),
-        "{marker} was created: a value ran as shell code"
-    );
+    // gpu1 runs on the host, ct200 in its container with a /tmp of its own.
+    for seen_at in [
+        Path::new(&marker).to_path_buf(),
+        sshd.container_path(200, &marker),
+    ] {
+        assert!(
+            !seen_at.exists(),
+            "{} was created: a value ran as shell code",
+            seen_at.display()
+        );
+    }
 }
 
 #[test]
@@ -261,9 +268,8 @@ fn ssh_agent_keys_are_tried_first_and_refusals_list_what_was_tried() {
 
 #[test]
 fn a_container_on_this_machine_runs_through_the_local_pct() {
-    let home = TestHome {
-        dir: tempfile::tempdir().unwrap(),
-    };
+    let home = TestHome::empty();
+    let containers = tempfile::tempdir().unwrap();
     let config = home
         .write_inventory("hosts:\n  - name: here\n  - name: ct-local\n    container: 200\n    address: 127.0.0.1\n")
         .display()
@@ -276,6 +282,7 @@ fn a_container_on_this_machine_runs_through_the_local_pct() {
     let out = home
         .fleet()
         .env("PATH", path)
+        .env("FAKE_PCT_ROOT", containers.path())
         .args([
             "--config", &config, "exec", "--", "printf", "%s|", "a b", "$(id)",
         ])
@@ -286,4 +293,95 @@ fn a_container_on_this_machine_runs_through_the_local_pct() {
         stdout(&out),
         "== here ==\na b|$(id)|\n== ct-local ==\na b|$(id)|\n"
     );
+}
+
+#[test]
+fn a_world_of_two_hosts_each_with_its_own_key_container_and_tmp() {
+    let world = common::world::World::new(2);
+    let config = world.inventory("[0, 1]");
+    let mark = format!("/tmp/{}", unique("left-by-fleet"));
+    let out = world
+        .home
+        .fleet()
+        .args(["--config"])
+        .arg(&config)
+        .args(["exec", "--", "sh", "-c", "echo \"$0\" > \"$1\" && ls /tmp"])
+        .args(["hello", &mark])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let name = mark.trim_start_matches("/tmp/");
+    // Each container's /tmp held nothing before: only what fleet just left there.
+    assert_eq!(
+        stdout(&out),
+        format!("== ct200 ==\n{name}\n== ct201 ==\n{name}\n")
+    );
+    for (i, h) in world.hosts.iter().enumerate() {
+        assert_eq!(
+            std::fs::read_to_string(world.container_path(i, &mark)).unwrap(),
+            "hello\n"
+        );
+        assert_eq!(h.sshd.log().matches("Accepted publickey").count(), 1);
+        assert_eq!(h.address, format!("127.0.0.{}", 2 + i));
+    }
+    assert!(!Path::new(&mark).exists(), "the client sees {mark}");
+    assert_ne!(
+        world.hosts[0].sshd.host_fingerprint(),
+        world.hosts[1].sshd.host_fingerprint()
+    );
+}
+
+#[test]
+fn identities_only_offers_only_the_configured_keys_even_with_an_agent() {
+    let sshd = Sshd::start();
+    let home = sshd.home(ALIAS);
+    let config = inventory(&home, false);
+    // The agent holds the authorized key; the config names another one.
+    let agent = Agent::start(&[&sshd.client_key]);
+    let other = common::keygen(sshd.dir.path(), "configured_unauthorized");
+    home.add_key(&other, "configured_key");
+    let block = |extra: &str| {
+        format!(
+            "Host {ALIAS}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile ~/.ssh/configured_key\n{extra}",
+            sshd.port, sshd.user
+        )
+    };
+    let run = || {
+        home.fleet()
+            .env("SSH_AUTH_SOCK", &agent.sock)
+            .args(["--config", &config, "exec", "--host", "gpu1", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    // Without IdentitiesOnly the agent's key logs in, as with OpenSSH.
+    std::fs::write(home.path().join(".ssh/config"), block("")).unwrap();
+    assert_eq!(run().status.code(), Some(0));
+    // With it, only the configured key is offered: refused, and the agent key never tried.
+    std::fs::write(
+        home.path().join(".ssh/config"),
+        block("  IdentitiesOnly yes\n"),
+    )
+    .unwrap();
+    let out = run();
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("refused authentication; tried: ")
+            && text.contains("configured_key")
+            && !text.contains("agent key"),
+        "{text}"
+    );
+    // An agent key that is one of the configured identities is still used (its public half
+    // next to the configured path is enough, as in OpenSSH).
+    std::fs::copy(
+        format!("{}.pub", sshd.client_key.display()),
+        home.path().join(".ssh/agent_only.pub"),
+    )
+    .unwrap();
+    std::fs::write(
+        home.path().join(".ssh/config"),
+        block("  IdentitiesOnly yes\n  IdentityFile ~/.ssh/agent_only\n"),
+    )
+    .unwrap();
+    assert_eq!(run().status.code(), Some(0), "{}", stdout(&run()));
 }

@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::local_fleet::{LocalFleet, SIM};
@@ -585,8 +584,6 @@ fn ctrl_c_during_up_stops_what_it_started() {
 fn up_status_down_through_ssh_and_pct() {
     let sshd = common::Sshd::start();
     let home = sshd.home("pve");
-    let run_dir = home.path().join("run");
-    let gpus = home.path().join("gpus");
     home.write_inventory(
         "hosts:\n  - name: ct200\n    ssh: pve\n    container: 200\n    address: 127.0.0.1\n    gpus: [0, 1]\n",
     );
@@ -594,16 +591,17 @@ fn up_status_down_through_ssh_and_pct() {
     std::fs::write(
         home.path().join("profiles/sim.yaml"),
         format!(
-            "model: /models/test\nlauncher: [{}]\nport_base: 25000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n",
+            // The run dir (/tmp/fleet) and the sims' GPU state (/tmp/sglang-sim-gpus) are the
+            // defaults, inside the container's own /tmp.
+            "model: /models/test\nlauncher: [{}]\nport_base: 25000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n",
             SIM,
-            gpus.display()
         ),
     )
     .unwrap();
     let fleet = |args: &[&str]| {
         let out = home
             .fleet()
-            .env("FLEET_RUN_DIR", &run_dir)
+            .env_remove("FLEET_RUN_DIR")
             .timeout(Duration::from_secs(120))
             .args(args)
             .arg("--json")
@@ -634,7 +632,10 @@ fn up_status_down_through_ssh_and_pct() {
             .all(|d| d["state"] == "stopped" && d["port_closed"] == true)
     );
     assert!(!listening(25000) && !listening(25001));
-    assert!(Path::new(&run_dir).join("25000/server.log").exists());
+    // What fleet left on the target is inside the container, not in this machine's /tmp.
+    let log = sshd.container_path(200, "/tmp/fleet/25000/server.log");
+    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    assert!(text.contains("fired up and ready to roll"), "{text}");
 }
 
 #[test]

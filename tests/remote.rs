@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,9 @@ async fn connect_err(spec: &HostSpec, opts: &ConnectOptions) -> RemoteError {
 }
 
 /// Shell syntax in values must reach the program as data, through every layer of quoting.
-async fn assert_values_arrive_literally(t: &dyn Transport) {
+/// `here` maps a path on the target to where this process sees it (a container's /tmp is its
+/// own).
+async fn assert_values_arrive_literally(t: &dyn Transport, here: impl Fn(&str) -> PathBuf) {
     let marker = format!("/tmp/{}", unique("pwned"));
     let values = [
         format!("x; touch {marker}"),
@@ -54,9 +56,18 @@ async fn assert_values_arrive_literally(t: &dyn Transport) {
     let expected: String = values.iter().map(|v| format!("[{v}]\n")).collect();
     assert_eq!(out.stdout_lossy(), expected);
     assert!(
-        !Path::new(&marker).exists(),
+        !here(&marker).exists() && !Path::new(&marker).exists(),
         "{marker} was created: a value was run as shell code"
     );
+    // The check can fail: the same path, written on purpose, is seen where it looks.
+    let out = t.run(&argv(&["touch", &marker])).await.expect("run touch");
+    assert!(out.success(), "touch failed: {}", out.stderr_lossy());
+    assert!(here(&marker).exists(), "{} not seen from here", marker);
+    std::fs::remove_file(here(&marker)).unwrap();
+}
+
+fn same_path(p: &str) -> PathBuf {
+    PathBuf::from(p)
 }
 
 async fn assert_exit_codes_and_stderr(t: &dyn Transport) {
@@ -95,7 +106,7 @@ async fn ssh_passes_values_literally_and_reports_exit_status_and_stderr() {
     let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
     let t = connect(&sshd.host_spec("gpu1", None, &kh)).await;
     assert_eq!(t.host(), "gpu1");
-    assert_values_arrive_literally(t.as_ref()).await;
+    assert_values_arrive_literally(t.as_ref(), same_path).await;
     assert_exit_codes_and_stderr(t.as_ref()).await;
     // The fixture bin/ is on the SSH side's PATH, so the fake pct is what runs.
     let out = t.run(&argv(&["sh", "-c", "command -v pct"])).await.unwrap();
@@ -110,9 +121,37 @@ async fn ssh_plus_pct_passes_values_literally_and_reports_exit_status() {
     let sshd = Sshd::start();
     let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
     let t = connect(&sshd.host_spec("ct200", Some(200), &kh)).await;
-    assert_values_arrive_literally(t.as_ref()).await;
+    assert_values_arrive_literally(t.as_ref(), |p| sshd.container_path(200, p)).await;
     assert_exit_codes_and_stderr(t.as_ref()).await;
     assert_eq!(t.server_address().await.unwrap(), "127.0.0.1");
+}
+
+#[tokio::test]
+async fn each_container_has_a_tmp_of_its_own_as_lxc_gives_it() {
+    let sshd = Sshd::start_with_env(&[("FAKE_PCT_RUNNING", "200,201")]);
+    let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
+    let ct200 = connect(&sshd.host_spec("ct200", Some(200), &kh)).await;
+    let ct201 = connect(&sshd.host_spec("ct201", Some(201), &kh)).await;
+    let host = connect(&sshd.host_spec("pve", None, &kh)).await;
+    let file = format!("/tmp/{}", unique("left-by-fleet"));
+    let write = argv(&["sh", "-c", "echo in-200 > \"$0\"", &file]);
+    assert!(ct200.run(&write).await.unwrap().success());
+    let read = argv(&["cat", &file]);
+    assert_eq!(ct200.run(&read).await.unwrap().stdout_lossy(), "in-200\n");
+    for (who, t) in [("the other container", &ct201), ("the host", &host)] {
+        let out = t.run(&read).await.unwrap();
+        assert_eq!(
+            out.status,
+            Some(1),
+            "{who} sees {file}: {}",
+            out.stdout_lossy()
+        );
+    }
+    assert!(!Path::new(&file).exists(), "the client sees {file}");
+    assert_eq!(
+        std::fs::read_to_string(sshd.container_path(200, &file)).unwrap(),
+        "in-200\n"
+    );
 }
 
 #[tokio::test]
@@ -236,13 +275,11 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 async fn a_detached_process_outlives_the_command_and_the_ssh_session() {
     let sshd = Sshd::start();
     let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
-    let run_dir = tempfile::tempdir().unwrap();
-    let log = run_dir.path().join("logs/server.log").display().to_string();
-    let pidfile = run_dir
-        .path()
-        .join("run/deep/server.pid")
-        .display()
-        .to_string();
+    // Paths inside the container, whose /tmp is its own; `here` is where this process sees them.
+    let run_dir = format!("/tmp/{}", unique("run"));
+    let log = format!("{run_dir}/logs/server.log");
+    let pidfile = format!("{run_dir}/run/deep/server.pid");
+    let here = |p: &str| sshd.container_path(200, p);
     let d = Detached {
         argv: argv(&[
             "sh",
@@ -259,11 +296,11 @@ async fn a_detached_process_outlives_the_command_and_the_ssh_session() {
         // The transport, and with it the SSH connection, is dropped here.
     };
     assert_eq!(
-        std::fs::read_to_string(&pidfile).unwrap().trim(),
+        std::fs::read_to_string(here(&pidfile)).unwrap().trim(),
         pid.to_string()
     );
     wait_for("the log", || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("to-stderr"))
+        std::fs::read_to_string(here(&log)).is_ok_and(|l| l.contains("to-stderr"))
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -273,7 +310,7 @@ async fn a_detached_process_outlives_the_command_and_the_ssh_session() {
         pid,
         "the process should lead its own process group"
     );
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(here(&log)).unwrap();
     assert!(text.contains("greeting=hi; $(id) 'q'\n"), "{text}");
     // Stop what this test started, by its process group.
     unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
@@ -291,7 +328,7 @@ async fn local_transport_runs_spawns_and_forwards_directly() {
         ssh_options: BTreeMap::new(),
     };
     let t = connect(&spec).await;
-    assert_values_arrive_literally(t.as_ref()).await;
+    assert_values_arrive_literally(t.as_ref(), same_path).await;
     assert_exit_codes_and_stderr(t.as_ref()).await;
     let err = t
         .run(&argv(&["/nonexistent/prog"]))

@@ -562,7 +562,8 @@ fn a_sweep_through_ssh_and_pct() {
             "--strategies",
             "extra_buffer,no_buffer",
         ]))
-        .env("FLEET_RUN_DIR", f.local.run_dir())
+        // The default run dir, /tmp/fleet, inside the container's own /tmp.
+        .env_remove("FLEET_RUN_DIR")
         .timeout(Duration::from_secs(120))
         .output()
         .unwrap();
@@ -572,5 +573,20 @@ fn a_sweep_through_ssh_and_pct() {
     assert_eq!(r["winner"], "no_buffer", "{r:#}");
     assert_eq!(row(&r, "no_buffer")["trial"]["gpus"][0]["host"], "ct200");
     assert!(tok_per_gpu(row(&r, "no_buffer")) > 3.0 * tok_per_gpu(row(&r, "extra_buffer")));
-    assert!(f.records().is_empty(), "{:?}", f.records());
+    // The servers ran in the container (their logs are there) and were all stopped.
+    let run_dir = sshd.container_path(200, "/tmp/fleet");
+    let servers: Vec<_> = std::fs::read_dir(&run_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", run_dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        !servers.is_empty() && servers.iter().all(|d| d.join("server.log").exists()),
+        "{servers:?}"
+    );
+    let running: Vec<_> = servers
+        .iter()
+        .filter(|d| d.join("instance.json").exists())
+        .collect();
+    assert!(running.is_empty(), "still recorded as running: {running:?}");
 }

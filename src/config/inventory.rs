@@ -28,6 +28,10 @@ pub const SSH_OPTIONS: &[&str] = &[
     "IdentityFile",
     "UserKnownHostsFile",
     "ConnectTimeout",
+    "ProxyJump",
+    "ServerAliveInterval",
+    "ServerAliveCountMax",
+    "IdentitiesOnly",
 ];
 
 /// Proxmox VE's range of guest ids.
@@ -319,6 +323,12 @@ fn ssh_options(
             "ConnectTimeout" => c
                 .int(value, &field, 1, i128::from(u32::MAX))
                 .map(|s| s.to_string()),
+            // 0 turns keepalives off, as in OpenSSH.
+            "ServerAliveInterval" | "ServerAliveCountMax" => c
+                .int(value, &field, 0, i128::from(u32::MAX))
+                .map(|s| s.to_string()),
+            "IdentitiesOnly" => yes_no(c, value, &field),
+            "ProxyJump" => proxy_jump(c, value, &field),
             _ => c.string(value, &field),
         };
         let in_target = match *name {
@@ -348,6 +358,49 @@ fn ssh_options(
         }
     }
     options
+}
+
+/// `yes`/`no` as OpenSSH writes them, or a YAML boolean.
+fn yes_no(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
+    let text = match &node.value {
+        Value::Bool(b) => return Some(if *b { "yes" } else { "no" }.to_string()),
+        Value::Str(s) => s.to_ascii_lowercase(),
+        other => {
+            c.wrong_type(node.loc, field, "yes or no", other);
+            return None;
+        }
+    };
+    match text.as_str() {
+        "yes" | "true" => Some("yes".into()),
+        "no" | "false" => Some("no".into()),
+        _ => {
+            c.report(node.loc, field, format!("`{text}` is not yes or no"), None);
+            None
+        }
+    }
+}
+
+/// `none`, or jump hosts `[user@]host[:port]` separated by commas, first hop first.
+fn proxy_jump(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
+    let text = c.string(node, field)?;
+    if text.eq_ignore_ascii_case("none") {
+        return Some(text);
+    }
+    for hop in text.split(',') {
+        if let Err(e) = parse_ssh_target(hop.strip_prefix("ssh://").unwrap_or(hop)) {
+            c.report(
+                node.loc,
+                field,
+                e,
+                Some(
+                    "write jump hosts as `[user@]host[:port]`, separated by commas, or `none`"
+                        .into(),
+                ),
+            );
+            return None;
+        }
+    }
+    Some(text)
 }
 
 fn unique_names(c: &mut Checker, hosts: &[Read]) {
@@ -554,6 +607,45 @@ mod tests {
             [
                 "fleet.yaml:4:19: hosts[0].ssh_options.Port: `22` contradicts `2222` in `ssh:` (set it in one place)"
             ]
+        );
+    }
+
+    #[test]
+    fn jump_and_keepalive_options_are_checked() {
+        let inv = load(
+            "hosts:\n  - name: a\n    ssh: root@pve\n    ssh_options:\n      ProxyJump: ops@bastion:2222,inner\n      ServerAliveInterval: 0\n      serveralivecountmax: 5\n      IdentitiesOnly: yes\n",
+        )
+        .unwrap();
+        let o = &inv.hosts[0].ssh_options;
+        assert_eq!(o["ProxyJump"], "ops@bastion:2222,inner");
+        assert_eq!(o["ServerAliveInterval"], "0");
+        assert_eq!(o["ServerAliveCountMax"], "5");
+        assert_eq!(o["IdentitiesOnly"], "yes");
+        let inv = load("hosts:\n  - name: a\n    ssh: pve\n    ssh_options: {ProxyJump: none, IdentitiesOnly: false}\n").unwrap();
+        assert_eq!(inv.hosts[0].ssh_options["IdentitiesOnly"], "no");
+        let p = shown(
+            "hosts:\n  - name: a\n    ssh: pve\n    ssh_options:\n      ProxyJump: bastion,@x\n      IdentitiesOnly: maybe\n      ServerAliveInterval: -1\n      ProxyCommand: nc\n",
+        );
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(
+            p[0].starts_with(
+                "fleet.yaml:5:18: hosts[0].ssh_options.ProxyJump: `@x` has an empty user"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with(
+                "fleet.yaml:6:23: hosts[0].ssh_options.IdentitiesOnly: `maybe` is not yes or no"
+            ),
+            "{p:?}"
+        );
+        assert!(
+            p[2].starts_with("fleet.yaml:7:28: hosts[0].ssh_options.ServerAliveInterval"),
+            "{p:?}"
+        );
+        assert!(
+            p[3].contains("ProxyCommand: unknown or unsupported ssh option"),
+            "{p:?}"
         );
     }
 

@@ -1,5 +1,6 @@
 //! Reaching hosts: the one `Transport` trait (run an argv, start a detached process, forward a
-//! TCP port) and its implementations: `local`, `ssh` (one multiplexed russh connection per host)
+//! TCP port, watch the connection's [`Link`]) and its implementations: `local`, `ssh` (one
+//! multiplexed russh connection per host, through ProxyJump hops, re-established when it drops)
 //! and `pct` (wraps another transport as `pct exec <CT> -- bash -c <quoted script>`).
 //!
 //! A command is always an argv. Where a shell must parse it (the SSH exec request, `bash -c`
@@ -14,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HostSpec;
@@ -30,6 +33,8 @@ pub use local::LocalTransport;
 pub use pct::PctTransport;
 pub use secrets::{add_secret, mask};
 pub use ssh::SshTransport;
+pub use ssh_config::directives;
+pub use ssh_config::{Origin as SshConfigOrigin, SshConfigError};
 
 /// What a finished command left behind. Each stream was read until its channel closed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,6 +115,51 @@ impl fmt::Debug for Tunnel {
             .finish()
     }
 }
+
+/// The state of a transport's connection to its host, as [`Transport::link`] publishes it.
+///
+/// A consumer (the generate dispatcher) treats `Down` as "host lost" and the next `Up` as
+/// "host back"; `generation` tells a reconnect apart from the first connection even when the
+/// `Down` in between was never observed (a watch channel keeps only the latest value).
+#[derive(Debug, Clone)]
+pub enum Link {
+    /// Connected. `generation` is 0 for the first connection and counts reconnects.
+    Up { generation: u64 },
+    /// Lost at `since` for `reason`; the transport is reconnecting with backoff.
+    Down { since: Instant, reason: LinkLoss },
+    /// Reconnecting was refused in a way retrying cannot fix (a changed or unknown host key,
+    /// refused authentication, a bad configuration): the transport stays down for good.
+    Failed {
+        since: Instant,
+        error: Arc<RemoteError>,
+    },
+}
+
+impl Link {
+    pub fn is_up(&self) -> bool {
+        matches!(self, Link::Up { .. })
+    }
+}
+
+/// Why an established connection ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkLoss {
+    /// `max` keepalives in a row went unanswered (OpenSSH's ServerAliveCountMax).
+    #[error("no answer to {max} keepalives sent {interval:?} apart")]
+    Keepalive { interval: Duration, max: usize },
+    /// The server said goodbye (SSH_MSG_DISCONNECT).
+    #[error("the server closed the connection: {message}")]
+    Closed { message: String },
+    /// The stream failed or ended (EOF, reset, a broken jump host).
+    #[error("{message}")]
+    Broken { message: String },
+    /// The session ended without saying why.
+    #[error("the connection ended")]
+    Ended,
+}
+
+static ALWAYS_UP: std::sync::LazyLock<watch::Sender<Link>> =
+    std::sync::LazyLock::new(|| watch::Sender::new(Link::Up { generation: 0 }));
 
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -200,8 +250,57 @@ pub enum RemoteError {
         detail: String,
     },
 
-    #[error("{host}: SSH configuration: {message}")]
-    Config { host: String, message: String },
+    #[error("{host}: SSH configuration: {source}")]
+    Config {
+        host: String,
+        source: Box<SshConfigError>,
+    },
+
+    #[error("{host}: cannot use known_hosts: {message}")]
+    KnownHosts { host: String, message: String },
+
+    #[error("{host}: cannot reach {target} through {via}: {source}")]
+    Jump {
+        host: String,
+        /// The alias of the host that was to be reached.
+        target: String,
+        /// The jump hosts, first hop first.
+        via: String,
+        /// What failed, naming the hop it failed at.
+        source: Box<RemoteError>,
+    },
+
+    #[error("{host}: cannot open a connection to {to}: {reason}")]
+    Tunnel {
+        host: String,
+        to: String,
+        reason: String,
+    },
+
+    #[error(
+        "{host}: the SSH connection to {target} is down ({reason}) and did not come back within \
+         {waited:?}\n  hint: fleet keeps reconnecting in the background; check that the host \
+         is up and reachable"
+    )]
+    LinkDown {
+        host: String,
+        target: String,
+        reason: LinkLoss,
+        waited: Duration,
+    },
+
+    #[error("{error}\n  (the connection to this host was lost; fleet stopped reconnecting)")]
+    LinkFailed {
+        host: String,
+        error: Arc<RemoteError>,
+    },
+
+    #[error("{host}: the SSH connection to {target} was lost while running `{command}`")]
+    ConnectionLost {
+        host: String,
+        target: String,
+        command: String,
+    },
 
     #[error("{host}: SSH connection to {target} failed: {message}")]
     Ssh {
@@ -273,6 +372,15 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// for a `pct` target.
     async fn server_address(&self) -> Result<String, RemoteError> {
         Ok("127.0.0.1".to_string())
+    }
+
+    /// The state of the connection to the host, updated as it is lost and re-established.
+    ///
+    /// The SSH transport reconnects by itself (see [`SshTransport`]); `pct` reports its inner
+    /// transport's link. This default, for transports that never drop (local), is always
+    /// `Up { generation: 0 }`, and its `changed()` never fires.
+    fn link(&self) -> watch::Receiver<Link> {
+        ALWAYS_UP.subscribe()
     }
 }
 

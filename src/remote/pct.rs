@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
-use super::{CommandOutput, RemoteError, Transport, Tunnel, quote_argv};
+use super::{CommandOutput, Link, RemoteError, Transport, Tunnel, quote_argv};
 
 /// pct (Perl's `die`) exits 255 when it cannot run the command at all.
 const PCT_FAILURE: i32 = 255;
@@ -90,6 +90,11 @@ impl Transport for PctTransport {
             return self.inner.forward(&container_addr, port).await;
         }
         self.inner.forward(addr, port).await
+    }
+
+    /// The container is reached only through the host: its link is the host's.
+    fn link(&self) -> tokio::sync::watch::Receiver<Link> {
+        self.inner.link()
     }
 
     async fn server_address(&self) -> Result<String, RemoteError> {

@@ -1,0 +1,68 @@
+//! A test world of several SSH hosts, as the field has them: each host its own sshd on
+//! 127.0.0.1 with its own host key, one Proxmox container each (its own id, its own `/tmp`
+//! through the fake `pct`), its servers on its own loopback address (127.0.0.2, 127.0.0.3, …,
+//! the inventory's `address:`), and one HOME whose `~/.ssh/config` names them all.
+
+use std::path::PathBuf;
+
+use super::{Sshd, TestHome};
+
+pub struct WorldHost {
+    /// The inventory name, `ct<container>`.
+    pub name: String,
+    /// Its `Host` alias in `~/.ssh/config`.
+    pub alias: String,
+    pub container: u32,
+    /// Where its container's servers listen (distinct per host).
+    pub address: String,
+    pub sshd: Sshd,
+}
+
+pub struct World {
+    pub hosts: Vec<WorldHost>,
+    pub home: TestHome,
+}
+
+impl World {
+    /// `n` hosts; host i has container `200 + i` and address `127.0.0.{2 + i}`.
+    pub fn new(n: usize) -> World {
+        let home = TestHome::empty();
+        let hosts: Vec<WorldHost> = (0..n)
+            .map(|i| {
+                let container = 200 + i as u32;
+                let sshd = Sshd::start_with_env(&[("FAKE_PCT_RUNNING", &container.to_string())]);
+                let alias = format!("world-host{}", i + 1);
+                let key = format!("{alias}_key");
+                home.add_key(&sshd.client_key, &key);
+                home.append_config(&sshd.config_block(&alias, &format!("~/.ssh/{key}")));
+                home.trust(&sshd.known_hosts_line());
+                WorldHost {
+                    name: format!("ct{container}"),
+                    alias,
+                    container,
+                    address: format!("127.0.0.{}", 2 + i),
+                    sshd,
+                }
+            })
+            .collect();
+        World { hosts, home }
+    }
+
+    /// Writes `fleet.yaml` with every host (`gpus` as YAML, e.g. `[0, 1]`) and returns its path.
+    pub fn inventory(&self, gpus: &str) -> PathBuf {
+        let mut yaml = String::from("hosts:\n");
+        for h in &self.hosts {
+            yaml.push_str(&format!(
+                "  - name: {}\n    ssh: {}\n    container: {}\n    address: {}\n    gpus: {gpus}\n",
+                h.name, h.alias, h.container, h.address
+            ));
+        }
+        self.home.write_inventory(&yaml)
+    }
+
+    /// Where `path` (under `/tmp` inside host i's container) is seen from here.
+    pub fn container_path(&self, i: usize, path: &str) -> PathBuf {
+        let h = &self.hosts[i];
+        h.sshd.container_path(h.container, path)
+    }
+}
