@@ -13,9 +13,7 @@ use crate::generate::input::InputError;
 use crate::generate::journal::JournalError;
 use crate::generate::progress::Progress;
 use crate::generate::upload::{Destination, UploadEvent};
-use crate::generate::{
-    self, ConcurrencyMode, Ended, Endpoint, Event, GenerateConfig, GenerateError,
-};
+use crate::generate::{self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError};
 use crate::sglang::client::Api;
 
 use super::{Ctx, Outcome, UsageError};
@@ -71,7 +69,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     if let Some(dest) = &args.upload {
         if summary.not_uploaded.is_empty() {
-            if !json && summary.ended == Ended::Done {
+            if !json && summary.ended == End::Done {
                 println!(
                     "uploaded: {} shards, {} bytes to {dest}",
                     p.s3_uploaded, p.s3_bytes
@@ -91,13 +89,13 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     let uploads_missing = !summary.not_uploaded.is_empty();
     match summary.ended {
-        Ended::Done if uploads_missing => {
+        End::Done if uploads_missing => {
             anyhow::bail!(
                 "the upload to {} is incomplete",
                 args.upload.as_deref().unwrap_or("?")
             )
         }
-        Ended::Done if p.failed > 0 => {
+        End::Done if p.failed > 0 => {
             eprintln!(
                 "{} prompts failed: see {}",
                 p.failed,
@@ -105,16 +103,16 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             );
             Ok(Outcome::Partial)
         }
-        Ended::Done => Ok(Outcome::Ok),
-        Ended::Interrupted => {
+        End::Done => Ok(Outcome::Ok),
+        End::Interrupted => {
             eprintln!("interrupted: continue with the same command plus --resume");
             Ok(Outcome::Interrupted)
         }
-        Ended::Stalled => anyhow::bail!(
+        End::Stalled => anyhow::bail!(
             "no instance was healthy for --stall-timeout ({}); output so far is kept, continue with --resume",
             humantime::format_duration(args.stall_timeout)
         ),
-        Ended::BelowExpected(f) => {
+        End::BelowExpected(f) => {
             anyhow::bail!(
                 "stopped by --abort-below: {}; output so far is kept",
                 f.message()

@@ -38,6 +38,8 @@ pub enum JournalError {
     NotEmpty { dir: PathBuf },
     #[error("the journal writer stopped unexpectedly")]
     WriterGone,
+    #[error(transparent)]
+    Progress(#[from] super::progress::ProgressError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
@@ -70,21 +72,59 @@ pub struct CompletionRecord<'a> {
     pub latency_s: f64,
 }
 
+/// Why a prompt is in `failed.jsonl`: its own fault, or (`retries_exhausted`) servers that kept
+/// failing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureReason {
+    /// The input line is not a prompt (bad JSON, no prompt, wrong types).
+    MalformedLine,
+    /// The prompt alone does not fit the server's context or input limit.
+    PromptTooLong,
+    /// Still over the context after clamping max_tokens to what should fit.
+    ContextOverflow,
+    /// A prompt kind the chosen endpoint cannot take (`messages` to /generate).
+    UnsupportedPrompt,
+    /// Retryable failures (5xx, 429, timeouts) on every try.
+    RetriesExhausted,
+    /// A 4xx answer other than an overflow.
+    Rejected,
+    /// A 200 whose body is not a completion.
+    BadResponse,
+}
+
+impl FailureReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::MalformedLine => "malformed_line",
+            FailureReason::PromptTooLong => "prompt_too_long",
+            FailureReason::ContextOverflow => "context_overflow",
+            FailureReason::UnsupportedPrompt => "unsupported_prompt",
+            FailureReason::RetriesExhausted => "retries_exhausted",
+            FailureReason::Rejected => "rejected",
+            FailureReason::BadResponse => "bad_response",
+        }
+    }
+}
+
 /// One line of `failed.jsonl`.
 #[derive(Debug, Serialize)]
 pub struct FailureRecord<'a> {
     pub id: &'a Id,
     /// 1-based line number in the prompt file.
     pub line: u64,
-    pub reason: &'a str,
+    pub reason: FailureReason,
     pub error: &'a str,
 }
 
-/// A serialized line (ending in `\n`) for the writer.
+/// What the writer thread writes: a serialized line (ending in `\n`), or a progress snapshot.
 #[derive(Debug)]
 pub enum Entry {
     Completion(Vec<u8>),
     Failure(Vec<u8>),
+    /// Written (atomically) after the lines before it are synced, so progress.json never counts
+    /// a line that is not on disk, and no file I/O runs on the async threads.
+    Progress(Box<super::progress::Progress>),
 }
 
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
@@ -440,6 +480,11 @@ impl Writer {
                 self.shard_buf.extend_from_slice(&line);
             }
             Entry::Failure(line) => self.failed_buf.extend_from_slice(&line),
+            Entry::Progress(p) => {
+                self.flush()?;
+                super::progress::write_atomic(&self.dir, &p)?;
+                return Ok(());
+            }
         }
         self.pending_lines += 1;
         Ok(())
@@ -519,7 +564,7 @@ mod tests {
         j.append(Entry::Failure(encode(&FailureRecord {
             id: &f,
             line: 9,
-            reason: "malformed_line",
+            reason: FailureReason::MalformedLine,
             error: "x",
         })))
         .unwrap();
@@ -582,7 +627,7 @@ mod tests {
         let f = encode(&FailureRecord {
             id: &n,
             line: 5,
-            reason: "malformed_line",
+            reason: FailureReason::MalformedLine,
             error: "x",
         });
         assert_eq!(parse_done(&f, false).unwrap().id.into_id().text, "5");

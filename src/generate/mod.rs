@@ -1,27 +1,34 @@
-//! The batch generation job: input reader, dispatcher, journal/resume, progress, watchdog.
+//! The batch generation job: input reader, the decision core and its async shell, journal and
+//! resume, progress, watchdog, upload.
 //!
 //! [`run`] is a library function: it gets its endpoints from the caller (given URLs, or the
-//! instances `fleet up` started), never prints, and reports through [`Event`]s.
+//! instances `fleet up` started), never prints, and reports through [`Event`]s. Its decisions
+//! are [`core`]'s, a pure state machine; [`drive`] is the loop that runs it, which the sweep's
+//! trials share.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::backoff::Backoff;
 use crate::config::Expected;
 use crate::sglang::client::{Api, ClientError, HttpOptions};
 
 pub mod concurrency;
-mod dispatch;
+pub mod core;
+pub mod drive;
 pub mod input;
 pub mod journal;
 pub mod progress;
+mod shell;
 pub mod upload;
 pub mod watchdog;
 
+pub use self::core::End;
 pub use crate::sglang::client::Endpoint;
 pub use concurrency::ConcurrencyMode;
-pub use dispatch::run;
+pub use shell::run;
 
 /// Everything a run needs besides its endpoints.
 #[derive(Debug, Clone)]
@@ -84,12 +91,13 @@ pub struct Timing {
     pub progress_every: Duration,
     /// `/metrics` polling for adaptive concurrency and the watchdog.
     pub metrics_every: Duration,
-    /// `/health` of instances in use; down instances are probed at the same pace.
+    /// Liveness (`/server_info`) of instances in use whose `/metrics` is off; metrics readings
+    /// and the revival of instances that are out go at `metrics_every`.
     pub health_every: Duration,
     /// Sliding window for rates and the ETA.
     pub rate_window: Duration,
-    pub backoff_base: Duration,
-    pub backoff_cap: Duration,
+    /// Before retry n of a request that failed retryably.
+    pub backoff: Backoff,
     /// Consecutive failed health checks that take an instance out.
     pub health_failures_to_down: u32,
 }
@@ -101,8 +109,7 @@ impl Default for Timing {
             metrics_every: Duration::from_secs(1),
             health_every: Duration::from_secs(5),
             rate_window: Duration::from_secs(60),
-            backoff_base: Duration::from_millis(500),
-            backoff_cap: Duration::from_secs(30),
+            backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
             health_failures_to_down: 3,
         }
     }
@@ -157,21 +164,9 @@ pub enum Event {
     },
 }
 
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Ended {
-    /// Every prompt is in the output or in `failed.jsonl`.
-    Done,
-    Interrupted,
-    /// No instance came back within the stall timeout.
-    Stalled,
-    /// `--abort-below` stopped the run.
-    BelowExpected(watchdog::Finding),
-}
-
 #[derive(Debug, Clone)]
 pub struct Summary {
-    pub ended: Ended,
+    pub ended: End,
     pub progress: progress::Progress,
     /// With `--upload`: the shards that are not in the destination, with why.
     pub not_uploaded: upload::NotUploaded,

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
 pub const PROGRESS_FILE: &str = "progress.json";
 
@@ -97,12 +96,12 @@ pub fn round(x: f64, decimals: i32) -> f64 {
     (x * f).round() / f
 }
 
-/// Counts of completions and output tokens sampled over time; rates come from the oldest and
-/// newest samples inside the window.
+/// Counts of completions and output tokens sampled over time (measured from any fixed start);
+/// rates come from the oldest and newest samples inside the window.
 #[derive(Debug, Clone)]
 pub struct RateWindow {
     window: Duration,
-    samples: VecDeque<(Instant, u64, u64)>,
+    samples: VecDeque<(Duration, u64, u64)>,
 }
 
 impl RateWindow {
@@ -114,10 +113,10 @@ impl RateWindow {
     }
 
     /// Records the running totals at `now`.
-    pub fn record(&mut self, now: Instant, completed: u64, tokens: u64) {
+    pub fn record(&mut self, now: Duration, completed: u64, tokens: u64) {
         self.samples.push_back((now, completed, tokens));
         // Keep one sample older than the window so the rate spans the whole window.
-        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= self.window {
+        while self.samples.len() > 2 && now.saturating_sub(self.samples[1].0) >= self.window {
             self.samples.pop_front();
         }
     }
@@ -127,7 +126,7 @@ impl RateWindow {
         let (Some(first), Some(last)) = (self.samples.front(), self.samples.back()) else {
             return (0.0, 0.0);
         };
-        let dt = last.0.duration_since(first.0).as_secs_f64();
+        let dt = last.0.saturating_sub(first.0).as_secs_f64();
         if dt <= 0.0 {
             return (0.0, 0.0);
         }
@@ -207,7 +206,7 @@ mod tests {
     #[test]
     fn window_rate_forgets_the_slow_start() {
         let mut w = RateWindow::new(Duration::from_secs(10));
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(7);
         // 1/s for 30 s, then 10/s for 20 s: the window sees only the recent 10/s.
         let mut done = 0;
         for s in 0..=50u64 {

@@ -1,0 +1,203 @@
+//! The instances as the core sees them: capacity, in-flight limit and load, which probe each
+//! needs, and taking an instance out (its requests go elsewhere) and back in when it answers.
+
+use super::watch::SignalAcc;
+use super::{Action, Core, CoreConfig, ProbeKind, ProbeResult, Server, Time};
+use crate::generate::concurrency::Controller;
+use crate::generate::progress::RateWindow;
+use crate::generate::{Event, InstanceInfo};
+use crate::sglang::client::{ClientError, ServerInfo};
+use crate::sglang::metrics::Metrics;
+
+pub(super) struct Inst {
+    pub name: String,
+    pub url: String,
+    pub version: Option<String>,
+    pub up: bool,
+    pub ctl: Controller,
+    pub in_flight: u32,
+    pub cap: Option<u64>,
+    pub kv_tokens: Option<u64>,
+    /// The context length in effect (`/v1/models` `max_model_len`).
+    pub context_len: Option<u64>,
+    /// Consecutive failed liveness probes.
+    pub failures: u32,
+    pub probing: bool,
+    pub metrics_available: bool,
+    pub completed: u64,
+    pub out_tokens: u64,
+    pub window: RateWindow,
+    /// The server's own `generation_tokens_total`: output tok/s as it happens, not only when
+    /// long requests complete.
+    pub server_tokens: RateWindow,
+    pub last: Option<Metrics>,
+    pub acc: SignalAcc,
+    /// Why it was out of service at start, for the caller to show.
+    unavailable: Option<String>,
+}
+
+impl Inst {
+    pub fn new(s: Server, cfg: &CoreConfig) -> Inst {
+        let mut window = RateWindow::new(cfg.timing.rate_window);
+        window.record(Time::ZERO, 0, 0);
+        let mut inst = Inst {
+            name: s.name,
+            url: s.url,
+            version: None,
+            up: false,
+            ctl: Controller::new(cfg.concurrency, None),
+            in_flight: 0,
+            cap: None,
+            kv_tokens: None,
+            context_len: None,
+            failures: 0,
+            probing: false,
+            metrics_available: true,
+            completed: 0,
+            out_tokens: 0,
+            window,
+            server_tokens: RateWindow::new(cfg.timing.rate_window),
+            last: None,
+            acc: SignalAcc::default(),
+            unavailable: None,
+        };
+        match s.info {
+            Ok(info) => inst.revive(&info, cfg),
+            Err(why) => inst.unavailable = Some(why),
+        }
+        inst
+    }
+
+    /// Puts it in service with what `/server_info` says.
+    fn revive(&mut self, info: &ServerInfo, cfg: &CoreConfig) {
+        self.up = true;
+        self.failures = 0;
+        self.cap = info.effective_max_running_requests;
+        self.kv_tokens = info.max_total_num_tokens;
+        self.context_len = info.context_length;
+        self.version = info.version.clone();
+        self.ctl = Controller::new(cfg.concurrency, self.cap);
+        self.metrics_available = true;
+        // A restarted server counts from zero again.
+        self.server_tokens = RateWindow::new(cfg.timing.rate_window);
+    }
+
+    pub fn free(&self) -> u32 {
+        self.ctl.limit().saturating_sub(self.in_flight)
+    }
+
+    pub fn info(&self) -> InstanceInfo {
+        InstanceInfo {
+            name: self.name.clone(),
+            url: self.url.clone(),
+            version: self.version.clone(),
+            server_cap: self.cap,
+            kv_tokens: self.kv_tokens,
+            context_length: self.context_len,
+            concurrency: self.ctl.limit(),
+            unavailable: self.unavailable.clone(),
+        }
+    }
+}
+
+impl Core {
+    /// Starts the probes due: revival of instances that are out, `/metrics` of those in service,
+    /// and (when `liveness` is due) `/server_info` of those without metrics.
+    pub(super) fn schedule_probes(&mut self, liveness: bool, out: &mut Vec<Action>) {
+        for (i, inst) in self.insts.iter_mut().enumerate() {
+            let kind = match (inst.up, inst.metrics_available) {
+                _ if inst.probing => continue,
+                (false, _) => ProbeKind::Revive,
+                (true, true) => ProbeKind::Metrics,
+                (true, false) if liveness => ProbeKind::Alive,
+                (true, false) => continue,
+            };
+            inst.probing = true;
+            out.push(Action::Probe { inst: i, kind });
+        }
+    }
+
+    pub(super) fn probed(
+        &mut self,
+        now: Time,
+        i: usize,
+        result: ProbeResult,
+        out: &mut Vec<Action>,
+    ) {
+        let warm = now >= self.cfg.warmup;
+        let to_down = self.cfg.timing.health_failures_to_down;
+        let inst = &mut self.insts[i];
+        inst.probing = false;
+        let failure = match result {
+            ProbeResult::Metrics(Ok(m)) if inst.up => {
+                inst.failures = 0;
+                if let Some(total) = m.generation_tokens_total {
+                    inst.server_tokens.record(now, 0, total as u64);
+                }
+                if let (Some(running), Some(queued)) = (m.num_running_reqs, m.num_queue_reqs) {
+                    inst.ctl.observe(running, queued, inst.in_flight);
+                    if warm {
+                        inst.acc.add(running, queued, m.gen_throughput);
+                    }
+                }
+                inst.last = Some(m);
+                None
+            }
+            ProbeResult::Metrics(Err(ClientError::Status { status: 404, .. })) => {
+                // Started without --enable-metrics: liveness comes from /server_info instead.
+                inst.metrics_available = false;
+                None
+            }
+            ProbeResult::Alive(Ok(())) if inst.up => {
+                inst.failures = 0;
+                None
+            }
+            ProbeResult::Metrics(Err(e)) | ProbeResult::Alive(Err(e)) if inst.up => Some(e),
+            ProbeResult::Revive(Ok(info)) if !inst.up => {
+                let cfg = &self.cfg;
+                inst.revive(&info, cfg);
+                out.push(Action::Event(Event::InstanceUp {
+                    name: inst.name.clone(),
+                    server_cap: inst.cap,
+                }));
+                if self.paused_since.take().is_some() {
+                    out.push(Action::Event(Event::Resumed));
+                }
+                None
+            }
+            // Answers that no longer matter: the instance changed state meanwhile, or it is
+            // still out.
+            _ => None,
+        };
+        if let Some(e) = failure {
+            let inst = &mut self.insts[i];
+            inst.failures += 1;
+            if inst.failures >= to_down {
+                let reason = format!("{} failed health checks; last: {e}", inst.failures);
+                self.mark_down(now, i, &reason, out);
+            }
+        }
+    }
+
+    /// Takes instance `i` out of service: its requests go elsewhere, and it is probed until it
+    /// answers again. With nothing left in service the run pauses.
+    pub(super) fn mark_down(&mut self, now: Time, i: usize, reason: &str, out: &mut Vec<Action>) {
+        if !self.insts[i].up {
+            return;
+        }
+        let inst = &mut self.insts[i];
+        inst.up = false;
+        inst.failures = 0;
+        out.push(Action::Event(Event::InstanceDown {
+            name: inst.name.clone(),
+            reason: reason.to_string(),
+        }));
+        self.take_back(i, out);
+        if self.paused_since.is_none() && self.insts.iter().all(|i| !i.up) {
+            self.paused_since = Some(now);
+            out.push(Action::Event(Event::Paused {
+                stall_timeout: self.cfg.stall_timeout,
+            }));
+        }
+    }
+}

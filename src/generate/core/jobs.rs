@@ -1,0 +1,277 @@
+//! Prompts as jobs: turning an input line into a request (or a failure of its own), and what
+//! each answer means for it: written, clamped and sent again, moved to another server, retried
+//! after a backoff, or failed for good with its [`FailureReason`].
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use super::{Action, Attempt, Core, InFlight, ReqId, Time};
+use crate::generate::Event;
+use crate::generate::input::{Id, Line};
+use crate::generate::journal::{self, CompletionRecord, Entry, FailureReason, FailureRecord};
+use crate::generate::progress;
+use crate::sglang::client::{Api, ClientError, CompletionRequest, Prompt, Remedy};
+
+/// A prompt whose connection drops this often is failed: it may be what crashes servers.
+pub(super) const MAX_REDISPATCHES: u32 = 8;
+
+/// A prompt on its way through the fleet.
+#[derive(Debug)]
+pub(super) struct Job {
+    pub line: u64,
+    pub id: Id,
+    pub req: Arc<CompletionRequest>,
+    /// Retryable failures so far (counted against `--max-retries`).
+    pub attempts: u32,
+    /// Times it was moved off a server that went away (not counted against `--max-retries`).
+    pub redispatches: u32,
+    /// Whether max_tokens was clamped to the room beside the prompt (C − P − 1) already.
+    pub clamped: bool,
+    /// The instance that last failed it: the next try goes elsewhere when possible.
+    pub avoid: Option<usize>,
+}
+
+impl Job {
+    pub fn new(line: u64, id: Id, req: CompletionRequest) -> Job {
+        Job {
+            line,
+            id,
+            req: Arc::new(req),
+            attempts: 0,
+            redispatches: 0,
+            clamped: false,
+            avoid: None,
+        }
+    }
+}
+
+/// A retry waiting for its backoff. The heap pops the earliest due, then the earliest queued.
+#[derive(Debug)]
+pub(super) struct Delayed {
+    pub due: Time,
+    pub seq: u64,
+    pub job: Job,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.due, self.seq) == (o.due, o.seq)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.due, o.seq).cmp(&(self.due, self.seq))
+    }
+}
+
+impl Core {
+    /// Turns an input line into a queued job, or records it as failed for its own reasons.
+    pub(super) fn intake(&mut self, line: Line, out: &mut Vec<Action>) {
+        let parsed = match line.parsed {
+            Ok(p) => p,
+            Err(error) => {
+                out.push(Action::Event(Event::MalformedLine {
+                    line: line.number,
+                    error: error.clone(),
+                }));
+                self.fail(
+                    &line.id,
+                    line.number,
+                    FailureReason::MalformedLine,
+                    &error,
+                    out,
+                );
+                return;
+            }
+        };
+        let api = self.cfg.api.or(parsed.api).unwrap_or(match parsed.prompt {
+            Prompt::Messages(_) => Api::Chat,
+            Prompt::Text(_) => Api::Generate,
+        });
+        if matches!(
+            (&parsed.prompt, api),
+            (Prompt::Messages(_), Api::Generate | Api::Completions)
+        ) {
+            let error = format!(
+                "`messages` cannot be sent to {}; use --endpoint chat",
+                api.path()
+            );
+            self.fail(
+                &line.id,
+                line.number,
+                FailureReason::UnsupportedPrompt,
+                &error,
+                out,
+            );
+            return;
+        }
+        let req = CompletionRequest {
+            api,
+            prompt: parsed.prompt,
+            max_tokens: parsed.max_tokens.unwrap_or(self.cfg.max_tokens),
+            temperature: self.cfg.temperature,
+            top_p: self.cfg.top_p,
+            model: self.model.clone(),
+            extra: parsed.extra,
+        };
+        self.ready.push_back(Job::new(line.number, line.id, req));
+    }
+
+    pub(super) fn fail(
+        &mut self,
+        id: &Id,
+        line: u64,
+        reason: FailureReason,
+        error: &str,
+        out: &mut Vec<Action>,
+    ) {
+        let record = journal::encode(&FailureRecord {
+            id,
+            line,
+            reason,
+            error,
+        });
+        out.push(Action::Write(Entry::Failure(record)));
+        self.counts.failed += 1;
+    }
+
+    /// A request came back: write it, or decide what its failure means.
+    pub(super) fn done(&mut self, now: Time, id: ReqId, attempt: Attempt, out: &mut Vec<Action>) {
+        // An answer to a request taken back (its instance went out) is dropped: the job is
+        // already queued again, so it is written once.
+        let Some(InFlight { inst: i, mut job }) = self.in_flight.remove(&id) else {
+            return;
+        };
+        self.insts[i].in_flight -= 1;
+        let stopping = self.stop.is_some();
+        let error = match attempt {
+            Attempt::Finished {
+                completion: c,
+                latency,
+            } => {
+                let inst = &mut self.insts[i];
+                let record = journal::encode(&CompletionRecord {
+                    id: &job.id,
+                    output: &c.text,
+                    prompt_tokens: c.prompt_tokens,
+                    completion_tokens: c.completion_tokens,
+                    finish_reason: c.finish_reason.as_deref(),
+                    instance: &inst.name,
+                    latency_s: progress::round(latency.as_secs_f64(), 3),
+                });
+                out.push(Action::Write(Entry::Completion(record)));
+                inst.completed += 1;
+                inst.out_tokens += c.completion_tokens;
+                self.counts.completed += 1;
+                self.counts.in_tokens += c.prompt_tokens;
+                self.counts.out_tokens += c.completion_tokens;
+                return;
+            }
+            Attempt::Failed(e) => e,
+        };
+        match error {
+            ClientError::ContextOverflow { overflow, .. } => match overflow.remedy() {
+                Remedy::PromptTooLong => {
+                    let why = overflow.to_string();
+                    self.fail(&job.id, job.line, FailureReason::PromptTooLong, &why, out);
+                }
+                // One clamp to C − P − 1; chat's clamp to C comes before it, being made before
+                // the server has read the prompt.
+                Remedy::MaxTokens(fit)
+                    if fit < job.req.max_tokens && !(job.clamped && overflow.knows_prompt()) =>
+                {
+                    Arc::make_mut(&mut job.req).max_tokens = fit;
+                    job.clamped |= overflow.knows_prompt();
+                    if !stopping {
+                        self.ready.push_front(job);
+                    }
+                }
+                Remedy::MaxTokens(fit) => {
+                    let why = format!("{overflow}; still too long with max_tokens {fit}");
+                    self.fail(&job.id, job.line, FailureReason::ContextOverflow, &why, out);
+                }
+            },
+            e if e.is_unreachable() && job.redispatches < MAX_REDISPATCHES => {
+                // The server is gone or dropped the connection, not the request's fault: send
+                // it elsewhere without spending one of its retries. A refused connection means
+                // nothing listens there any more, so the instance is taken out; a dropped one
+                // may be a single closed keep-alive connection, so the probes decide.
+                if matches!(e, ClientError::Connect { .. }) {
+                    self.mark_down(now, i, &e.to_string(), out);
+                }
+                job.avoid = Some(i);
+                job.redispatches += 1;
+                if !stopping {
+                    self.ready.push_front(job);
+                }
+            }
+            e if e.is_retryable() => {
+                job.attempts += 1;
+                if job.attempts > self.cfg.max_retries {
+                    let why = e.to_string();
+                    self.fail(
+                        &job.id,
+                        job.line,
+                        FailureReason::RetriesExhausted,
+                        &why,
+                        out,
+                    );
+                } else if !stopping {
+                    job.avoid = Some(i);
+                    let wait = self
+                        .cfg
+                        .timing
+                        .backoff
+                        .delay_with(job.attempts, &mut self.rng);
+                    self.seq += 1;
+                    self.delayed.push(Delayed {
+                        due: now + wait,
+                        seq: self.seq,
+                        job,
+                    });
+                }
+            }
+            e => {
+                let reason = match e {
+                    ClientError::Decode { .. } => FailureReason::BadResponse,
+                    _ => FailureReason::Rejected,
+                };
+                self.fail(&job.id, job.line, reason, &e.to_string(), out);
+            }
+        }
+    }
+
+    /// Takes back every job in flight on instance `i` (the instance went out), to be sent
+    /// elsewhere first; the shell drops the requests themselves.
+    pub(super) fn take_back(&mut self, i: usize, out: &mut Vec<Action>) {
+        let ids: Vec<ReqId> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.inst == i)
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        out.push(Action::Abort(i));
+        let mut back: Vec<(ReqId, Job)> = ids
+            .into_iter()
+            .filter_map(|id| self.in_flight.remove(&id).map(|f| (id, f.job)))
+            .collect();
+        // Oldest first, so they keep their order at the front of the queue.
+        back.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+        for (_, mut job) in back {
+            job.avoid = Some(i);
+            if self.stop.is_none() {
+                self.ready.push_front(job);
+            }
+        }
+        self.insts[i].in_flight = 0;
+    }
+}

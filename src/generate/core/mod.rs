@@ -1,0 +1,510 @@
+//! The generation job's decisions as a pure state machine: every input (a line read, a request
+//! finished, a probe answered, the clock, cancellation, an upload) goes to [`Core::on`], which
+//! answers with the [`Action`]s the shell must take. It does no I/O, reads no clock and draws
+//! its retry jitter from a seeded generator, so its tests drive it on fake time.
+//!
+//! It owns dispatch and per-instance in-flight limits, retries with backoff and redispatch,
+//! taking instances out and back in, pausing when nothing is healthy and the stall timeout, the
+//! watchdog, the grace period after a stop, and how the run ends. `sweep` drives the same core
+//! with a closed-loop supply of requests.
+
+mod fleet;
+mod jobs;
+mod watch;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::concurrency::ConcurrencyMode;
+use super::input::{Id, Line};
+use super::journal::Entry;
+use super::progress::{Progress, RateWindow, Status};
+use super::upload::UploadEvent;
+use super::watchdog::{Cause, Finding};
+use super::{Event, GenerateConfig, InstanceInfo, Timing};
+use crate::config::Expected;
+use crate::sglang::client::{Api, ClientError, Completion, CompletionRequest, ServerInfo};
+use crate::sglang::metrics::Metrics;
+
+use fleet::Inst;
+use jobs::{Delayed, Job};
+
+/// Time since the run started, as the shell's clock measures it.
+pub type Time = Duration;
+
+/// A request sent to a server, named so its answer finds its way back.
+pub type ReqId = u64;
+
+/// The rules of a run: what `fleet generate`'s flags decide.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    pub api: Option<Api>,
+    pub max_tokens: u32,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub concurrency: ConcurrencyMode,
+    pub max_retries: u32,
+    pub stall_timeout: Duration,
+    pub warmup: Duration,
+    pub abort_below: Option<f64>,
+    pub grace: Duration,
+    pub expected: Option<Expected>,
+    pub timing: Timing,
+    /// Seeds the retry jitter: the same seed and inputs give the same decisions.
+    pub seed: u64,
+}
+
+impl CoreConfig {
+    pub fn from_generate(c: &GenerateConfig, seed: u64) -> Self {
+        CoreConfig {
+            api: c.api,
+            max_tokens: c.max_tokens,
+            temperature: c.temperature,
+            top_p: c.top_p,
+            concurrency: c.concurrency,
+            max_retries: c.max_retries,
+            stall_timeout: c.stall_timeout,
+            warmup: c.warmup,
+            abort_below: c.abort_below,
+            grace: c.grace,
+            expected: c.expected.clone(),
+            timing: c.timing,
+            seed,
+        }
+    }
+}
+
+/// What earlier runs of a resumed job already wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Baseline {
+    /// Prompt lines in the input (up to `--limit`).
+    pub total: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// A server as the shell found it before the run: its `/server_info`, or why it did not answer.
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub name: String,
+    pub url: String,
+    pub info: Result<ServerInfo, String>,
+}
+
+/// What happened, for the core to decide about.
+#[derive(Debug)]
+pub enum Input {
+    /// The next input line (the shell reads only while [`Core::wants_input`]).
+    Line(Line),
+    /// A request made by the caller, sent as it is (the sweep's workload).
+    Request {
+        id: Id,
+        req: CompletionRequest,
+    },
+    /// Every input line was read.
+    InputEnd,
+    /// A request sent with [`Action::Send`] came back.
+    Done {
+        id: ReqId,
+        attempt: Attempt,
+    },
+    /// A probe started with [`Action::Probe`] answered.
+    Probe {
+        inst: usize,
+        result: ProbeResult,
+    },
+    /// The time [`Core::next_wake`] asked for has come (or any later time).
+    Tick,
+    /// Ctrl-C, SIGTERM or SIGHUP: stop dispatching and wind down within the grace period.
+    Cancel,
+    Upload(UploadEvent),
+}
+
+/// How one request went.
+#[derive(Debug)]
+pub enum Attempt {
+    Finished {
+        completion: Completion,
+        /// From sending to the whole answer.
+        latency: Duration,
+    },
+    Failed(ClientError),
+}
+
+/// What a probe asks a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// `/metrics`: load for the in-flight limit and the watchdog, and liveness while it answers.
+    Metrics,
+    /// `/server_info`, for liveness where metrics are off. Never `/health`: on SGLang it runs a
+    /// generation that a busy server may answer late.
+    Alive,
+    /// `/health` then `/server_info` of an instance that is out: is it back, with what cap?
+    Revive,
+}
+
+#[derive(Debug)]
+pub enum ProbeResult {
+    Metrics(Result<Metrics, ClientError>),
+    Alive(Result<(), ClientError>),
+    Revive(Result<ServerInfo, String>),
+}
+
+/// What the shell must do.
+#[derive(Debug)]
+pub enum Action {
+    /// Send `req` to instance `inst`, and answer with [`Input::Done`] under `id`.
+    Send {
+        id: ReqId,
+        inst: usize,
+        req: Arc<CompletionRequest>,
+    },
+    /// Drop the requests in flight on `inst`: the core has already taken their jobs back, and
+    /// ignores their answers.
+    Abort(usize),
+    /// Ask instance `inst`, and answer with [`Input::Probe`].
+    Probe {
+        inst: usize,
+        kind: ProbeKind,
+    },
+    /// Append to the journal.
+    Write(Entry),
+    Event(Event),
+    /// A snapshot to write as progress.json.
+    Progress(Progress),
+    /// The run is over: drop whatever is still in flight (it is not written) and stop.
+    Finish(End),
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    /// Every prompt is in the output or in `failed.jsonl`.
+    Done,
+    /// Cancelled: what was in flight after the grace period is sent again by `--resume`.
+    Interrupted,
+    /// No instance came back within the stall timeout.
+    Stalled,
+    /// `--abort-below` stopped the run.
+    BelowExpected(Finding),
+}
+
+impl End {
+    /// The status progress.json ends with; a run whose shards did not all upload has failed.
+    pub fn status(&self, uploads_complete: bool) -> Status {
+        match self {
+            End::Done if uploads_complete => Status::Done,
+            End::Interrupted => Status::Interrupted,
+            End::Done | End::Stalled | End::BelowExpected(_) => Status::Failed,
+        }
+    }
+}
+
+/// A request on its way, with the job it carries.
+struct InFlight {
+    inst: usize,
+    job: Job,
+}
+
+/// The wind-down after a stop: requests in flight may finish until `deadline`.
+struct Stopping {
+    end: End,
+    deadline: Time,
+}
+
+/// When the periodic work is due next.
+struct Timers {
+    metrics: Time,
+    liveness: Time,
+    progress: Time,
+}
+
+/// Totals of this run, on top of the [`Baseline`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    completed: u64,
+    failed: u64,
+    in_tokens: u64,
+    out_tokens: u64,
+    s3_uploaded: u64,
+    s3_bytes: u64,
+}
+
+pub struct Core {
+    cfg: CoreConfig,
+    base: Baseline,
+    model: Option<String>,
+    insts: Vec<Inst>,
+    ready: VecDeque<Job>,
+    delayed: BinaryHeap<Delayed>,
+    in_flight: HashMap<ReqId, InFlight>,
+    next_id: ReqId,
+    seq: u64,
+    rng: SmallRng,
+    counts: Counts,
+    window: RateWindow,
+    input_open: bool,
+    paused_since: Option<Time>,
+    stop: Option<Stopping>,
+    timers: Timers,
+    /// The last watchdog finding's cause, so one cause is announced once.
+    warned: Option<Cause>,
+    finished: bool,
+}
+
+impl Core {
+    /// A core over `servers` at time zero; servers that did not answer start out of service
+    /// and are probed until they do.
+    pub fn new(cfg: CoreConfig, base: Baseline, servers: Vec<Server>) -> Core {
+        let model = servers.iter().find_map(|s| {
+            let i = s.info.as_ref().ok()?;
+            i.served_model_name.clone().or_else(|| i.model_path.clone())
+        });
+        let insts = servers.into_iter().map(|s| Inst::new(s, &cfg)).collect();
+        let mut window = RateWindow::new(cfg.timing.rate_window);
+        window.record(Time::ZERO, 0, 0);
+        Core {
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            timers: Timers {
+                metrics: Time::ZERO,
+                liveness: cfg.timing.health_every,
+                progress: Time::ZERO,
+            },
+            cfg,
+            base,
+            model,
+            insts,
+            ready: VecDeque::new(),
+            delayed: BinaryHeap::new(),
+            in_flight: HashMap::new(),
+            next_id: 0,
+            seq: 0,
+            counts: Counts::default(),
+            window,
+            input_open: true,
+            paused_since: None,
+            stop: None,
+            warned: None,
+            finished: false,
+        }
+    }
+
+    /// Every instance as the run starts, for the caller to show.
+    pub fn instances(&self) -> Vec<InstanceInfo> {
+        self.insts.iter().map(Inst::info).collect()
+    }
+
+    /// Decides about one input at `now`; returns what the shell must do, in order.
+    pub fn on(&mut self, now: Time, input: Input) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.finished {
+            return out;
+        }
+        match input {
+            Input::Line(line) => self.intake(line, &mut out),
+            Input::Request { id, req } => self.ready.push_back(Job::new(0, id, req)),
+            Input::InputEnd => self.input_open = false,
+            Input::Done { id, attempt } => self.done(now, id, attempt, &mut out),
+            Input::Probe { inst, result } => self.probed(now, inst, result, &mut out),
+            Input::Tick => {}
+            Input::Cancel => self.cancel(now, &mut out),
+            Input::Upload(e) => {
+                self.count_upload(&e);
+                out.push(Action::Event(Event::Upload(e)));
+            }
+        }
+        self.advance(now, &mut out);
+        out
+    }
+
+    /// Counts a shard in the upload destination; the uploader's last events come after the run
+    /// itself has finished.
+    pub fn count_upload(&mut self, e: &UploadEvent) {
+        if let UploadEvent::Uploaded { bytes, .. } | UploadEvent::AlreadyThere { bytes, .. } = e {
+            self.counts.s3_uploaded += 1;
+            self.counts.s3_bytes += bytes;
+        }
+    }
+
+    /// Whether the shell should read the next input line: there is room for it now.
+    pub fn wants_input(&self) -> bool {
+        !self.finished
+            && self.input_open
+            && self.stop.is_none()
+            && self.ready.is_empty()
+            && self.insts.iter().any(|i| i.up && i.free() > 0)
+    }
+
+    /// When the core next needs an [`Input::Tick`] (it may get one earlier).
+    pub fn next_wake(&self) -> Option<Time> {
+        if self.finished {
+            return None;
+        }
+        let stall = self.paused_since.map(|p| p + self.cfg.stall_timeout);
+        [
+            Some(self.timers.metrics),
+            Some(self.timers.progress),
+            self.delayed.peek().map(|d| d.due),
+            self.stop.as_ref().map(|s| s.deadline),
+            stall,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The run as progress.json shows it at `now`.
+    pub fn snapshot(&self, now: Time, status: Status) -> Progress {
+        watch::snapshot(self, now, status)
+    }
+
+    /// The periodic work that is due, the wind-down, dispatch, and whether the run is over.
+    fn advance(&mut self, now: Time, out: &mut Vec<Action>) {
+        while self.delayed.peek().is_some_and(|d| d.due <= now) {
+            let d = self.delayed.pop().expect("peeked");
+            self.ready.push_back(d.job);
+        }
+        if now >= self.timers.metrics {
+            let liveness = now >= self.timers.liveness;
+            if liveness {
+                self.timers.liveness = now + self.cfg.timing.health_every;
+            }
+            self.timers.metrics = now + self.cfg.timing.metrics_every;
+            self.schedule_probes(liveness, out);
+            self.record_rates(now);
+            if self.stop.is_none()
+                && let Some(finding) = self.watch(now, out)
+            {
+                self.begin_stop(
+                    now,
+                    End::BelowExpected(finding),
+                    "throughput below --abort-below",
+                    out,
+                );
+            }
+        }
+        if let Some(since) = self.paused_since
+            && self.stop.is_none()
+            && now >= since + self.cfg.stall_timeout
+        {
+            self.begin_stop(
+                now,
+                End::Stalled,
+                "no instance came back within --stall-timeout",
+                out,
+            );
+        }
+        if now >= self.timers.progress {
+            self.timers.progress = now + self.cfg.timing.progress_every;
+            out.push(Action::Progress(self.snapshot(now, Status::Running)));
+        }
+        if let Some(stop) = &self.stop {
+            if self.in_flight.is_empty() || now >= stop.deadline {
+                // Requests still out are dropped unwritten: a resume sends them again.
+                let end = stop.end.clone();
+                self.finish(end, out);
+            }
+            return;
+        }
+        self.dispatch(out);
+        if !self.input_open
+            && self.ready.is_empty()
+            && self.delayed.is_empty()
+            && self.in_flight.is_empty()
+        {
+            self.finish(End::Done, out);
+        }
+    }
+
+    fn finish(&mut self, end: End, out: &mut Vec<Action>) {
+        for (i, inst) in self.insts.iter_mut().enumerate() {
+            if inst.in_flight > 0 {
+                inst.in_flight = 0;
+                out.push(Action::Abort(i));
+            }
+        }
+        self.in_flight.clear();
+        self.finished = true;
+        out.push(Action::Finish(end));
+    }
+
+    /// The first cancel starts the wind-down; one during a wind-down ends its grace at once.
+    fn cancel(&mut self, now: Time, out: &mut Vec<Action>) {
+        match &mut self.stop {
+            Some(stop) => stop.deadline = now,
+            None => self.begin_stop(now, End::Interrupted, "interrupted", out),
+        }
+    }
+
+    fn begin_stop(&mut self, now: Time, end: End, reason: &str, out: &mut Vec<Action>) {
+        let grace = match end {
+            End::Interrupted | End::BelowExpected(_) => self.cfg.grace,
+            End::Stalled | End::Done => Duration::ZERO,
+        };
+        // What was not sent yet is not written: a resume sends it.
+        self.ready.clear();
+        self.delayed.clear();
+        self.input_open = false;
+        out.push(Action::Event(Event::Stopping {
+            reason: reason.to_string(),
+            in_flight: self.in_flight.len() as u64,
+        }));
+        self.stop = Some(Stopping {
+            end,
+            deadline: now + grace,
+        });
+    }
+
+    /// Sends ready jobs while some instance has room, each to the one with the most room.
+    fn dispatch(&mut self, out: &mut Vec<Action>) {
+        while let Some(front) = self.ready.front() {
+            let Some(i) = self.pick(front.avoid) else {
+                break;
+            };
+            let mut job = self.ready.pop_front().expect("front exists");
+            // More output tokens than the context holds never fit, and chat refuses them before
+            // reading the prompt (srt/entrypoints/openai/serving_chat.py): ask for at most the
+            // context at once.
+            if let Some(c) = self.insts[i].context_len
+                && u64::from(job.req.max_tokens) > c
+            {
+                Arc::make_mut(&mut job.req).max_tokens = c.min(u64::from(u32::MAX)) as u32;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            self.insts[i].in_flight += 1;
+            out.push(Action::Send {
+                id,
+                inst: i,
+                req: job.req.clone(),
+            });
+            self.in_flight.insert(id, InFlight { inst: i, job });
+        }
+    }
+
+    /// The instance with the most free share of its limit, avoiding `avoid` unless it is the
+    /// only one up. Work goes where slots free up, so faster instances get more of it.
+    fn pick(&self, avoid: Option<usize>) -> Option<usize> {
+        let up = self.insts.iter().filter(|i| i.up).count();
+        let mut best: Option<(usize, f64)> = None;
+        for (i, inst) in self.insts.iter().enumerate() {
+            if !inst.up || inst.free() == 0 || (Some(i) == avoid && up > 1) {
+                continue;
+            }
+            let share = f64::from(inst.free()) / f64::from(inst.ctl.limit());
+            if best.is_none_or(|(_, s)| share > s) {
+                best = Some((i, share));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+}

@@ -1,0 +1,141 @@
+//! What the core learns from the servers' load over time: sliding-window rates, the watchdog's
+//! signals and verdict after the warm-up, and the progress.json snapshot.
+
+use super::fleet::Inst;
+use super::{Action, Core, Time};
+use crate::generate::Event;
+use crate::generate::progress::{self, InstanceProgress, Progress, Status};
+use crate::generate::watchdog::{self, Finding, Signals};
+
+/// `/metrics` readings after warm-up before the watchdog judges an instance.
+const MIN_READINGS: u64 = 3;
+
+/// One instance's `/metrics` readings since the warm-up.
+#[derive(Debug, Default)]
+pub(super) struct SignalAcc {
+    readings: u64,
+    running: f64,
+    queue_empty: u64,
+    /// Sum and count of `sglang:gen_throughput` readings: the decode rate as the batch runs.
+    gen_tok_s: f64,
+    gen_readings: u64,
+}
+
+impl SignalAcc {
+    pub fn add(&mut self, running: f64, queued: f64, gen_throughput: Option<f64>) {
+        self.readings += 1;
+        self.running += running;
+        self.queue_empty += u64::from(queued < 1.0);
+        if let Some(g) = gen_throughput {
+            self.gen_tok_s += g;
+            self.gen_readings += 1;
+        }
+    }
+}
+
+impl Core {
+    pub(super) fn record_rates(&mut self, now: Time) {
+        self.window
+            .record(now, self.counts.completed, self.counts.out_tokens);
+        for inst in &mut self.insts {
+            inst.window.record(now, inst.completed, inst.out_tokens);
+        }
+    }
+
+    /// Runs the watchdog after warm-up: announces a new finding, and returns it when
+    /// `--abort-below` says it must stop the run.
+    pub(super) fn watch(&mut self, now: Time, out: &mut Vec<Action>) -> Option<Finding> {
+        if now < self.cfg.warmup {
+            return None;
+        }
+        let up: Vec<&Inst> = self
+            .insts
+            .iter()
+            .filter(|i| i.up && i.acc.readings >= MIN_READINGS)
+            .collect();
+        if up.is_empty() {
+            return None;
+        }
+        let n = up.len() as f64;
+        let mean = |f: &dyn Fn(&Inst) -> f64| up.iter().map(|i| f(i)).sum::<f64>() / n;
+        let caps: Vec<f64> = up.iter().filter_map(|i| i.cap).map(|c| c as f64).collect();
+        let kv: Vec<f64> = up
+            .iter()
+            .filter_map(|i| i.kv_tokens)
+            .map(|k| k as f64)
+            .collect();
+        let c = &self.counts;
+        let avg_seq =
+            (c.completed > 0).then(|| (c.in_tokens + c.out_tokens) as f64 / c.completed as f64);
+        let signals = Signals {
+            running: mean(&|i| i.acc.running / i.acc.readings as f64),
+            queue_empty_share: mean(&|i| i.acc.queue_empty as f64 / i.acc.readings as f64),
+            cap: (!caps.is_empty()).then(|| caps.iter().sum::<f64>() / caps.len() as f64),
+            client_limit: mean(&|i| f64::from(i.ctl.limit())),
+            kv_fit: avg_seq
+                .filter(|s| *s > 0.0 && !kv.is_empty())
+                .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
+        };
+        // Output is counted when requests finish, so in the first minutes of long completions
+        // counters lag far behind the GPUs; the servers' decode rate does not.
+        let live = if up.iter().all(|i| i.acc.gen_readings > 0) {
+            mean(&|i| i.acc.gen_tok_s / i.acc.gen_readings as f64)
+        } else if up.iter().all(|i| i.server_tokens.is_measured()) {
+            mean(&|i| i.server_tokens.rates().1)
+        } else {
+            self.window.rates().1 / n
+        };
+        let finding = watchdog::assess(live, self.cfg.expected.as_ref(), &signals)?;
+        if self.warned.as_ref() != Some(&finding.cause) {
+            self.warned = Some(finding.cause.clone());
+            out.push(Action::Event(Event::Watchdog(finding.clone())));
+        }
+        self.cfg
+            .abort_below
+            .filter(|f| finding.fraction < *f)
+            .map(|_| finding)
+    }
+}
+
+pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
+    let (rate, _) = core.window.rates();
+    let (b, c) = (&core.base, &core.counts);
+    let completed = b.completed + c.completed;
+    let failed = b.failed + c.failed;
+    let out = b.output_tokens + c.out_tokens;
+    let remaining = b.total.saturating_sub(completed + failed);
+    Progress {
+        total: b.total,
+        completed,
+        failed,
+        rate_per_sec: progress::round(rate, 2),
+        eta_hours: progress::eta_hours(remaining, rate),
+        total_input_tokens: b.input_tokens + c.in_tokens,
+        total_output_tokens: out,
+        avg_output_tokens: out.checked_div(completed).unwrap_or(0),
+        elapsed_hours: progress::round(now.as_secs_f64() / 3600.0, 4),
+        s3_uploaded: c.s3_uploaded,
+        s3_bytes: c.s3_bytes,
+        status,
+        instances: core
+            .insts
+            .iter()
+            .map(|i| {
+                let (rate, tok) = i.window.rates();
+                InstanceProgress {
+                    name: i.name.clone(),
+                    url: i.url.clone(),
+                    healthy: i.up,
+                    in_flight: i.in_flight,
+                    concurrency: i.ctl.limit(),
+                    server_cap: i.cap,
+                    completed: i.completed,
+                    rate_per_sec: progress::round(rate, 2),
+                    output_tok_s: progress::round(tok, 1),
+                    running: i.last.as_ref().and_then(|m| m.num_running_reqs),
+                    queued: i.last.as_ref().and_then(|m| m.num_queue_reqs),
+                }
+            })
+            .collect(),
+    }
+}

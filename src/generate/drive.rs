@@ -1,0 +1,161 @@
+//! The async loop around the [`Core`]: it runs the core's requests and probes as joined tasks,
+//! feeds it input while it has room, wakes it when it asked to be woken, and passes cancellation
+//! on. What a request or probe is (a plain completion, a streamed one) is the [`Driver`]'s, and
+//! what becomes of journal lines, events and progress is the caller's `sink`.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::core::{Action, Attempt, Core, End, Input, ProbeKind, ProbeResult, ReqId, Time};
+use super::journal::Entry;
+use super::progress::Progress;
+use super::{Event, GenerateError};
+use crate::sglang::client::CompletionRequest;
+
+/// How the shell reaches the servers.
+pub trait Driver {
+    /// Sends `req` to instance `inst`.
+    fn send(&self, inst: usize, req: Arc<CompletionRequest>) -> BoxFuture<'static, Attempt>;
+    /// Asks instance `inst`.
+    fn probe(&self, inst: usize, kind: ProbeKind) -> BoxFuture<'static, ProbeResult>;
+}
+
+/// What the core produced for the caller.
+#[derive(Debug)]
+pub enum Output {
+    Write(Entry),
+    Event(Event),
+    Progress(Progress),
+}
+
+/// The run's clock: the core sees time as the duration since `start`.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    pub start: Instant,
+}
+
+impl Clock {
+    pub fn now(&self) -> Time {
+        self.start.elapsed()
+    }
+}
+
+/// Runs `core` until it finishes. `feed` yields its input (lines or requests) and is read only
+/// while the core has room; `events` yields inputs taken whenever they come (uploads). Every
+/// task is joined before it returns, on every path.
+pub async fn drive<D: Driver>(
+    core: &mut Core,
+    clock: Clock,
+    driver: &D,
+    mut feed: impl Stream<Item = Input> + Unpin,
+    mut events: impl Stream<Item = Input> + Unpin,
+    cancel: &CancellationToken,
+    mut sink: impl FnMut(Output) -> Result<(), GenerateError>,
+) -> Result<End, GenerateError> {
+    let instances = core.instances().len();
+    let mut run = Tasks {
+        requests: JoinSet::new(),
+        probes: JoinSet::new(),
+        aborts: (0..instances).map(|_| CancellationToken::new()).collect(),
+    };
+    let result = async {
+        let mut cancel_seen = false;
+        let mut pending = core.on(clock.now(), Input::Tick);
+        loop {
+            for action in pending.drain(..) {
+                if let Some(end) = run.execute(action, driver, &mut sink)? {
+                    return Ok(end);
+                }
+            }
+            // Lines that are already read go in without a trip through `select!`.
+            if core.wants_input()
+                && let Some(next) = feed.next().now_or_never()
+            {
+                pending = core.on(clock.now(), next.unwrap_or(Input::InputEnd));
+                continue;
+            }
+            let wake = core.next_wake().map(|t| clock.start + t);
+            let input = tokio::select! {
+                biased;
+                _ = cancel.cancelled(), if !cancel_seen => {
+                    cancel_seen = true;
+                    Input::Cancel
+                }
+                Some(joined) = run.requests.join_next() => match joined {
+                    Ok(Some((id, attempt))) => Input::Done { id, attempt },
+                    // Dropped with its instance: the core took its job back already.
+                    Ok(None) => continue,
+                    Err(e) => return Err(GenerateError::Task(e.to_string())),
+                },
+                Some(joined) = run.probes.join_next() => match joined {
+                    Ok((inst, result)) => Input::Probe { inst, result },
+                    Err(e) => return Err(GenerateError::Task(e.to_string())),
+                },
+                next = feed.next(), if core.wants_input() => next.unwrap_or(Input::InputEnd),
+                Some(e) = events.next() => e,
+                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => Input::Tick,
+            };
+            pending = core.on(clock.now(), input);
+        }
+    }
+    .await;
+    run.shutdown().await;
+    result
+}
+
+struct Tasks {
+    requests: JoinSet<Option<(ReqId, Attempt)>>,
+    probes: JoinSet<(usize, ProbeResult)>,
+    /// Per instance: cancelled (and replaced) when the core takes its requests back.
+    aborts: Vec<CancellationToken>,
+}
+
+impl Tasks {
+    /// Carries out one action; `Some` when the core has finished.
+    fn execute<D: Driver>(
+        &mut self,
+        action: Action,
+        driver: &D,
+        sink: &mut impl FnMut(Output) -> Result<(), GenerateError>,
+    ) -> Result<Option<End>, GenerateError> {
+        match action {
+            Action::Send { id, inst, req } => {
+                let abort = self.aborts[inst].clone();
+                let sent = driver.send(inst, req);
+                self.requests.spawn(async move {
+                    tokio::select! {
+                        _ = abort.cancelled() => None,
+                        attempt = sent => Some((id, attempt)),
+                    }
+                });
+            }
+            Action::Abort(inst) => {
+                self.aborts[inst].cancel();
+                self.aborts[inst] = CancellationToken::new();
+            }
+            Action::Probe { inst, kind } => {
+                let probe = driver.probe(inst, kind);
+                self.probes.spawn(probe.map(move |r| (inst, r)));
+            }
+            Action::Write(e) => sink(Output::Write(e))?,
+            Action::Event(e) => sink(Output::Event(e))?,
+            Action::Progress(p) => sink(Output::Progress(p))?,
+            Action::Finish(end) => return Ok(Some(end)),
+        }
+        Ok(None)
+    }
+
+    /// Drops what is still in flight (unwritten: a resume sends it again) and joins every task.
+    async fn shutdown(mut self) {
+        for a in &self.aborts {
+            a.cancel();
+        }
+        self.requests.shutdown().await;
+        self.probes.shutdown().await;
+    }
+}
