@@ -491,20 +491,24 @@ impl Core {
         }
     }
 
-    /// The instance with the most free share of its limit, avoiding `avoid` unless it is the
-    /// only one up. Work goes where slots free up, so faster instances get more of it.
+    /// The instance with the most free share of its limit, preferring any other than `avoid`
+    /// (the one that last failed the job) while another has room. Work goes where slots free
+    /// up, so faster instances get more of it.
     fn pick(&self, avoid: Option<usize>) -> Option<usize> {
-        let up = self.insts.iter().filter(|i| i.up).count();
-        let mut best: Option<(usize, f64)> = None;
+        let mut best: Option<(bool, f64, usize)> = None;
         for (i, inst) in self.insts.iter().enumerate() {
-            if !inst.up || inst.free() == 0 || (Some(i) == avoid && up > 1) {
+            if !inst.up || inst.free() == 0 {
                 continue;
             }
-            let share = f64::from(inst.free()) / f64::from(inst.ctl.limit());
-            if best.is_none_or(|(_, s)| share > s) {
-                best = Some((i, share));
+            let rank = (
+                Some(i) != avoid,
+                f64::from(inst.free()) / f64::from(inst.ctl.limit()),
+                i,
+            );
+            if best.is_none_or(|b| (rank.0, rank.1) > (b.0, b.1)) {
+                best = Some(rank);
             }
         }
-        best.map(|(i, _)| i)
+        best.map(|(_, _, i)| i)
     }
 }
