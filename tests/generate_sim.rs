@@ -31,18 +31,9 @@ fn a_sim_dying_mid_run_loses_nothing_and_its_requests_are_re_dispatched() {
     );
     assert_exactly_once(&out, 600);
     assert!(failures(&out).is_empty());
+    // How many b answered before it died is timing; that its requests were taken back and
+    // written once is the core's decision, tested exactly in generate::core's unit tests.
     let lines = completions(&out);
-    let on_b = lines
-        .iter()
-        .filter(|l| l["instance"] == format!("127.0.0.1:{}", b.port))
-        .count();
-    // It dies once a decode step takes it past 120 completions (a step finishes several at
-    // once); answers it finished but had not yet sent die with it and are re-sent elsewhere,
-    // so fewer than 120 may reach the output from b, but some must, and never the whole job.
-    assert!(
-        (1..300).contains(&on_b),
-        "b completed {on_b} before dying after 120"
-    );
     for l in &lines {
         let tokens = l["completion_tokens"].as_u64().unwrap();
         assert!((1..=32).contains(&tokens), "{l}");

@@ -1062,13 +1062,9 @@ async fn stream_interval_batches_tokens_per_chunk() {
         })
         .filter(|n| *n > 0)
         .collect();
+    // Every token arrives; when each is sent is the scheduler's decision, tested exactly on
+    // its virtual clock (a_stream_hears_the_first_token_then_every_interval).
     assert_eq!(pieces.iter().sum::<usize>(), 41, "{pieces:?}");
-    // The first token goes out at once; a client that reads late may find it merged with the
-    // next interval's, but never later than that.
-    assert!(
-        pieces[0] <= 11,
-        "the first token is not held back: {pieces:?}"
-    );
     assert!(
         pieces.len() <= 6,
         "about one chunk per 10 tokens, not one per token: {pieces:?}"

@@ -3,11 +3,24 @@
 
 use serde::Serialize;
 
-/// `--concurrency auto|N`.
+/// `--concurrency auto|N`, or the sweep's closed loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum ConcurrencyMode {
     Auto,
     Fixed(u32),
+    /// About [`SATURATE_FACTOR`] times the server's cap in flight, never tuned: a sweep trial
+    /// holds every server saturated so candidates compare at full load.
+    Saturate,
+}
+
+/// In-flight requests per server relative to its cap under [`ConcurrencyMode::Saturate`]:
+/// enough that the batch stays full while a finished request's replacement is on its way,
+/// without a long queue.
+pub const SATURATE_FACTOR: f64 = 1.25;
+
+/// What [`ConcurrencyMode::Saturate`] keeps in flight on a server with `cap`.
+pub fn saturating(cap: u32) -> u32 {
+    ((f64::from(cap) * SATURATE_FACTOR).ceil() as u32).max(1)
 }
 
 impl std::str::FromStr for ConcurrencyMode {
@@ -44,6 +57,7 @@ impl Controller {
         let limit = match mode {
             ConcurrencyMode::Fixed(n) => n,
             ConcurrencyMode::Auto => cap.map_or(UNKNOWN_CAP_START, |c| c + margin(c)),
+            ConcurrencyMode::Saturate => saturating(cap.unwrap_or(1)),
         };
         Controller { mode, cap, limit }
     }

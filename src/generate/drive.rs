@@ -15,7 +15,7 @@ use super::core::{Action, Attempt, Core, End, Input, ProbeKind, ProbeResult, Req
 use super::journal::Entry;
 use super::progress::Progress;
 use super::{Event, GenerateError};
-use crate::sglang::client::CompletionRequest;
+use crate::sglang::client::{CompletionRequest, Health, SglangClient};
 
 /// How the shell reaches the servers.
 pub trait Driver {
@@ -158,4 +158,20 @@ impl Tasks {
         self.requests.shutdown().await;
         self.probes.shutdown().await;
     }
+}
+
+/// Asks one server what `kind` wants to know.
+pub fn probe(client: SglangClient, kind: ProbeKind) -> BoxFuture<'static, ProbeResult> {
+    async move {
+        match kind {
+            ProbeKind::Metrics => ProbeResult::Metrics(client.metrics().await),
+            ProbeKind::Alive => ProbeResult::Alive(client.server_info().await.map(|_| ())),
+            ProbeKind::Revive => ProbeResult::Revive(match client.health().await {
+                Ok(Health::Ready) => client.server_info().await.map_err(|e| e.to_string()),
+                Ok(Health::NotReady { status }) => Err(format!("/health answered {status}")),
+                Err(e) => Err(e.to_string()),
+            }),
+        }
+    }
+    .boxed()
 }

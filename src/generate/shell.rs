@@ -23,7 +23,7 @@ use super::journal::{self, Entry, Journal};
 use super::progress::{self, Progress, Status};
 use super::upload::Uploader;
 use super::{Endpoint, Event, GenerateConfig, GenerateError, Summary};
-use crate::sglang::client::{CompletionRequest, Health, SglangClient, http_client};
+use crate::sglang::client::{CompletionRequest, SglangClient, http_client};
 
 /// Runs the job over `endpoints` until every prompt is written, the token is cancelled, or the
 /// run cannot go on. Reports through `on_event`; never prints.
@@ -236,24 +236,8 @@ impl Driver for HttpDriver {
     }
 
     fn probe(&self, inst: usize, kind: ProbeKind) -> BoxFuture<'static, ProbeResult> {
-        probe(self.clients[inst].clone(), kind)
+        drive::probe(self.clients[inst].clone(), kind)
     }
-}
-
-/// Asks one server what `kind` wants to know.
-pub(crate) fn probe(client: SglangClient, kind: ProbeKind) -> BoxFuture<'static, ProbeResult> {
-    async move {
-        match kind {
-            ProbeKind::Metrics => ProbeResult::Metrics(client.metrics().await),
-            ProbeKind::Alive => ProbeResult::Alive(client.server_info().await.map(|_| ())),
-            ProbeKind::Revive => ProbeResult::Revive(match client.health().await {
-                Ok(Health::Ready) => client.server_info().await.map_err(|e| e.to_string()),
-                Ok(Health::NotReady { status }) => Err(format!("/health answered {status}")),
-                Err(e) => Err(e.to_string()),
-            }),
-        }
-    }
-    .boxed()
 }
 
 /// Streams lines not yet done into the run; stops early when the run stops listening.

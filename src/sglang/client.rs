@@ -467,7 +467,13 @@ impl SglangClient {
         &self.endpoint
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> (String, reqwest::RequestBuilder) {
+    /// The URL and request for `path` on this server, with its API key: the one place both are
+    /// built, for plain and streamed requests and probes alike.
+    pub(super) fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> (String, reqwest::RequestBuilder) {
         let url = format!("{}{}", self.endpoint.base_url, path);
         let mut rb = self.http.request(method, &url);
         if let Some(key) = &self.endpoint.api_key {

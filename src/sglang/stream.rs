@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::client::{
-    Api, ClientError, CompletionRequest, Endpoint, completion_error, parse_overflow,
+    Api, ClientError, CompletionRequest, SglangClient, completion_error, parse_overflow,
 };
 
 /// How a streamed request ended.
@@ -173,25 +173,31 @@ fn drain_events(buf: &mut String) -> Vec<String> {
     }
 }
 
-/// Sends `req` streamed and calls `on_tokens(cumulative completion tokens)` for every chunk that
-/// advances them, as it arrives. Fails like [`super::client::SglangClient::complete`] (status,
-/// context overflow), and when the stream reports an error or ends without `[DONE]`.
-pub async fn stream(
-    http: &reqwest::Client,
-    endpoint: &Endpoint,
-    req: &CompletionRequest,
-    ignore_eos: bool,
+impl SglangClient {
+    /// Sends `req` streamed and calls `on_tokens(cumulative completion tokens)` for every chunk
+    /// that advances them, as it arrives. Fails like [`SglangClient::complete`] (status,
+    /// context overflow), and when the stream reports an error or ends without `[DONE]`.
+    pub async fn stream(
+        &self,
+        req: &CompletionRequest,
+        ignore_eos: bool,
+        on_tokens: impl FnMut(u64),
+    ) -> Result<Streamed, ClientError> {
+        let (url, rb) = self.request(reqwest::Method::POST, req.api.path());
+        let body = stream_body(req, ignore_eos).ok_or_else(|| ClientError::Decode {
+            url: url.clone(),
+            reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
+        })?;
+        read_stream(url, rb.json(&body), req.api, on_tokens).await
+    }
+}
+
+async fn read_stream(
+    url: String,
+    rb: reqwest::RequestBuilder,
+    api: Api,
     mut on_tokens: impl FnMut(u64),
 ) -> Result<Streamed, ClientError> {
-    let url = format!("{}{}", endpoint.base_url, req.api.path());
-    let body = stream_body(req, ignore_eos).ok_or_else(|| ClientError::Decode {
-        url: url.clone(),
-        reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
-    })?;
-    let mut rb = http.post(&url).json(&body);
-    if let Some(key) = &endpoint.api_key {
-        rb = rb.bearer_auth(key);
-    }
     let resp = rb
         .send()
         .await
@@ -220,7 +226,7 @@ pub async fn stream(
         buf.push_str(std::str::from_utf8(&pending[..valid]).expect("checked above"));
         pending.drain(..valid);
         for data in drain_events(&mut buf) {
-            let event = parse_event(req.api, &data).map_err(|reason| ClientError::Decode {
+            let event = parse_event(api, &data).map_err(|reason| ClientError::Decode {
                 url: url.clone(),
                 reason,
             })?;

@@ -445,6 +445,51 @@ mod tests {
         assert_eq!(handle.await.unwrap(), End::Cancelled);
     }
 
+    /// `--stream-interval 10`: the first token at once, then one update per 10 tokens, then
+    /// the rest at finish; every token is delivered.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_hears_the_first_token_then_every_interval() {
+        let settings = Settings {
+            stream_interval: 10,
+            ..settings(Strategy::NoBuffer)
+        };
+        let plan = Arc::new(plan(&Params::default(), &settings).unwrap());
+        let (tx, rx) = mpsc::channel(16);
+        let cancel = CancellationToken::new();
+        let sched = Scheduler::new(plan, 1.0, Arc::new(Metrics::default()), None);
+        let handle = tokio::spawn(sched.run(rx, cancel.clone()));
+        let (ptx, mut progress) = watch::channel(Progress::default());
+        tx.send(Job {
+            prompt_tokens: 100,
+            output_tokens: 41,
+            counts: true,
+            log_metrics: true,
+            reply: Reply::Stream(ptx),
+        })
+        .await
+        .unwrap();
+        let mut seen = Vec::new();
+        while progress.changed().await.is_ok() {
+            let p = *progress.borrow_and_update();
+            seen.push((p.generated, p.done));
+            if p.done {
+                break;
+            }
+        }
+        assert_eq!(
+            seen,
+            [
+                (1, false),
+                (11, false),
+                (21, false),
+                (31, false),
+                (41, true)
+            ]
+        );
+        cancel.cancel();
+        handle.await.unwrap();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn requests_beyond_the_cap_queue_and_die_after_crashes() {
         let plan = test_plan(Some(2));

@@ -2,26 +2,28 @@
 //! cap in flight), a warm-up, then a measured window whose client-side token counts, latencies
 //! and `/metrics` counters become each candidate's [`Measured`], or the reason it failed.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::task::JoinSet;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::load::Workload;
 use super::rank::{Measured, Percentiles};
-use crate::sglang::client::{ClientError, Endpoint, Health, SglangClient};
-use crate::sglang::stream;
+use crate::generate::concurrency::{ConcurrencyMode, saturating};
+use crate::generate::core::{
+    self, Attempt, Baseline, Core, CoreConfig, Input, ProbeKind, ProbeResult,
+};
+use crate::generate::drive::{self, Clock, Driver};
+use crate::generate::input::Id;
+use crate::sglang::client::{
+    ClientError, Completion, CompletionRequest, Endpoint, Health, ServerInfo, SglangClient,
+};
 
-/// In-flight requests per server relative to its cap: enough that the batch stays full while a
-/// finished request's replacement is on its way, without a long queue.
-pub const IN_FLIGHT_FACTOR: f64 = 1.25;
 /// A trial whose requests fail more often than this is a failed row, not a number.
 const MAX_ERROR_FRACTION: f64 = 0.05;
-/// Pause after a connection failure so that a dead server does not spin its workers.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// A ready server of one candidate.
 #[derive(Debug, Clone)]
@@ -33,6 +35,23 @@ pub struct Server {
     pub kv_tokens: u64,
     /// The mamba strategy the server resolved (`/server_info`).
     pub strategy: Option<String>,
+}
+
+impl Server {
+    /// What the generation core needs to know of it.
+    fn capacity(&self) -> ServerInfo {
+        ServerInfo {
+            version: None,
+            max_total_num_tokens: Some(self.kv_tokens),
+            effective_max_running_requests: Some(u64::from(self.cap)),
+            max_running_requests: None,
+            context_length: None,
+            served_model_name: None,
+            model_path: None,
+            mamba_strategy: self.strategy.clone(),
+            raw: serde_json::Value::Null,
+        }
+    }
 }
 
 /// One candidate's servers in a round.
@@ -55,8 +74,9 @@ pub struct TrialFailure {
     pub server: Option<usize>,
 }
 
+/// What the closed loop keeps in flight on a server with `cap`.
 pub fn in_flight(cap: u32) -> u32 {
-    ((f64::from(cap) * IN_FLIGHT_FACTOR).ceil() as u32).max(1)
+    saturating(cap)
 }
 
 /// What one server's load saw.
@@ -223,72 +243,95 @@ pub fn summarize(
     })
 }
 
-/// Everything a load worker shares.
-struct Shared {
-    http: reqwest::Client,
-    workload: Arc<Workload>,
-    next: AtomicU64,
+/// Streams the sweep's requests, counting what arrives inside the measured window per server
+/// as it arrives (a request cut off at the window's end still counts its tokens).
+struct StreamDriver {
+    clients: Vec<SglangClient>,
+    stats: Vec<Arc<Mutex<Stats>>>,
     window: (Instant, Instant),
-    stop: CancellationToken,
+    ignore_eos: bool,
 }
 
-/// Keeps one request in flight until stopped.
-async fn worker(shared: Arc<Shared>, endpoint: Endpoint) -> Stats {
-    let (w0, w1) = shared.window;
-    let in_window = |t: Instant| t >= w0 && t < w1;
-    let mut s = Stats::default();
-    while !shared.stop.is_cancelled() {
-        let i = shared.next.fetch_add(1, Ordering::Relaxed);
-        let req = shared.workload.request(i);
-        let sent = Instant::now();
-        let mut last: Option<(Instant, u64)> = None;
-        let (mut tokens, mut ttft, mut itl) = (0u64, None, Vec::new());
-        let on_tokens = |cumulative: u64| {
-            let now = Instant::now();
-            let delta = cumulative - last.map_or(0, |(_, n)| n);
-            if in_window(now) {
-                tokens += delta;
-                match last {
-                    None => ttft = Some((now - sent).as_secs_f64()),
-                    Some((t, _)) => itl.push(((now - t).as_secs_f64() / delta as f64, delta)),
-                }
-            }
-            last = Some((now, cumulative));
-        };
-        let result = tokio::select! {
-            _ = shared.stop.cancelled() => None,
-            r = stream::stream(&shared.http, &endpoint, req, shared.workload.ignore_eos, on_tokens) => Some(r),
-        };
-        s.window_tokens += tokens;
-        s.ttft.extend(ttft);
-        s.itl.extend(itl);
-        match result {
-            None => break,
-            Some(Ok(done)) => {
-                if in_window(Instant::now()) {
-                    s.completed += 1;
-                    s.completed_tokens += done.completion_tokens;
-                }
-            }
-            Some(Err(e)) => {
-                s.error(&e);
-                if e.is_unreachable() {
-                    tokio::select! {
-                        _ = shared.stop.cancelled() => break,
-                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
+impl Driver for StreamDriver {
+    fn send(&self, inst: usize, req: Arc<CompletionRequest>) -> BoxFuture<'static, Attempt> {
+        let client = self.clients[inst].clone();
+        let stats = self.stats[inst].clone();
+        let (w0, w1) = self.window;
+        let ignore_eos = self.ignore_eos;
+        async move {
+            let in_window = |t: Instant| t >= w0 && t < w1;
+            let sent = Instant::now();
+            let mut last: Option<(Instant, u64)> = None;
+            let on_tokens = |cumulative: u64| {
+                let now = Instant::now();
+                let delta = cumulative - last.map_or(0, |(_, n)| n);
+                if in_window(now) {
+                    let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+                    s.window_tokens += delta;
+                    match last {
+                        None => s.ttft.push((now - sent).as_secs_f64()),
+                        Some((t, _)) => s.itl.push(((now - t).as_secs_f64() / delta as f64, delta)),
                     }
+                }
+                last = Some((now, cumulative));
+            };
+            let result = client.stream(&req, ignore_eos, on_tokens).await;
+            let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+            match result {
+                Ok(done) => {
+                    if in_window(Instant::now()) {
+                        s.completed += 1;
+                        s.completed_tokens += done.completion_tokens;
+                    }
+                    Attempt::Finished {
+                        completion: Completion {
+                            text: String::new(),
+                            prompt_tokens: 0,
+                            completion_tokens: done.completion_tokens,
+                            finish_reason: done.finish_reason,
+                        },
+                        latency: sent.elapsed(),
+                    }
+                }
+                Err(e) => {
+                    s.error(&e);
+                    Attempt::Failed(e)
                 }
             }
         }
+        .boxed()
     }
-    s
+
+    fn probe(&self, inst: usize, kind: ProbeKind) -> BoxFuture<'static, ProbeResult> {
+        drive::probe(self.clients[inst].clone(), kind)
+    }
 }
 
-async fn read_counters(http: &reqwest::Client, servers: &[&Server]) -> Vec<Option<f64>> {
-    let reads = servers.iter().map(|s| async move {
-        let client = SglangClient::new(http.clone(), s.endpoint.clone());
-        client
-            .metrics()
+/// The rules of a trial for the generation core: the closed loop (about 1.25x each server's
+/// cap in flight), no retries (a failed request is an error of the candidate), no watchdog, and
+/// nothing to wait for when the window closes.
+fn core_config(timing: Timing) -> CoreConfig {
+    let span = timing.warmup + timing.duration;
+    CoreConfig {
+        api: None,
+        max_tokens: 0,
+        temperature: None,
+        top_p: None,
+        concurrency: ConcurrencyMode::Saturate,
+        max_retries: 0,
+        stall_timeout: span,
+        warmup: Duration::MAX,
+        abort_below: None,
+        grace: Duration::ZERO,
+        expected: None,
+        timing: crate::generate::Timing::default(),
+        seed: 0,
+    }
+}
+
+async fn read_counters(clients: &[SglangClient]) -> Vec<Option<f64>> {
+    let reads = clients.iter().map(|c| async move {
+        c.metrics()
             .await
             .ok()
             .and_then(|m| m.generation_tokens_total)
@@ -296,10 +339,9 @@ async fn read_counters(http: &reqwest::Client, servers: &[&Server]) -> Vec<Optio
     futures::future::join_all(reads).await
 }
 
-async fn read_health(http: &reqwest::Client, servers: &[&Server]) -> Vec<Result<(), String>> {
-    let reads = servers.iter().map(|s| async move {
-        let client = SglangClient::new(http.clone(), s.endpoint.clone());
-        match client.health().await {
+async fn read_health(clients: &[SglangClient]) -> Vec<Result<(), String>> {
+    let reads = clients.iter().map(|c| async move {
+        match c.health().await {
             Ok(Health::Ready) => Ok(()),
             Ok(Health::NotReady { status }) => Err(format!("/health answered {status}")),
             Err(e) => Err(e.to_string()),
@@ -308,9 +350,9 @@ async fn read_health(http: &reqwest::Client, servers: &[&Server]) -> Vec<Result<
     futures::future::join_all(reads).await
 }
 
-/// Loads every group's servers at once (so that all candidates share one window), warms up,
-/// measures for `timing.duration`, and returns each group's result in order. `None` when
-/// cancelled; the load is stopped and joined either way.
+/// Loads every group's servers at once (so that all candidates share one window) through the
+/// generation core, warms up, measures for `timing.duration`, and returns each group's result
+/// in order. `None` when cancelled; the load is stopped and joined either way.
 pub async fn measure(
     groups: &[Group],
     workload: Arc<Workload>,
@@ -321,64 +363,79 @@ pub async fn measure(
     let start = Instant::now();
     let w0 = start + timing.warmup;
     let w1 = w0 + timing.duration;
-    let shared = Arc::new(Shared {
-        http: http.clone(),
-        workload,
-        next: AtomicU64::new(0),
-        window: (w0, w1),
-        stop: cancel.child_token(),
-    });
-    let servers: Vec<(usize, usize, &Server)> = groups
+    let servers: Vec<(usize, &Server)> = groups
         .iter()
         .enumerate()
-        .flat_map(|(g, group)| {
-            group
-                .servers
-                .iter()
-                .enumerate()
-                .map(move |(i, s)| (g, i, s))
-        })
+        .flat_map(|(g, group)| group.servers.iter().map(move |s| (g, s)))
         .collect();
-    let mut tasks = JoinSet::new();
-    for (k, (_, _, server)) in servers.iter().enumerate() {
-        for _ in 0..in_flight(server.cap) {
-            let (shared, endpoint) = (shared.clone(), server.endpoint.clone());
-            tasks.spawn(async move { (k, worker(shared, endpoint).await) });
-        }
-    }
-    let flat: Vec<&Server> = servers.iter().map(|(_, _, s)| *s).collect();
-    let completed = async {
-        tokio::time::sleep_until(w0).await;
-        let before = read_counters(&http, &flat).await;
-        tokio::time::sleep_until(w1).await;
-        let after = read_counters(&http, &flat).await;
-        (before, after)
+    let clients: Vec<SglangClient> = servers
+        .iter()
+        .map(|(_, s)| SglangClient::new(http.clone(), s.endpoint.clone()))
+        .collect();
+    let stats: Vec<Arc<Mutex<Stats>>> = servers.iter().map(|_| Arc::default()).collect();
+    let mut core = Core::new(
+        core_config(timing),
+        Baseline::default(),
+        servers
+            .iter()
+            .map(|(_, s)| core::Server {
+                name: s.label.clone(),
+                url: s.endpoint.base_url.clone(),
+                info: Ok(s.capacity()),
+            })
+            .collect(),
+    );
+    let driver = StreamDriver {
+        clients: clients.clone(),
+        stats: stats.clone(),
+        window: (w0, w1),
+        ignore_eos: workload.ignore_eos,
     };
-    let counters = tokio::select! {
-        _ = cancel.cancelled() => None,
-        c = completed => Some(c),
+    let supply = futures::stream::iter((0u64..).map(|i| Input::Request {
+        id: Id::line(i),
+        req: workload.request(i).clone(),
+    }));
+    // The load stops when the window closes, or at once on Ctrl-C.
+    let stop = cancel.child_token();
+    let counters = async {
+        let measured = async {
+            tokio::time::sleep_until(w0).await;
+            let before = read_counters(&clients).await;
+            tokio::time::sleep_until(w1).await;
+            let after = read_counters(&clients).await;
+            (before, after)
+        };
+        let counters = tokio::select! {
+            _ = cancel.cancelled() => None,
+            c = measured => Some(c),
+        };
+        stop.cancel();
+        counters
     };
-    shared.stop.cancel();
-    let mut stats = vec![Stats::default(); flat.len()];
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((k, s)) => stats[k].merge(s),
-            Err(e) => tracing::error!("a load task failed: {e}"),
-        }
+    let load = drive::drive(
+        &mut core,
+        Clock { start },
+        &driver,
+        supply,
+        futures::stream::pending(),
+        &stop,
+        |_| Ok(()),
+    );
+    let (ended, counters) = tokio::join!(load, counters);
+    if let Err(e) = ended {
+        tracing::error!("the sweep's load failed: {e}");
     }
     let (before, after) = counters?;
-    let health = read_health(&http, &flat).await;
-    let readings = health
-        .into_iter()
-        .enumerate()
-        .map(|(k, health)| ServerReading {
-            generation_tokens: (before[k], after[k]),
-            health,
-        });
+    let health = read_health(&clients).await;
     let mut per_group: Vec<Vec<(Stats, ServerReading)>> =
         groups.iter().map(|_| Vec::new()).collect();
-    for ((g, _, _), (s, r)) in servers.iter().zip(stats.into_iter().zip(readings)) {
-        per_group[*g].push((s, r));
+    for (k, ((g, _), health)) in servers.iter().zip(health).enumerate() {
+        let s = std::mem::take(&mut *stats[k].lock().unwrap_or_else(|e| e.into_inner()));
+        let reading = ServerReading {
+            generation_tokens: (before[k], after[k]),
+            health,
+        };
+        per_group[*g].push((s, reading));
     }
     Some(
         groups
