@@ -54,11 +54,12 @@ fn engine_throughput(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
             round += 1;
             let t0 = Instant::now();
             let out = tmp.path().join(format!("out{round}"));
-            let endpoints = stubs.iter().map(|s| Endpoint::from_url(&s.url)).collect();
+            let endpoints: Vec<Endpoint> =
+                stubs.iter().map(|s| Endpoint::from_url(&s.url)).collect();
             let s = rt
                 .block_on(generate::run(
                     config(&prompts, &out),
-                    endpoints,
+                    endpoints.into(),
                     |_| {},
                     CancellationToken::new(),
                 ))
@@ -121,7 +122,7 @@ fn resume_to_first_request(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                 let t0 = Instant::now();
                 let run = rt.spawn(generate::run(
                     cfg,
-                    vec![Endpoint::from_url(&stub.url)],
+                    vec![Endpoint::from_url(&stub.url)].into(),
                     |_| {},
                     cancel.clone(),
                 ));
@@ -231,8 +232,8 @@ fn saturation(rt: &tokio::runtime::Runtime) {
         let mut cfg = config(&prompts, &out);
         cfg.concurrency = mode;
         let cancel = CancellationToken::new();
-        let endpoints = sims.iter().map(|s| Endpoint::from_url(&s.url)).collect();
-        let run = rt.spawn(generate::run(cfg, endpoints, |_| {}, cancel.clone()));
+        let endpoints: Vec<Endpoint> = sims.iter().map(|s| Endpoint::from_url(&s.url)).collect();
+        let run = rt.spawn(generate::run(cfg, endpoints.into(), |_| {}, cancel.clone()));
         std::thread::sleep(Duration::from_secs(settle));
         let t1 = Instant::now();
         let before: f64 = sims.iter().map(Sim::generated_tokens).sum();

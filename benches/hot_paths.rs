@@ -144,6 +144,7 @@ fn progress_snapshot(c: &mut Criterion) {
             total: 654_676,
             completed,
             failed: 12,
+            waiting_retry: 0,
             rate_per_sec: progress::round(rate, 2),
             eta_hours: progress::eta_hours(654_676 - completed - 12, rate),
             total_input_tokens: completed * 96,

@@ -264,6 +264,15 @@ pub struct GenerateArgs {
     pub stall_timeout: Duration,
     #[arg(long)]
     pub resume: bool,
+    /// With --resume: continue even though the input is not the one the job began with
+    /// (lines added, removed or moved), keyed strictly by id.
+    #[arg(long, requires = "resume")]
+    pub allow_changed_input: bool,
+    /// With --resume: send failed prompts again: those whose line was edited since it failed
+    /// (`changed`, the default), or `all`. Their old records leave failed.jsonl.
+    #[arg(long, requires = "resume", num_args = 0..=1, default_missing_value = "changed",
+          value_parser = ["changed", "all"])]
+    pub retry_failed: Option<String>,
     /// Upload each finished shard to s3://BUCKET/PREFIX (AWS_* environment) or file:///DIR.
     #[arg(long)]
     pub upload: Option<String>,

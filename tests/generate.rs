@@ -60,7 +60,8 @@ fn two_thousand_prompts_exactly_once_over_two_instances() {
             "status",
             "total",
             "total_input_tokens",
-            "total_output_tokens"
+            "total_output_tokens",
+            "waiting_retry"
         ]
     );
     assert_eq!(p["status"], "done");
@@ -297,16 +298,19 @@ fn malformed_lines_are_recorded_and_the_run_goes_on() {
         .map(|l| l["id"].to_string())
         .collect();
     ids.sort();
-    assert_eq!(
-        ids,
-        ["\"a\"", "\"batch-1\"", "5"],
-        "a missing id is the line number"
-    );
+    assert_eq!(ids[..2], ["\"a\"", "\"batch-1\""]);
+    // A line without an id is named after its content, not its place in the file.
+    let named = json!({"prompt": "no id"}).to_string();
+    let hash = sha256_16(&named);
+    assert_eq!(ids[2], format!("\"sha256:{hash}\""), "{ids:?}");
     let failed = failures(&out);
     assert_eq!(failed.len(), 2);
     assert_eq!(
         (failed[0]["id"].clone(), failed[0]["line"].clone()),
-        (json!(2), json!(2))
+        (
+            json!(format!("sha256:{}", sha256_16("{not json"))),
+            json!(2)
+        )
     );
     assert_eq!(failed[0]["reason"], "malformed_line");
     assert_eq!(failed[1]["id"], "b");
@@ -385,7 +389,8 @@ fn retryable_errors_are_retried_and_exhausted_ones_recorded() {
             >= 249
     );
 
-    // Every request fails: each prompt is tried 1 + max-retries times, then recorded.
+    // Every request fails: each prompt is tried 1 + max-retries times, then kept for a
+    // resume: a server's 503 is not the prompt's fault, so nothing is failed for good.
     let broken = start_stub(StubSpec {
         fail_every: Some(1),
         ..StubSpec::default()
@@ -396,14 +401,25 @@ fn retryable_errors_are_retried_and_exhausted_ones_recorded() {
         .args(["--max-retries", "2"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let failed = failures(&out);
-    assert_eq!(failed.len(), 3);
-    assert_eq!(failed[0]["reason"], "retries_exhausted");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
     assert!(
-        failed[0]["error"].as_str().unwrap().contains("503"),
+        stderr.contains("3 prompts are waiting for a retry"),
+        "{stderr}"
+    );
+    assert!(failures(&out).is_empty());
+    let waiting = retries(&out);
+    assert_eq!(waiting.len(), 3);
+    assert_eq!(waiting[0]["reason"], "retries_exhausted");
+    assert!(
+        waiting[0]["error"].as_str().unwrap().contains("503"),
         "{}",
-        failed[0]
+        waiting[0]
+    );
+    let p = progress(&out);
+    assert_eq!(
+        (p["failed"].as_u64(), p["waiting_retry"].as_u64()),
+        (Some(0), Some(3))
     );
     assert_eq!(
         broken
@@ -412,6 +428,14 @@ fn retryable_errors_are_retried_and_exhausted_ones_recorded() {
             .load(std::sync::atomic::Ordering::SeqCst),
         9
     );
+    // The servers are well again: --resume sends the three, and each is written once.
+    let o = generate(&out, &prompts, &[&flaky.url])
+        .arg("--resume")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_exactly_once(&out, 3);
+    assert!(retries(&out).is_empty());
 }
 
 #[test]
@@ -610,7 +634,7 @@ fn all_instances_down_pauses_then_resumes_or_gives_up_after_the_stall_timeout() 
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(
-        stderr.contains("every instance is down: paused"),
+        stderr.contains("paused: no instance is healthy"),
         "{stderr}"
     );
     assert!(stderr.contains("resuming"), "{stderr}");
@@ -628,12 +652,14 @@ fn all_instances_down_pauses_then_resumes_or_gives_up_after_the_stall_timeout() 
     a.stop();
     let o = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    // An outage interrupts the job; it does not fail it, or any prompt.
+    assert_eq!(o.status.code(), Some(130), "{stderr}");
     assert!(
         stderr.contains("no instance was healthy for --stall-timeout (2s)"),
         "{stderr}"
     );
-    assert_eq!(progress(&out)["status"], "failed");
+    assert_eq!(progress(&out)["status"], "interrupted");
+    assert!(failures(&out).is_empty() && retries(&out).is_empty());
     a.start();
     let o = generate(&out, &prompts, &[&a.url])
         .arg("--resume")
@@ -641,4 +667,11 @@ fn all_instances_down_pauses_then_resumes_or_gives_up_after_the_stall_timeout() 
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_exactly_once(&out, 1000);
+}
+
+/// The first 16 hex digits of the SHA-256 of `text`, as fleet names a line without an id.
+fn sha256_16(text: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(text.as_bytes());
+    d[..8].iter().map(|b| format!("{b:02x}")).collect()
 }

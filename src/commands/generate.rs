@@ -11,9 +11,12 @@ use crate::cli::GenerateArgs;
 use crate::config::{self, Profile};
 use crate::generate::input::InputError;
 use crate::generate::journal::JournalError;
+use crate::generate::lock::LockError;
 use crate::generate::progress::Progress;
 use crate::generate::upload::{Destination, UploadEvent};
-use crate::generate::{self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError};
+use crate::generate::{
+    self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError, RetryFailed,
+};
 use crate::sglang::client::Api;
 
 use super::{Ctx, Outcome, UsageError};
@@ -43,20 +46,24 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     } else {
         None
     };
-    let endpoints = match &fleet {
-        Some(f) => f.endpoints.clone(),
-        None => endpoints_from(args, profile.as_ref())?,
+    let targets = match &fleet {
+        Some(f) => f.targets(),
+        None => endpoints_from(args, profile.as_ref())?.into(),
     };
     let json = ctx.global.json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
-    let result = generate::run(config, endpoints, |e| view.show(e), ctx.cancel.clone()).await;
+    let result = generate::run(config, targets, |e| view.show(e), ctx.cancel.clone()).await;
     if let Some(f) = fleet {
         f.close().await;
     }
     let summary = result.map_err(|e| match e {
         // The user's input or --out choice, not a failure of the fleet.
         GenerateError::Journal(JournalError::NotEmpty { .. })
-        | GenerateError::Input(InputError::Duplicate { .. }) => UsageError(e.to_string()).into(),
+        | GenerateError::Input(InputError::Duplicate { .. })
+        | GenerateError::Lock(LockError::Held { .. })
+        | GenerateError::InputChanged { .. }
+        | GenerateError::OutNotADirectory { .. }
+        | GenerateError::OutUnusable { .. } => UsageError(e.to_string()).into(),
         other => anyhow::Error::new(other),
     })?;
     view.finish();
@@ -95,6 +102,15 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
                 args.upload.as_deref().unwrap_or("?")
             )
         }
+        End::Done if p.waiting_retry > 0 => {
+            eprintln!(
+                "{} prompts are waiting for a retry: the servers kept failing them (see {}); \
+                 the same command plus --resume sends them again",
+                p.waiting_retry,
+                args.out.join("retry.jsonl").display()
+            );
+            Ok(Outcome::Partial)
+        }
         End::Done if p.failed > 0 => {
             eprintln!(
                 "{} prompts failed: see {}",
@@ -108,16 +124,39 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             eprintln!("interrupted: continue with the same command plus --resume");
             Ok(Outcome::Interrupted)
         }
-        End::Stalled => anyhow::bail!(
-            "no instance was healthy for --stall-timeout ({}); output so far is kept, continue with --resume",
-            humantime::format_duration(args.stall_timeout)
-        ),
+        End::Stalled => {
+            eprintln!(
+                "interrupted: no instance was healthy for --stall-timeout ({}); nothing was \
+                 recorded as failed; continue with the same command plus --resume",
+                humantime::format_duration(args.stall_timeout)
+            );
+            Ok(Outcome::Interrupted)
+        }
         End::BelowExpected(f) => {
             anyhow::bail!(
                 "stopped by --abort-below: {}; output so far is kept",
                 f.message()
             )
         }
+    }
+}
+
+/// The prompts must be a regular file: the job reads it twice (the id pre-pass, then the run)
+/// and resumes by byte offset, which a pipe or standard input cannot give.
+fn prompts_file(path: &std::path::Path) -> Result<(), String> {
+    let why = "fleet reads the prompts twice (an id check before any request, then the job) \
+               and resumes by byte offset, so it needs a regular file; save the stream to a file \
+               first";
+    if path.as_os_str() == "-" {
+        return Err(format!("--prompts -: standard input cannot be used: {why}"));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(format!(
+            "--prompts {}: not a regular file (a pipe or a directory): {why}",
+            path.display()
+        )),
+        Err(_) => Err(format!("--prompts {}: no such file", path.display())),
     }
 }
 
@@ -149,12 +188,7 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
         .map(Destination::open)
         .transpose()
         .map_err(|e| usage(e.to_string()))?;
-    if !args.prompts.is_file() {
-        return Err(usage(format!(
-            "--prompts {}: no such file",
-            args.prompts.display()
-        )));
-    }
+    prompts_file(&args.prompts).map_err(usage)?;
     let mut c = GenerateConfig::new(args.prompts.clone(), args.out.clone());
     c.api = api;
     c.max_tokens = args.max_tokens;
@@ -165,6 +199,12 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     c.max_retries = args.max_retries;
     c.stall_timeout = args.stall_timeout;
     c.resume = args.resume;
+    c.allow_changed_input = args.allow_changed_input;
+    c.retry_failed = match args.retry_failed.as_deref() {
+        None => RetryFailed::No,
+        Some("all") => RetryFailed::All,
+        Some(_) => RetryFailed::Changed,
+    };
     c.warmup = args.warmup;
     c.abort_below = args.abort_below;
     c.grace = args.grace;
@@ -299,9 +339,22 @@ impl View {
                 "{name} is healthy again (cap {})",
                 server_cap.map_or("?".into(), |c| c.to_string())
             )),
-            Event::Paused { stall_timeout } => self.say(&format!(
-                "warning: every instance is down: paused, giving up after {}",
+            Event::Paused {
+                stall_timeout,
+                reason,
+            } => self.say(&format!(
+                "warning: paused: no instance is healthy (last out: {reason}); probing, and \
+                 going on by itself when one is back; interrupted after {} (resume with --resume)",
                 humantime::format_duration(stall_timeout)
+            )),
+            Event::HostLost { host, reason } => self.say(&format!(
+                "warning: host {host} lost ({reason}): its requests move to the other hosts; \
+                 reconnecting"
+            )),
+            Event::HostBack { host } => self.say(&format!("host {host} is back")),
+            Event::InputGrew { bytes } => self.say(&format!(
+                "warning: {bytes} bytes were appended to the prompts after the job began; they \
+                 are not part of it (run a new job over them)"
             )),
             Event::Resumed => self.say("an instance is back: resuming"),
             Event::Watchdog(f) => {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config;
+use crate::generate::Targets;
 use crate::launch::hosts::connect_all;
 use crate::launch::state::{self, InstanceRecord, Liveness};
 use crate::remote::{Transport, Tunnel};
@@ -15,11 +16,26 @@ use super::{Ctx, UsageError};
 /// Endpoints with the tunnels and connections they ride on.
 pub struct Reachable {
     pub endpoints: Vec<Endpoint>,
+    /// The inventory host of each endpoint.
+    pub hosts: Vec<String>,
     tunnels: Vec<Tunnel>,
-    _transports: BTreeMap<String, Arc<dyn Transport>>,
+    transports: BTreeMap<String, Arc<dyn Transport>>,
 }
 
 impl Reachable {
+    /// The endpoints with their hosts and the hosts' links, for a run to follow outages.
+    pub fn targets(&self) -> Targets {
+        Targets {
+            endpoints: self.endpoints.clone(),
+            hosts: self.hosts.iter().cloned().map(Some).collect(),
+            links: self
+                .transports
+                .iter()
+                .map(|(name, t)| (name.clone(), t.link()))
+                .collect(),
+        }
+    }
+
     pub async fn close(self) {
         futures::future::join_all(self.tunnels.into_iter().map(Tunnel::close)).await;
     }
@@ -34,15 +50,17 @@ pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
         tracing::error!("{e}");
     }
     let run_root = super::up::run_root();
-    let per_host = connected.transports.values().map(|t| {
+    let per_host = connected.transports.iter().map(|(name, t)| {
         let run_root = run_root.clone();
-        async move { running_on(t.as_ref(), &run_root).await }
+        async move { (name.clone(), running_on(t.as_ref(), &run_root).await) }
     });
     let mut endpoints = Vec::new();
+    let mut hosts = Vec::new();
     let mut tunnels = Vec::new();
-    for found in futures::future::join_all(per_host).await {
+    for (host, found) in futures::future::join_all(per_host).await {
         for (record, tunnel) in found {
             endpoints.push(record.endpoint(tunnel.local_addr()));
+            hosts.push(host.clone());
             tunnels.push(tunnel);
         }
     }
@@ -56,8 +74,9 @@ pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
     }
     Ok(Reachable {
         endpoints,
+        hosts,
         tunnels,
-        _transports: connected.transports,
+        transports: connected.transports,
     })
 }
 

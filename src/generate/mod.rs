@@ -18,8 +18,11 @@ use crate::sglang::client::{Api, ClientError, HttpOptions};
 pub mod concurrency;
 pub mod core;
 pub mod drive;
+pub mod identity;
 pub mod input;
 pub mod journal;
+pub mod lock;
+mod prepare;
 pub mod progress;
 mod shell;
 pub mod upload;
@@ -28,7 +31,28 @@ pub mod watchdog;
 pub use self::core::End;
 pub use crate::sglang::client::Endpoint;
 pub use concurrency::ConcurrencyMode;
+pub use input::RetryFailed;
 pub use shell::run;
+
+/// The servers a run sends to, with the host each is on and, for hosts behind a connection
+/// that can drop, the link to watch.
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    pub endpoints: Vec<Endpoint>,
+    /// The inventory host of each endpoint (`None` for `--url` servers).
+    pub hosts: Vec<Option<String>>,
+    pub links: Vec<(String, tokio::sync::watch::Receiver<crate::remote::Link>)>,
+}
+
+impl From<Vec<Endpoint>> for Targets {
+    fn from(endpoints: Vec<Endpoint>) -> Self {
+        Targets {
+            hosts: vec![None; endpoints.len()],
+            endpoints,
+            links: Vec::new(),
+        }
+    }
+}
 
 /// Everything a run needs besides its endpoints.
 #[derive(Debug, Clone)]
@@ -45,6 +69,11 @@ pub struct GenerateConfig {
     pub max_retries: u32,
     pub stall_timeout: Duration,
     pub resume: bool,
+    /// `--allow-changed-input`: resume even though the input is not the one the job began
+    /// with, keyed strictly by id.
+    pub allow_changed_input: bool,
+    /// `--retry-failed`: send failed prompts again.
+    pub retry_failed: RetryFailed,
     pub warmup: Duration,
     pub abort_below: Option<f64>,
     pub grace: Duration,
@@ -72,6 +101,8 @@ impl GenerateConfig {
             max_retries: 3,
             stall_timeout: Duration::from_secs(600),
             resume: false,
+            allow_changed_input: false,
+            retry_failed: RetryFailed::No,
             warmup: Duration::from_secs(60),
             abort_below: None,
             grace: Duration::from_secs(30),
@@ -142,6 +173,10 @@ pub enum Event {
         line: u64,
         error: String,
     },
+    /// Lines appended to the input after the job began are left out of it.
+    InputGrew {
+        bytes: u64,
+    },
     InstanceDown {
         name: String,
         reason: String,
@@ -150,9 +185,19 @@ pub enum Event {
         name: String,
         server_cap: Option<u64>,
     },
-    /// No instance is healthy: dispatching waits up to the stall timeout.
+    /// No instance is healthy: dispatching waits up to the stall timeout, probing meanwhile.
     Paused {
         stall_timeout: Duration,
+        /// Why the last instance went out.
+        reason: String,
+    },
+    /// A host's connection dropped: its instances are out until it is back.
+    HostLost {
+        host: String,
+        reason: String,
+    },
+    HostBack {
+        host: String,
     },
     Resumed,
     Progress(progress::Progress),
@@ -184,6 +229,25 @@ pub enum GenerateError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Upload(#[from] upload::UploadError),
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+    #[error(
+        "--resume: {} holds a job over another input: {}\n  hint: start a new job with another --out, \
+         or continue this one keyed strictly by id with --resume --allow-changed-input",
+        dir.display(),
+        changes.join("; ")
+    )]
+    InputChanged { dir: PathBuf, changes: Vec<String> },
+    #[error("--out {}: not a directory", dir.display())]
+    OutNotADirectory { dir: PathBuf },
+    #[error("--out {}: cannot create it: {source}", dir.display())]
+    OutUnusable {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("no endpoints to send requests to")]
     NoEndpoints,
     #[error("no instance answered /server_info:\n{0}")]

@@ -13,6 +13,8 @@ pub const PROGRESS_FILE: &str = "progress.json";
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Running,
+    /// Nothing is healthy: probing, and going on by itself when something is back.
+    Paused,
     Done,
     Failed,
     Interrupted,
@@ -22,6 +24,7 @@ impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Running => "running",
+            Status::Paused => "paused",
             Status::Done => "done",
             Status::Failed => "failed",
             Status::Interrupted => "interrupted",
@@ -35,7 +38,12 @@ pub struct Progress {
     pub total: u64,
     /// Completions in the output, including those of earlier runs of a resumed job.
     pub completed: u64,
+    /// Failed for good (the prompt's own fault), in `failed.jsonl`.
     pub failed: u64,
+    /// Failed by the fleet this run (retries exhausted), in `retry.jsonl`: `--resume` sends
+    /// them again.
+    #[serde(default)]
+    pub waiting_retry: u64,
     /// Completions per second over the recent window (not the lifetime average).
     pub rate_per_sec: f64,
     /// `null` until a rate is known.
@@ -71,16 +79,17 @@ pub struct InstanceProgress {
 
 impl Progress {
     /// What an output directory shows before any request of this run went out.
-    pub fn before_start(total: u64, r: &super::journal::Recovered, status: Status) -> Self {
+    pub fn before_start(b: &super::core::Baseline, status: Status) -> Self {
         Progress {
-            total,
-            completed: r.completed,
-            failed: r.failed,
+            total: b.total,
+            completed: b.completed,
+            failed: b.failed,
+            waiting_retry: 0,
             rate_per_sec: 0.0,
             eta_hours: None,
-            total_input_tokens: r.input_tokens,
-            total_output_tokens: r.output_tokens,
-            avg_output_tokens: r.output_tokens.checked_div(r.completed).unwrap_or(0),
+            total_input_tokens: b.input_tokens,
+            total_output_tokens: b.output_tokens,
+            avg_output_tokens: b.output_tokens.checked_div(b.completed).unwrap_or(0),
             elapsed_hours: 0.0,
             s3_uploaded: 0,
             s3_bytes: 0,
@@ -228,8 +237,9 @@ mod tests {
     }
 
     #[test]
-    fn has_exactly_the_seed_fields_plus_instances() {
+    fn has_exactly_the_seed_fields_plus_instances_and_waiting_retry() {
         let p = Progress {
+            waiting_retry: 0,
             total: 654_676,
             completed: 73,
             failed: 0,
@@ -262,7 +272,8 @@ mod tests {
                 "status",
                 "total",
                 "total_input_tokens",
-                "total_output_tokens"
+                "total_output_tokens",
+                "waiting_retry"
             ]
         );
         assert_eq!(v["status"], "running");

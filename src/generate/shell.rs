@@ -10,66 +10,50 @@ use std::time::Instant as StdInstant;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::core::{
-    Attempt, Baseline, Core, CoreConfig, End, Input, ProbeKind, ProbeResult, Server,
-};
+use super::core::{Attempt, Core, CoreConfig, End, Input, ProbeKind, ProbeResult, Server};
 use super::drive::{self, Clock, Driver, Output};
-use super::input::{self, Line};
+use super::input::{self, Ids, Line, Scan};
 use super::journal::{self, Entry, Journal};
+use super::prepare::{self, Prepared};
 use super::progress::{self, Progress, Status};
 use super::upload::Uploader;
-use super::{Endpoint, Event, GenerateConfig, GenerateError, Summary};
+use super::{Event, GenerateConfig, GenerateError, Summary, Targets};
+use crate::remote::Link;
 use crate::sglang::client::{CompletionRequest, SglangClient, http_client};
 
-/// Runs the job over `endpoints` until every prompt is written, the token is cancelled, or the
+/// Runs the job over `targets` until every prompt is written, the token is cancelled, or the
 /// run cannot go on. Reports through `on_event`; never prints.
 pub async fn run(
     config: GenerateConfig,
-    endpoints: Vec<Endpoint>,
+    targets: Targets,
     mut on_event: impl FnMut(Event) + Send,
     cancel: CancellationToken,
 ) -> Result<Summary, GenerateError> {
+    let Targets {
+        endpoints,
+        hosts,
+        links,
+    } = targets;
     if endpoints.is_empty() {
         return Err(GenerateError::NoEndpoints);
     }
-    let (recovered, scan, earlier) = {
-        let (out, prompts) = (config.out.clone(), config.prompts.clone());
-        let (resume, limit, upload) = (config.resume, config.limit, config.upload.is_some());
-        blocking(move || -> Result<_, GenerateError> {
-            if !resume && journal::has_output(&out)? {
-                return Err(journal::JournalError::NotEmpty { dir: out }.into());
-            }
-            std::fs::create_dir_all(&out).map_err(|source| journal::JournalError::Io {
-                path: out.clone(),
-                source,
-            })?;
-            let recovered = if resume {
-                journal::recover(&out)?
-            } else {
-                journal::Recovered::default()
-            };
-            let scan = input::check_ids(&prompts, limit, &recovered.done)?;
-            // Shards of earlier runs are finished: they are uploaded first.
-            let earlier = if upload {
-                journal::shards(&out)?
-            } else {
-                Vec::new()
-            };
-            Ok((recovered, scan, earlier))
-        })
-        .await??
+    let ready = {
+        let c = config.clone();
+        blocking(move || prepare::prepare(&c)).await??
     };
-    let base = Baseline {
-        total: scan.total,
-        completed: recovered.completed,
-        failed: recovered.failed,
-        input_tokens: recovered.input_tokens,
-        output_tokens: recovered.output_tokens,
-    };
+    let Prepared {
+        lock: _lock,
+        scan,
+        done,
+        base,
+        next_shard,
+        truncated_bytes,
+        earlier_shards,
+    } = ready;
 
     let http = http_client(config.http)?;
     let clients: Vec<SglangClient> = endpoints
@@ -79,7 +63,7 @@ pub async fn run(
     let infos = tokio::select! {
         r = futures::future::join_all(clients.iter().map(|c| c.server_info())) => r,
         _ = cancel.cancelled() => {
-            let progress = Progress::before_start(scan.total, &recovered, Status::Interrupted);
+            let progress = Progress::before_start(&base, Status::Interrupted);
             return Ok(Summary { ended: End::Interrupted, progress, not_uploaded: Default::default() });
         }
     };
@@ -94,9 +78,11 @@ pub async fn run(
     let servers = clients
         .iter()
         .zip(infos)
-        .map(|(c, info)| Server {
+        .zip(hosts)
+        .map(|((c, info), host)| Server {
             name: c.endpoint().name.clone(),
             url: c.endpoint().base_url.clone(),
+            host,
             info: info.map_err(|e| e.to_string()),
         })
         .collect();
@@ -104,17 +90,17 @@ pub async fn run(
     let mut core = Core::new(CoreConfig::from_generate(&config, seed), base, servers);
     on_event(Event::Started {
         total: scan.total,
-        already_done: recovered.done.len() as u64,
-        truncated_bytes: recovered.truncated_bytes,
+        already_done: base.completed + base.failed,
+        truncated_bytes,
         instances: core.instances(),
     });
 
     let mut uploader = config
         .upload
         .as_ref()
-        .map(|dest| Uploader::start(dest.clone(), config.upload_retry, earlier, &cancel));
+        .map(|dest| Uploader::start(dest.clone(), config.upload_retry, earlier_shards, &cancel));
     let queue = uploader.as_ref().and_then(Uploader::queue);
-    let mut journal = match Journal::start(&config.out, recovered.next_shard, config.sync, queue) {
+    let mut journal = match Journal::start(&config.out, next_shard, config.sync, queue) {
         Ok(j) => j,
         Err(e) => {
             if let Some(u) = uploader {
@@ -126,8 +112,7 @@ pub async fn run(
     let (line_tx, line_rx) = mpsc::channel::<Line>(4096);
     let reader = {
         let (path, limit) = (config.prompts.clone(), config.limit);
-        let (done, start) = (recovered.done, scan.first_pending);
-        tokio::task::spawn_blocking(move || read_input(path, limit, start, done, line_tx))
+        tokio::task::spawn_blocking(move || read_input(path, limit, scan, done, line_tx))
     };
 
     let clock = Clock {
@@ -142,13 +127,14 @@ pub async fn run(
         .left_stream(),
         None => futures::stream::pending().right_stream(),
     };
+    let events = futures::stream::select(uploads, link_events(links));
     let driver = HttpDriver { clients };
     let loop_result = drive::drive(
         &mut core,
         clock,
         &driver,
         Box::pin(feed),
-        Box::pin(uploads),
+        Box::pin(events),
         &cancel,
         |o| match o {
             Output::Write(entry) => journal.append(entry).map_err(GenerateError::from),
@@ -170,7 +156,12 @@ pub async fn run(
     let reader_result = reader
         .await
         .map_err(|e| GenerateError::Task(e.to_string()))
-        .and_then(|r| r.map_err(GenerateError::from));
+        .and_then(|r| r.map_err(GenerateError::from))
+        .map(|appended| {
+            if appended > 0 {
+                on_event(Event::InputGrew { bytes: appended });
+            }
+        });
     let journal_result = journal.close().await;
     // The journal's last shard is queued now; the job is done when it is uploaded too.
     let upload_result = match uploader {
@@ -240,26 +231,61 @@ impl Driver for HttpDriver {
     }
 }
 
-/// Streams lines not yet done into the run; stops early when the run stops listening.
+/// Streams the lines still to do into the run, from where the pre-pass said work begins to
+/// the end it saw, skipping those in `done`; stops early when the run stops listening. Returns
+/// the bytes appended to the input since the pre-pass (left out of the job).
 fn read_input(
     path: PathBuf,
     limit: Option<u64>,
-    start: Option<input::Position>,
+    scan: Scan,
     done: HashSet<u128>,
     tx: mpsc::Sender<Line>,
-) -> Result<(), input::InputError> {
-    let Some(start) = start else { return Ok(()) };
-    let mut reader = input::Reader::open_at(&path, limit, start)?;
-    while let Some((number, text)) = reader.next_raw()? {
-        let line = input::parse_line(number, text);
+) -> Result<u64, input::InputError> {
+    let Some(start) = scan.first_pending else {
+        return Ok(0);
+    };
+    let mut reader = input::Reader::open_at(&path, limit, start)?.until(scan.end);
+    let mut ids = Ids::new(scan.repeats);
+    while let Some(line) = reader.next_line(&mut ids)? {
         if done.contains(&line.id.key()) {
             continue;
         }
         if tx.blocking_send(line).is_err() {
-            break;
+            return Ok(0);
         }
     }
-    Ok(())
+    Ok(reader.appended())
+}
+
+/// What the hosts' connections do, as the core's inputs: a host lost when its link goes down,
+/// back when a new connection is up.
+fn link_events(
+    links: Vec<(String, watch::Receiver<Link>)>,
+) -> impl futures::Stream<Item = Input> + Send {
+    let per_host = links.into_iter().map(|(host, rx)| {
+        futures::stream::unfold((host, rx, true), |(host, mut rx, was_up)| async move {
+            loop {
+                rx.changed().await.ok()?;
+                let link = rx.borrow_and_update().clone();
+                let input = match (&link, was_up) {
+                    (Link::Up { .. }, false) => Input::HostBack { host: host.clone() },
+                    (Link::Down { reason, .. }, true) => Input::HostLost {
+                        host: host.clone(),
+                        reason: reason.to_string(),
+                    },
+                    (Link::Failed { error, .. }, true) => Input::HostLost {
+                        host: host.clone(),
+                        reason: error.to_string(),
+                    },
+                    _ => continue,
+                };
+                let up = link.is_up();
+                return Some((input, (host, rx, up)));
+            }
+        })
+        .boxed()
+    });
+    futures::stream::select_all(per_host)
 }
 
 async fn blocking<T: Send + 'static>(

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::generate::input::{InputError, Reader};
+use crate::generate::input::{Ids, InputError, Reader};
 use crate::sglang::client::{Api, CompletionRequest, Prompt};
 
 /// What the workload is, as recorded in `sweep.json` (a resumed sweep must use the same one).
@@ -84,10 +84,11 @@ pub fn sample_prompts(
     model: Option<&str>,
 ) -> Result<Workload, LoadError> {
     let mut reader = Reader::open(path, None)?;
+    let mut ids = Ids::default();
     let mut rng = SplitMix(seed);
     let mut kept: Vec<(u64, CompletionRequest)> = Vec::with_capacity(sample.min(1 << 16));
     let (mut total, mut usable, mut malformed) = (0u64, 0u64, 0u64);
-    while let Some(line) = reader.next_line()? {
+    while let Some(line) = reader.next_line(&mut ids)? {
         total += 1;
         let Ok(parsed) = line.parsed else {
             malformed += 1;

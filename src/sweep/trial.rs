@@ -381,6 +381,7 @@ pub async fn measure(
             .map(|(_, s)| core::Server {
                 name: s.label.clone(),
                 url: s.endpoint.base_url.clone(),
+                host: None,
                 info: Ok(s.capacity()),
             })
             .collect(),

@@ -279,6 +279,12 @@ pub fn failures(dir: &Path) -> Vec<Value> {
     if p.exists() { read_jsonl(&p) } else { vec![] }
 }
 
+/// `retry.jsonl`: prompts the servers kept failing, which `--resume` sends again.
+pub fn retries(dir: &Path) -> Vec<Value> {
+    let p = dir.join("retry.jsonl");
+    if p.exists() { read_jsonl(&p) } else { vec![] }
+}
+
 /// Parses a JSONL file, failing the test on any torn or invalid line.
 pub fn read_jsonl(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap();

@@ -12,6 +12,7 @@ use crate::sglang::metrics::Metrics;
 pub(super) struct Inst {
     pub name: String,
     pub url: String,
+    pub host: Option<String>,
     pub version: Option<String>,
     pub up: bool,
     pub ctl: Controller,
@@ -43,6 +44,7 @@ impl Inst {
         let mut inst = Inst {
             name: s.name,
             url: s.url,
+            host: s.host,
             version: None,
             up: false,
             ctl: Controller::new(cfg.concurrency, None),
@@ -197,7 +199,48 @@ impl Core {
             self.paused_since = Some(now);
             out.push(Action::Event(Event::Paused {
                 stall_timeout: self.cfg.stall_timeout,
+                reason: format!("{}: {reason}", self.insts[i].name),
             }));
         }
+    }
+
+    /// A host's connection dropped: all its instances go out at once, and their requests, in
+    /// flight and queued, move to the other hosts.
+    pub(super) fn host_lost(&mut self, now: Time, host: &str, reason: &str, out: &mut Vec<Action>) {
+        out.push(Action::Event(Event::HostLost {
+            host: host.to_string(),
+            reason: reason.to_string(),
+        }));
+        let why = format!("host {host} lost: {reason}");
+        for i in 0..self.insts.len() {
+            if self.insts[i].host.as_deref() == Some(host) {
+                self.mark_down(now, i, &why, out);
+            }
+        }
+    }
+
+    /// A host's connection is back: its instances are probed now rather than at the next tick.
+    pub(super) fn host_back(&mut self, host: &str, out: &mut Vec<Action>) {
+        out.push(Action::Event(Event::HostBack {
+            host: host.to_string(),
+        }));
+        for (i, inst) in self.insts.iter_mut().enumerate() {
+            if inst.host.as_deref() == Some(host) && !inst.up && !inst.probing {
+                inst.probing = true;
+                out.push(Action::Probe {
+                    inst: i,
+                    kind: ProbeKind::Revive,
+                });
+            }
+        }
+    }
+
+    /// Whether a host has an instance out: a request that failed there prefers another host.
+    pub(super) fn host_failing(&self, host: Option<&str>) -> bool {
+        host.is_some_and(|h| {
+            self.insts
+                .iter()
+                .any(|i| i.host.as_deref() == Some(h) && !i.up)
+        })
     }
 }

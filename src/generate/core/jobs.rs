@@ -20,6 +20,8 @@ pub(super) const MAX_REDISPATCHES: u32 = 8;
 pub(super) struct Job {
     pub line: u64,
     pub id: Id,
+    /// The line's content hash, recorded with a failure.
+    pub hash: u64,
     pub req: Arc<CompletionRequest>,
     /// Retryable failures so far (counted against `--max-retries`).
     pub attempts: u32,
@@ -32,15 +34,34 @@ pub(super) struct Job {
 }
 
 impl Job {
-    pub fn new(line: u64, id: Id, req: CompletionRequest) -> Job {
+    pub fn new(line: u64, id: Id, hash: u64, req: CompletionRequest) -> Job {
         Job {
             line,
             id,
+            hash,
             req: Arc::new(req),
             attempts: 0,
             redispatches: 0,
             clamped: false,
             avoid: None,
+        }
+    }
+}
+
+/// Where a failure comes from: the prompt's id, line and content hash.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Origin<'a> {
+    id: &'a Id,
+    line: u64,
+    hash: u64,
+}
+
+impl<'a> Origin<'a> {
+    fn job(job: &'a Job) -> Self {
+        Origin {
+            id: &job.id,
+            line: job.line,
+            hash: job.hash,
         }
     }
 }
@@ -73,20 +94,25 @@ impl Ord for Delayed {
 impl Core {
     /// Turns an input line into a queued job, or records it as failed for its own reasons.
     pub(super) fn intake(&mut self, line: Line, out: &mut Vec<Action>) {
-        let parsed = match line.parsed {
+        let Line {
+            number,
+            id,
+            hash,
+            parsed,
+        } = line;
+        let at = Origin {
+            id: &id,
+            line: number,
+            hash,
+        };
+        let parsed = match parsed {
             Ok(p) => p,
             Err(error) => {
                 out.push(Action::Event(Event::MalformedLine {
-                    line: line.number,
+                    line: number,
                     error: error.clone(),
                 }));
-                self.fail(
-                    &line.id,
-                    line.number,
-                    FailureReason::MalformedLine,
-                    &error,
-                    out,
-                );
+                self.fail(at, FailureReason::MalformedLine, &error, out);
                 return;
             }
         };
@@ -102,13 +128,7 @@ impl Core {
                 "`messages` cannot be sent to {}; use --endpoint chat",
                 api.path()
             );
-            self.fail(
-                &line.id,
-                line.number,
-                FailureReason::UnsupportedPrompt,
-                &error,
-                out,
-            );
+            self.fail(at, FailureReason::UnsupportedPrompt, &error, out);
             return;
         }
         let req = CompletionRequest {
@@ -120,25 +140,40 @@ impl Core {
             model: self.model.clone(),
             extra: parsed.extra,
         };
-        self.ready.push_back(Job::new(line.number, line.id, req));
+        self.ready.push_back(Job::new(number, id, hash, req));
     }
 
+    /// Records a prompt that failed for its own reasons: final.
     pub(super) fn fail(
         &mut self,
-        id: &Id,
-        line: u64,
+        at: Origin<'_>,
         reason: FailureReason,
         error: &str,
         out: &mut Vec<Action>,
     ) {
         let record = journal::encode(&FailureRecord {
-            id,
-            line,
+            id: at.id,
+            line: at.line,
             reason,
             error,
+            line_hash: Some(format!("{:016x}", at.hash)),
         });
         out.push(Action::Write(Entry::Failure(record)));
         self.counts.failed += 1;
+    }
+
+    /// Records a prompt the fleet kept failing (retries exhausted on 5xx, 429 or timeouts): it
+    /// goes to `retry.jsonl`, and `--resume` sends it again.
+    fn give_up(&mut self, job: &Job, error: &str, out: &mut Vec<Action>) {
+        let record = journal::encode(&FailureRecord {
+            id: &job.id,
+            line: job.line,
+            reason: FailureReason::RetriesExhausted,
+            error,
+            line_hash: None,
+        });
+        out.push(Action::Write(Entry::Retry(record)));
+        self.counts.waiting_retry += 1;
     }
 
     /// A request came back: write it, or decide what its failure means.
@@ -179,7 +214,7 @@ impl Core {
             ClientError::ContextOverflow { overflow, .. } => match overflow.remedy() {
                 Remedy::PromptTooLong => {
                     let why = overflow.to_string();
-                    self.fail(&job.id, job.line, FailureReason::PromptTooLong, &why, out);
+                    self.fail(Origin::job(&job), FailureReason::PromptTooLong, &why, out);
                 }
                 // One clamp to C − P − 1; chat's clamp to C comes before it, being made before
                 // the server has read the prompt.
@@ -194,7 +229,7 @@ impl Core {
                 }
                 Remedy::MaxTokens(fit) => {
                     let why = format!("{overflow}; still too long with max_tokens {fit}");
-                    self.fail(&job.id, job.line, FailureReason::ContextOverflow, &why, out);
+                    self.fail(Origin::job(&job), FailureReason::ContextOverflow, &why, out);
                 }
             },
             e if e.is_unreachable() && job.redispatches < MAX_REDISPATCHES => {
@@ -214,14 +249,7 @@ impl Core {
             e if e.is_retryable() => {
                 job.attempts += 1;
                 if job.attempts > self.cfg.max_retries {
-                    let why = e.to_string();
-                    self.fail(
-                        &job.id,
-                        job.line,
-                        FailureReason::RetriesExhausted,
-                        &why,
-                        out,
-                    );
+                    self.give_up(&job, &e.to_string(), out);
                 } else if !stopping {
                     job.avoid = Some(i);
                     let wait = self
@@ -242,7 +270,7 @@ impl Core {
                     ClientError::Decode { .. } => FailureReason::BadResponse,
                     _ => FailureReason::Rejected,
                 };
-                self.fail(&job.id, job.line, reason, &e.to_string(), out);
+                self.fail(Origin::job(&job), reason, &e.to_string(), out);
             }
         }
     }

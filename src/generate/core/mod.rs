@@ -97,6 +97,8 @@ pub struct Baseline {
 pub struct Server {
     pub name: String,
     pub url: String,
+    /// The inventory host it runs on (`None` for a server given by URL).
+    pub host: Option<String>,
     pub info: Result<ServerInfo, String>,
 }
 
@@ -127,6 +129,15 @@ pub enum Input {
     /// Ctrl-C, SIGTERM or SIGHUP: stop dispatching and wind down within the grace period.
     Cancel,
     Upload(UploadEvent),
+    /// A host's connection dropped (or its keepalives went unanswered).
+    HostLost {
+        host: String,
+        reason: String,
+    },
+    /// A host's connection is back.
+    HostBack {
+        host: String,
+    },
 }
 
 /// How one request went.
@@ -200,11 +211,12 @@ pub enum End {
 
 impl End {
     /// The status progress.json ends with; a run whose shards did not all upload has failed.
+    /// A stall is an interruption: nothing failed, and `--resume` goes on.
     pub fn status(&self, uploads_complete: bool) -> Status {
         match self {
             End::Done if uploads_complete => Status::Done,
-            End::Interrupted => Status::Interrupted,
-            End::Done | End::Stalled | End::BelowExpected(_) => Status::Failed,
+            End::Interrupted | End::Stalled => Status::Interrupted,
+            End::Done | End::BelowExpected(_) => Status::Failed,
         }
     }
 }
@@ -233,6 +245,8 @@ struct Timers {
 struct Counts {
     completed: u64,
     failed: u64,
+    /// Written to `retry.jsonl`: failed by the fleet, sent again by `--resume`.
+    waiting_retry: u64,
     in_tokens: u64,
     out_tokens: u64,
     s3_uploaded: u64,
@@ -311,7 +325,7 @@ impl Core {
         }
         match input {
             Input::Line(line) => self.intake(line, &mut out),
-            Input::Request { id, req } => self.ready.push_back(Job::new(0, id, req)),
+            Input::Request { id, req } => self.ready.push_back(Job::new(0, id, 0, req)),
             Input::InputEnd => self.input_open = false,
             Input::Done { id, attempt } => self.done(now, id, attempt, &mut out),
             Input::Probe { inst, result } => self.probed(now, inst, result, &mut out),
@@ -321,6 +335,8 @@ impl Core {
                 self.count_upload(&e);
                 out.push(Action::Event(Event::Upload(e)));
             }
+            Input::HostLost { host, reason } => self.host_lost(now, &host, &reason, &mut out),
+            Input::HostBack { host } => self.host_back(&host, &mut out),
         }
         self.advance(now, &mut out);
         out
@@ -362,8 +378,13 @@ impl Core {
         .min()
     }
 
-    /// The run as progress.json shows it at `now`.
+    /// The run as progress.json shows it at `now`; a running job with nothing healthy shows
+    /// `paused`.
     pub fn snapshot(&self, now: Time, status: Status) -> Progress {
+        let status = match status {
+            Status::Running if self.paused_since.is_some() => Status::Paused,
+            s => s,
+        };
         watch::snapshot(self, now, status)
     }
 
@@ -492,23 +513,27 @@ impl Core {
     }
 
     /// The instance with the most free share of its limit, preferring any other than `avoid`
-    /// (the one that last failed the job) while another has room. Work goes where slots free
-    /// up, so faster instances get more of it.
+    /// (the one that last failed the job), and another host when that one's host is failing,
+    /// while one has room. Work goes where slots free up, so faster instances get more of it.
     fn pick(&self, avoid: Option<usize>) -> Option<usize> {
-        let mut best: Option<(bool, f64, usize)> = None;
+        let avoid_host = avoid
+            .map(|a| self.insts[a].host.as_deref())
+            .filter(|h| self.host_failing(*h))
+            .flatten();
+        let mut best: Option<((bool, bool, f64), usize)> = None;
         for (i, inst) in self.insts.iter().enumerate() {
             if !inst.up || inst.free() == 0 {
                 continue;
             }
             let rank = (
+                avoid_host.is_none() || inst.host.as_deref() != avoid_host,
                 Some(i) != avoid,
                 f64::from(inst.free()) / f64::from(inst.ctl.limit()),
-                i,
             );
-            if best.is_none_or(|b| (rank.0, rank.1) > (b.0, b.1)) {
-                best = Some(rank);
+            if best.as_ref().is_none_or(|(b, _)| rank > *b) {
+                best = Some((rank, i));
             }
         }
-        best.map(|(_, _, i)| i)
+        best.map(|(_, i)| i)
     }
 }

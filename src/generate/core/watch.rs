@@ -108,6 +108,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
         total: b.total,
         completed,
         failed,
+        waiting_retry: c.waiting_retry,
         rate_per_sec: progress::round(rate, 2),
         eta_hours: progress::eta_hours(remaining, rate),
         total_input_tokens: b.input_tokens + c.in_tokens,

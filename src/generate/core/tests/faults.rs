@@ -199,7 +199,11 @@ fn the_stall_timeout_ends_a_pause_with_nothing_written_as_failed() {
     h.later(SEC);
     assert_eq!(h.end, Some(End::Stalled));
     assert!(h.failures.is_empty());
-    assert_eq!(End::Stalled.status(true), Status::Failed);
+    assert_eq!(
+        End::Stalled.status(true),
+        Status::Interrupted,
+        "an outage is not the job's failure: --resume goes on"
+    );
 }
 
 #[test]
@@ -438,4 +442,113 @@ fn an_input_with_nothing_left_to_do_ends_at_once() {
     h.lines(1, 2);
     h.err(h.oldest(), refused());
     assert!(!h.core.wants_input(), "paused: no reading either");
+}
+
+#[test]
+fn a_lost_host_hands_its_work_to_the_other_host_at_once() {
+    let mut h = Harness::new(vec![
+        on_host("a0", "pve1", 8),
+        on_host("a1", "pve1", 8),
+        on_host("b0", "pve2", 8),
+    ]);
+    let mut next = 0;
+    h.fill(&mut next, 25);
+    assert_eq!((h.out_on(0), h.out_on(1), h.out_on(2)), (9, 8, 8));
+    h.on(Input::HostLost {
+        host: "pve1".into(),
+        reason: "keepalives unanswered".into(),
+    });
+    assert_eq!(h.aborts, [0, 1]);
+    assert_eq!(
+        h.events_matching(|e| matches!(e, Event::HostLost { .. })),
+        1
+    );
+    assert_eq!(
+        h.events_matching(|e| matches!(e, Event::InstanceDown { .. })),
+        2
+    );
+    assert_eq!(h.events_matching(|e| matches!(e, Event::Paused { .. })), 0);
+    // b0 had room for 2 more: those go at once; the rest wait for it, first in line.
+    assert_eq!(h.out_on(2), 10);
+    assert!(h.failures.is_empty() && h.retries.is_empty());
+    h.on(Input::HostBack {
+        host: "pve1".into(),
+    });
+    assert_eq!(
+        h.events_matching(|e| matches!(e, Event::HostBack { .. })),
+        1
+    );
+    let revives: Vec<_> = h
+        .probes
+        .iter()
+        .filter(|(_, k)| *k == ProbeKind::Revive)
+        .collect();
+    assert_eq!(
+        revives.len(),
+        0,
+        "their metrics probes from the start are still out"
+    );
+    h.probe(0, failed_probe());
+    h.probe(1, failed_probe());
+    h.on(Input::HostBack {
+        host: "pve1".into(),
+    });
+    assert!(
+        h.probes
+            .ends_with(&[(0, ProbeKind::Revive), (1, ProbeKind::Revive)])
+    );
+    h.probe(0, ProbeResult::Revive(Ok(info(8))));
+    assert!(h.out_on(0) > 0, "back to work");
+}
+
+#[test]
+fn a_request_failing_on_a_failing_host_prefers_another_host() {
+    let mut h = Harness::new(vec![
+        on_host("a0", "pve1", 8),
+        on_host("a1", "pve1", 8),
+        on_host("b0", "pve2", 8),
+    ]);
+    h.lines(1, 2);
+    let (id, first) = h.sends[0];
+    assert_eq!(first, 0);
+    // a0 refused: it is out, and its host is failing; a1 has more room than b0 would after
+    // one more, but the retry goes to the other host.
+    h.err(id, refused());
+    assert_eq!(h.sends.last().unwrap().1, 2);
+}
+
+#[test]
+fn a_paused_job_says_so_in_progress_until_something_is_back() {
+    let mut h = Harness::new(vec![on_host("a0", "pve1", 8)]);
+    h.lines(1, 2);
+    h.on(Input::HostLost {
+        host: "pve1".into(),
+        reason: "connection reset".into(),
+    });
+    let paused: Vec<&Event> = h
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::Paused { .. }))
+        .collect();
+    assert_eq!(paused.len(), 1);
+    let Event::Paused { reason, .. } = paused[0] else {
+        unreachable!()
+    };
+    assert!(
+        reason.contains("host pve1 lost: connection reset"),
+        "{reason}"
+    );
+    assert_eq!(
+        h.core.snapshot(h.now, Status::Running).status,
+        Status::Paused
+    );
+    h.later(SEC);
+    h.probe(0, failed_probe());
+    h.later(SEC);
+    h.probe(0, ProbeResult::Revive(Ok(info(8))));
+    assert_eq!(
+        h.core.snapshot(h.now, Status::Running).status,
+        Status::Running
+    );
+    assert_eq!(h.out.len(), 1, "the prompt went out again");
 }

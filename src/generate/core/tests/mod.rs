@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::generate::input::parse_line;
+use crate::generate::input::{Ids, parse_line};
 use crate::sglang::client::{Overflow, Prompt};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -48,7 +48,16 @@ fn server(name: &str, cap: u64) -> Server {
     Server {
         name: name.into(),
         url: format!("http://{name}"),
+        host: None,
         info: Ok(info(cap)),
+    }
+}
+
+/// A server on inventory host `host`.
+fn on_host(name: &str, host: &str, cap: u64) -> Server {
+    Server {
+        host: Some(host.into()),
+        ..server(name, cap)
     }
 }
 
@@ -100,6 +109,8 @@ struct Harness {
     sends: Vec<(ReqId, usize)>,
     completions: Vec<Value>,
     failures: Vec<Value>,
+    /// `retry.jsonl`: failed by the fleet, to send again.
+    retries: Vec<Value>,
     events: Vec<Event>,
     probes: Vec<(usize, ProbeKind)>,
     aborts: Vec<usize>,
@@ -120,6 +131,7 @@ impl Harness {
             sends: Vec::new(),
             completions: Vec::new(),
             failures: Vec::new(),
+            retries: Vec::new(),
             events: Vec::new(),
             probes: Vec::new(),
             aborts: Vec::new(),
@@ -146,6 +158,9 @@ impl Harness {
                 Action::Write(Entry::Failure(b)) => {
                     self.failures.push(serde_json::from_slice(&b).unwrap())
                 }
+                Action::Write(Entry::Retry(b)) => {
+                    self.retries.push(serde_json::from_slice(&b).unwrap())
+                }
                 Action::Write(Entry::Progress(p)) => self.progress.push(*p),
                 Action::Event(e) => self.events.push(e),
                 Action::Progress(p) => self.progress.push(p),
@@ -169,7 +184,8 @@ impl Harness {
     }
 
     fn line(&mut self, number: u64, text: &str) {
-        self.on(Input::Line(parse_line(number, text)));
+        let line = parse_line(number, text.as_bytes(), &mut Ids::default());
+        self.on(Input::Line(line));
     }
 
     /// Feeds lines as the shell does: only while the core wants them, until `to`.
@@ -392,14 +408,19 @@ fn messages_for_generate_and_malformed_lines_fail_for_their_own_reasons() {
     );
     h.line(2, r#"{"id":"x","prompt":"#);
     assert!(h.out.is_empty());
-    assert_eq!(
-        h.failed_ids(),
-        [
-            ("m".to_string(), "unsupported_prompt".to_string()),
-            ("2".to_string(), "malformed_line".to_string())
-        ]
+    let ids = h.failed_ids();
+    assert_eq!(ids[0], ("m".to_string(), "unsupported_prompt".to_string()));
+    assert_eq!(ids[1].1, "malformed_line");
+    assert!(
+        ids[1].0.starts_with("sha256:"),
+        "a line without a readable id: {ids:?}"
     );
     assert_eq!(h.failures[1]["line"], 2);
+    assert_eq!(
+        h.failures[1]["line_hash"].as_str().map(str::len),
+        Some(16),
+        "so --retry-failed can tell an edited line"
+    );
     assert_eq!(
         h.events_matching(|e| matches!(e, Event::MalformedLine { line: 2, .. })),
         1
@@ -516,7 +537,7 @@ fn retries_back_off_exponentially_and_exhausted_ones_are_recorded() {
     let mut waits = Vec::new();
     for _ in 0..4 {
         h.err(h.oldest(), status(500));
-        if h.failures.is_empty() {
+        if h.retries.is_empty() {
             waits.push(h.until_sent());
         }
     }
@@ -525,16 +546,16 @@ fn retries_back_off_exponentially_and_exhausted_ones_are_recorded() {
     for (w, ceiling) in waits.iter().zip([500 * MS, 1000 * MS, 2000 * MS]) {
         assert!(*w >= ceiling / 2 && *w <= ceiling, "{w:?} for {ceiling:?}");
     }
+    // Not the prompt's fault: not failed for good, but kept for --resume to send again.
+    assert!(h.failures.is_empty());
+    assert_eq!(h.retries.len(), 1);
     assert_eq!(
-        h.failed_ids(),
-        [("p1".to_string(), "retries_exhausted".to_string())]
+        (h.retries[0]["id"].as_str(), h.retries[0]["reason"].as_str()),
+        (Some("p1"), Some("retries_exhausted"))
     );
-    assert!(
-        h.failures[0]["error"]
-            .as_str()
-            .unwrap()
-            .contains("HTTP 500")
-    );
+    let p = h.core.snapshot(h.now, Status::Running);
+    assert_eq!((p.failed, p.waiting_retry), (0, 1));
+    assert!(h.retries[0]["error"].as_str().unwrap().contains("HTTP 500"));
 }
 
 #[test]

@@ -2,18 +2,25 @@
 //! as whole lines in fsynced batches by one writer thread, and recovery for `--resume` (the
 //! done-set, totals so far, torn tails truncated).
 
-use std::collections::HashSet;
+mod recover;
+
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::input::{Id, RawId, key_of};
+use super::input::Id;
 
+pub use recover::{Recovered, drop_failures, has_output, recover, reset_retries, shards};
+
+/// Prompts that failed for their own reasons: final.
 pub const FAILED_FILE: &str = "failed.jsonl";
+/// Prompts the fleet failed (retries exhausted on 5xx, 429, timeouts): `--resume` sends them
+/// again, so they are not counted as done.
+pub const RETRY_FILE: &str = "retry.jsonl";
 const SHARD_PREFIX: &str = "completions-";
 const SHARD_SUFFIX: &str = ".jsonl";
 
@@ -107,7 +114,7 @@ impl FailureReason {
     }
 }
 
-/// One line of `failed.jsonl`.
+/// One line of `failed.jsonl` or `retry.jsonl`.
 #[derive(Debug, Serialize)]
 pub struct FailureRecord<'a> {
     pub id: &'a Id,
@@ -115,13 +122,20 @@ pub struct FailureRecord<'a> {
     pub line: u64,
     pub reason: FailureReason,
     pub error: &'a str,
+    /// Hex of the first 64 bits of the line's SHA-256, so `--retry-failed` can tell whether
+    /// the line was edited since.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line_hash: Option<String>,
 }
 
 /// What the writer thread writes: a serialized line (ending in `\n`), or a progress snapshot.
 #[derive(Debug)]
 pub enum Entry {
     Completion(Vec<u8>),
+    /// A prompt that failed for good (`failed.jsonl`).
     Failure(Vec<u8>),
+    /// A prompt the fleet failed, to send again on `--resume` (`retry.jsonl`).
+    Retry(Vec<u8>),
     /// Written (atomically) after the lines before it are synced, so progress.json never counts
     /// a line that is not on disk, and no file I/O runs on the async threads.
     Progress(Box<super::progress::Progress>),
@@ -131,181 +145,6 @@ pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     let mut v = serde_json::to_vec(record).expect("journal records always serialize");
     v.push(b'\n');
     v
-}
-
-/// What an output directory already holds.
-#[derive(Debug, Default)]
-pub struct Recovered {
-    /// Keys ([`key_of`]) of every id in the shards and `failed.jsonl`.
-    pub done: HashSet<u128>,
-    pub completed: u64,
-    pub failed: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// The shard index new completions start at.
-    pub next_shard: u32,
-    /// Bytes of torn final lines cut off.
-    pub truncated_bytes: u64,
-}
-
-#[derive(Deserialize)]
-struct DoneLine {
-    id: RawId,
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-}
-
-/// Reads a journal line's id and token counts. Lines fleet wrote start with `{"id":` and keep
-/// the counts after the output text, which is most of the line: the text is skipped, not
-/// parsed. JSON escapes quotes inside strings, so the last `"prompt_tokens":` is the field.
-/// Anything else takes the full parse.
-fn parse_done(line: &[u8], is_shard: bool) -> Result<DoneLine, serde_json::Error> {
-    if let Some(rest) = line.strip_prefix(br#"{"id":"#) {
-        let mut de = serde_json::Deserializer::from_slice(rest);
-        if let Ok(id) = RawId::deserialize(&mut de) {
-            let counts = (
-                number_after(line, br#""prompt_tokens":"#),
-                number_after(line, br#""completion_tokens":"#),
-            );
-            match counts {
-                (Some(prompt_tokens), Some(completion_tokens)) if is_shard => {
-                    return Ok(DoneLine {
-                        id,
-                        prompt_tokens,
-                        completion_tokens,
-                    });
-                }
-                (None, None) if !is_shard && line.trim_ascii_end().ends_with(b"}") => {
-                    return Ok(DoneLine {
-                        id,
-                        prompt_tokens: 0,
-                        completion_tokens: 0,
-                    });
-                }
-                _ => {}
-            }
-        }
-    }
-    serde_json::from_slice(line)
-}
-
-fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {
-    let at = hay.windows(key.len()).rposition(|w| w == key)? + key.len();
-    let digits = &hay[at..];
-    let end = digits
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(digits.len());
-    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
-}
-
-/// Whether `dir` holds any journal file.
-pub fn has_output(dir: &Path) -> Result<bool, JournalError> {
-    Ok(!list_shards(dir)?.is_empty() || dir.join(FAILED_FILE).exists())
-}
-
-/// The completion shards in `dir`, in order.
-pub fn shards(dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
-    Ok(list_shards(dir)?.into_iter().map(|(_, p)| p).collect())
-}
-
-fn list_shards(dir: &Path) -> Result<Vec<(u32, PathBuf)>, JournalError> {
-    let mut shards = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(shards),
-        Err(e) => return Err(io(dir)(e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(io(dir))?;
-        if let Some(i) = entry.file_name().to_str().and_then(shard_index) {
-            shards.push((i, entry.path()));
-        }
-    }
-    shards.sort();
-    Ok(shards)
-}
-
-/// Cuts a final line that has no newline: the writer was killed in the middle of a write.
-fn truncate_torn_tail(path: &Path) -> Result<u64, JournalError> {
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io(path))?;
-    let len = f.metadata().map_err(io(path))?.len();
-    if len == 0 {
-        return Ok(0);
-    }
-    // Scan backwards in chunks for the last newline; lines can be long.
-    let mut end = len;
-    let mut buf = vec![0u8; 64 * 1024];
-    let keep = loop {
-        let start = end.saturating_sub(buf.len() as u64);
-        let chunk = &mut buf[..(end - start) as usize];
-        f.seek(SeekFrom::Start(start)).map_err(io(path))?;
-        f.read_exact(chunk).map_err(io(path))?;
-        if let Some(pos) = chunk.iter().rposition(|&b| b == b'\n') {
-            break start + pos as u64 + 1;
-        }
-        if start == 0 {
-            break 0;
-        }
-        end = start;
-    };
-    if keep < len {
-        f.set_len(keep).map_err(io(path))?;
-        f.sync_all().map_err(io(path))?;
-    }
-    Ok(len - keep)
-}
-
-/// Reads what a previous run wrote, truncating torn tails so appends start on a line boundary.
-pub fn recover(dir: &Path) -> Result<Recovered, JournalError> {
-    let mut r = Recovered::default();
-    let shards = list_shards(dir)?;
-    r.next_shard = shards.last().map_or(0, |(i, _)| i + 1);
-    let failed = dir.join(FAILED_FILE);
-    let mut files: Vec<(PathBuf, bool)> = shards.into_iter().map(|(_, p)| (p, true)).collect();
-    if failed.exists() {
-        files.push((failed, false));
-    }
-    for (path, is_shard) in files {
-        r.truncated_bytes += truncate_torn_tail(&path)?;
-        let mut reader =
-            BufReader::with_capacity(256 * 1024, File::open(&path).map_err(io(&path))?);
-        let mut line = Vec::new();
-        let mut number = 0u64;
-        loop {
-            line.clear();
-            if reader.read_until(b'\n', &mut line).map_err(io(&path))? == 0 {
-                break;
-            }
-            number += 1;
-            if line.trim_ascii().is_empty() {
-                continue;
-            }
-            let d = parse_done(&line, is_shard).map_err(|e| JournalError::Corrupt {
-                path: path.clone(),
-                line: number,
-                reason: e.to_string(),
-            })?;
-            // Counted once even if a file was copied in twice, so totals never exceed the input.
-            if !r.done.insert(key_of(&d.id.into_id().text)) {
-                continue;
-            }
-            if is_shard {
-                r.completed += 1;
-                r.input_tokens += d.prompt_tokens;
-                r.output_tokens += d.completion_tokens;
-            } else {
-                r.failed += 1;
-            }
-        }
-    }
-    Ok(r)
 }
 
 /// When the writer syncs: after this many lines or this much time, whichever comes first.
@@ -386,9 +225,9 @@ struct Writer {
     policy: SyncPolicy,
     shard: Option<(File, PathBuf, u64)>,
     next_shard: u32,
-    failed: Option<(File, PathBuf)>,
     shard_buf: Vec<u8>,
-    failed_buf: Vec<u8>,
+    failed: Appended,
+    retry: Appended,
     pending_lines: usize,
     stats: WriterStats,
     finished: Option<FinishedShards>,
@@ -406,9 +245,9 @@ impl Writer {
             policy,
             shard: None,
             next_shard,
-            failed: None,
             shard_buf: Vec::new(),
-            failed_buf: Vec::new(),
+            failed: Appended::new(FAILED_FILE),
+            retry: Appended::new(RETRY_FILE),
             pending_lines: 0,
             stats: WriterStats::default(),
             finished,
@@ -479,7 +318,8 @@ impl Writer {
                 }
                 self.shard_buf.extend_from_slice(&line);
             }
-            Entry::Failure(line) => self.failed_buf.extend_from_slice(&line),
+            Entry::Failure(line) => self.failed.buf.extend_from_slice(&line),
+            Entry::Retry(line) => self.retry.buf.extend_from_slice(&line),
             Entry::Progress(p) => {
                 self.flush()?;
                 super::progress::write_atomic(&self.dir, &p)?;
@@ -503,30 +343,56 @@ impl Writer {
             file.sync_data().map_err(io(path))?;
             self.shard_buf.clear();
         }
-        if !self.failed_buf.is_empty() {
-            if self.failed.is_none() {
-                let path = self.dir.join(FAILED_FILE);
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(io(&path))?;
-                self.failed = Some((file, path));
-            }
-            let (file, path) = self.failed.as_mut().expect("opened above");
-            file.write_all(&self.failed_buf).map_err(io(path))?;
-            file.sync_data().map_err(io(path))?;
-            self.failed_buf.clear();
-        }
+        self.failed.flush(&self.dir)?;
+        self.retry.flush(&self.dir)?;
         self.pending_lines = 0;
         self.stats.syncs += 1;
         Ok(())
     }
 }
 
+/// A file of whole lines opened on first use, appended to in batches.
+struct Appended {
+    name: &'static str,
+    file: Option<(File, PathBuf)>,
+    buf: Vec<u8>,
+}
+
+impl Appended {
+    fn new(name: &'static str) -> Self {
+        Appended {
+            name,
+            file: None,
+            buf: Vec::new(),
+        }
+    }
+
+    fn flush(&mut self, dir: &Path) -> Result<(), JournalError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        if self.file.is_none() {
+            let path = dir.join(self.name);
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(io(&path))?;
+            self.file = Some((file, path));
+        }
+        let (file, path) = self.file.as_mut().expect("opened above");
+        file.write_all(&self.buf).map_err(io(path))?;
+        file.sync_data().map_err(io(path))?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::recover::parse_done;
     use super::*;
+    use crate::generate::input::key_of;
 
     fn id(s: &str) -> Id {
         Id {
@@ -547,6 +413,16 @@ mod tests {
         }))
     }
 
+    fn failure(i: &Id, reason: FailureReason, line_hash: Option<&str>) -> Vec<u8> {
+        encode(&FailureRecord {
+            id: i,
+            line: 9,
+            reason,
+            error: "x",
+            line_hash: line_hash.map(str::to_string),
+        })
+    }
+
     #[tokio::test]
     async fn writes_rotates_and_recovers() {
         let dir = tempfile::tempdir().unwrap();
@@ -560,13 +436,19 @@ mod tests {
         for i in 0..7 {
             j.append(completion(&id(&format!("c{i}")), 5)).unwrap();
         }
-        let f = id("bad");
-        j.append(Entry::Failure(encode(&FailureRecord {
-            id: &f,
-            line: 9,
-            reason: FailureReason::MalformedLine,
-            error: "x",
-        })))
+        let bad = id("bad");
+        j.append(Entry::Failure(failure(
+            &bad,
+            FailureReason::MalformedLine,
+            Some("00000000000000ff"),
+        )))
+        .unwrap();
+        let flaky = id("flaky");
+        j.append(Entry::Retry(failure(
+            &flaky,
+            FailureReason::RetriesExhausted,
+            None,
+        )))
         .unwrap();
         let stats = j.close().await.unwrap();
         assert_eq!(stats.shards_written, 3);
@@ -581,10 +463,17 @@ mod tests {
         assert_eq!(announced, want);
 
         let r = recover(dir.path()).unwrap();
-        assert_eq!((r.completed, r.failed, r.next_shard), (7, 1, 3));
+        assert_eq!((r.completed.len(), r.failed.len(), r.next_shard), (7, 1, 3));
         assert_eq!((r.input_tokens, r.output_tokens), (70, 35));
-        assert!(r.done.contains(&key_of("c6")) && r.done.contains(&key_of("bad")));
-        assert!(!r.done.contains(&key_of("c7")));
+        assert!(r.completed.contains(&key_of("c6")) && !r.completed.contains(&key_of("c7")));
+        assert_eq!(r.failed[&key_of("bad")], Some(0xff));
+        assert!(
+            !r.failed.contains_key(&key_of("flaky")),
+            "retry.jsonl is sent again, not done"
+        );
+        assert!(dir.path().join(RETRY_FILE).exists());
+        reset_retries(dir.path()).unwrap();
+        assert!(!dir.path().join(RETRY_FILE).exists());
     }
 
     #[test]
@@ -597,19 +486,16 @@ mod tests {
         )
         .unwrap();
         let r = recover(dir.path()).unwrap();
-        assert_eq!(r.completed, 1);
+        assert_eq!(r.completed.len(), 1);
         assert_eq!(r.truncated_bytes, "{\"id\":\"b\",\"outp".len() as u64);
         assert!(std::fs::read_to_string(&p).unwrap().ends_with("}\n"));
         let again = recover(dir.path()).unwrap();
-        assert_eq!((again.completed, again.truncated_bytes), (1, 0));
+        assert_eq!((again.completed.len(), again.truncated_bytes), (1, 0));
     }
 
     #[test]
     fn the_fast_path_reads_what_the_full_parse_reads() {
-        let i = Id {
-            text: "x\"1".into(),
-            numeric: false,
-        };
+        let i = id("x\"1");
         let tricky = "he said \"prompt_tokens\":999, fine";
         let line = encode(&CompletionRecord {
             id: &i,
@@ -620,18 +506,23 @@ mod tests {
             instance: "a",
             latency_s: 1.0,
         });
-        let d = parse_done(&line, true).unwrap();
-        assert_eq!(d.id.into_id().text, "x\"1");
-        assert_eq!((d.prompt_tokens, d.completion_tokens), (12, 34));
-        let n = Id::line(5);
-        let f = encode(&FailureRecord {
-            id: &n,
-            line: 5,
-            reason: FailureReason::MalformedLine,
-            error: "x",
+        assert_eq!(parse_done(&line).unwrap(), (i, 12, 34));
+        let big = Id {
+            text: "12345678901234567890123".into(),
+            numeric: true,
+        };
+        let line = encode(&CompletionRecord {
+            id: &big,
+            output: "",
+            prompt_tokens: 1,
+            completion_tokens: 2,
+            finish_reason: None,
+            instance: "a",
+            latency_s: 1.0,
         });
-        assert_eq!(parse_done(&f, false).unwrap().id.into_id().text, "5");
-        assert!(parse_done(b"{\"id\":\"a\",\"output\":\"torn", true).is_err());
+        assert!(line.starts_with(b"{\"id\":12345678901234567890123,"));
+        assert_eq!(parse_done(&line).unwrap().0, big, "no float round-trip");
+        assert!(parse_done(b"{\"id\":\"a\",\"output\":\"torn").is_err());
     }
 
     #[test]
@@ -640,5 +531,20 @@ mod tests {
         std::fs::write(dir.path().join(FAILED_FILE), "{\"id\":\"a\"}\nnot json\n").unwrap();
         let e = recover(dir.path()).unwrap_err().to_string();
         assert!(e.contains("failed.jsonl:2"), "{e}");
+    }
+
+    #[test]
+    fn failures_sent_again_leave_failed_jsonl() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = Vec::new();
+        for name in ["a", "b", "c"] {
+            text.extend(failure(&id(name), FailureReason::Rejected, None));
+        }
+        std::fs::write(dir.path().join(FAILED_FILE), text).unwrap();
+        let gone = drop_failures(dir.path(), |k| k == key_of("b")).unwrap();
+        assert_eq!(gone, 1);
+        let r = recover(dir.path()).unwrap();
+        assert_eq!(r.failed.len(), 2);
+        assert!(!r.failed.contains_key(&key_of("b")));
     }
 }

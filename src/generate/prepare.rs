@@ -1,0 +1,102 @@
+//! Making an output directory ready for a run, before any request: it must be a directory we
+//! can write, locked for this job alone, empty unless resuming; a resumed job must be over the
+//! same input (or told otherwise); the pre-pass says what is left; `--retry-failed` takes its
+//! prompts out of `failed.jsonl`. Blocking file I/O: run it off the async threads.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use super::core::Baseline;
+use super::input::{self, Known, RetryFailed, Scan};
+use super::lock::OutputLock;
+use super::{GenerateConfig, GenerateError, identity, journal};
+
+/// A directory ready for a run.
+#[derive(Debug)]
+pub struct Prepared {
+    /// Held until the run ends.
+    pub lock: OutputLock,
+    pub scan: Scan,
+    /// Keys of the ids the reader skips: completed, or failed for good and not sent again.
+    pub done: HashSet<u128>,
+    pub base: Baseline,
+    /// The shard index new completions start at.
+    pub next_shard: u32,
+    /// Bytes of torn final lines a crash left, cut off.
+    pub truncated_bytes: u64,
+    /// Shards of earlier runs, finished: with `--upload`, they go first.
+    pub earlier_shards: Vec<PathBuf>,
+}
+
+pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
+    let out = &c.out;
+    if out.exists() && !out.is_dir() {
+        return Err(GenerateError::OutNotADirectory { dir: out.clone() });
+    }
+    std::fs::create_dir_all(out).map_err(|source| GenerateError::OutUnusable {
+        dir: out.clone(),
+        source,
+    })?;
+    let lock = OutputLock::acquire(out)?;
+    if !c.resume && journal::has_output(out)? {
+        return Err(journal::JournalError::NotEmpty { dir: out.clone() }.into());
+    }
+    let recovered = if c.resume {
+        journal::recover(out)?
+    } else {
+        journal::Recovered::default()
+    };
+    let known = Known {
+        completed: &recovered.completed,
+        failed: &recovered.failed,
+        retry: c.retry_failed,
+    };
+    let scan = input::scan(&c.prompts, c.limit, &known)?;
+    let now = identity::of(&c.prompts, &scan.ids_hash, scan.total)?;
+    // Editing failed lines is what --retry-failed is for, so it accepts a changed input too.
+    let may_change = c.allow_changed_input || c.retry_failed != RetryFailed::No;
+    if c.resume
+        && !may_change
+        && let Some(job) = identity::read(out)?
+    {
+        let changes = identity::changes(&job, &now);
+        if !changes.is_empty() {
+            return Err(GenerateError::InputChanged {
+                dir: out.clone(),
+                changes,
+            });
+        }
+    }
+    identity::write(out, &now)?;
+    if !scan.retry.is_empty() {
+        journal::drop_failures(out, |k| scan.retry.contains(&k))?;
+    }
+    journal::reset_retries(out)?;
+    let mut done = recovered.completed;
+    done.extend(
+        recovered
+            .failed
+            .into_keys()
+            .filter(|k| !scan.retry.contains(k)),
+    );
+    let earlier_shards = if c.upload.is_some() {
+        journal::shards(out)?
+    } else {
+        Vec::new()
+    };
+    Ok(Prepared {
+        lock,
+        base: Baseline {
+            total: scan.total,
+            completed: scan.completed,
+            failed: scan.failed,
+            input_tokens: recovered.input_tokens,
+            output_tokens: recovered.output_tokens,
+        },
+        scan,
+        done,
+        next_shard: recovered.next_shard,
+        truncated_bytes: recovered.truncated_bytes,
+        earlier_shards,
+    })
+}
