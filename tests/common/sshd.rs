@@ -157,6 +157,11 @@ impl Sshd {
         }
     }
 
+    /// Whether it runs (it was not stopped, or was restarted since).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// The listener's pid (what every session process is forked from).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("sshd is running").id()
