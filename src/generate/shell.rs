@@ -110,6 +110,7 @@ pub async fn run(
         }
     };
     let (line_tx, line_rx) = mpsc::channel::<Line>(4096);
+    let scan_end = scan.end;
     let reader = {
         let (path, limit) = (config.prompts.clone(), config.limit);
         tokio::task::spawn_blocking(move || read_input(path, limit, scan, done, line_tx))
@@ -156,12 +157,7 @@ pub async fn run(
     let reader_result = reader
         .await
         .map_err(|e| GenerateError::Task(e.to_string()))
-        .and_then(|r| r.map_err(GenerateError::from))
-        .map(|appended| {
-            if appended > 0 {
-                on_event(Event::InputGrew { bytes: appended });
-            }
-        });
+        .and_then(|r| r.map_err(GenerateError::from));
     let journal_result = journal.close().await;
     // The journal's last shard is queued now; the job is done when it is uploaded too.
     let upload_result = match uploader {
@@ -191,13 +187,28 @@ pub async fn run(
         Err(_) => Status::Failed,
     };
     let final_progress = core.snapshot(clock.now(), status);
-    let written = {
-        let (dir, p) = (config.out.clone(), final_progress.clone());
-        blocking(move || progress::write_atomic(&dir, &p)).await
+    let (written, appended) = {
+        let (dir, p, prompts) = (
+            config.out.clone(),
+            final_progress.clone(),
+            config.prompts.clone(),
+        );
+        blocking(move || {
+            // Lines added while the job ran are not part of it: say so once, at the end.
+            let len = std::fs::metadata(&prompts).map_or(0, |m| m.len());
+            (
+                progress::write_atomic(&dir, &p),
+                len.saturating_sub(scan_end),
+            )
+        })
+        .await?
     };
+    if appended > 0 && config.limit.is_none() {
+        on_event(Event::InputGrew { bytes: appended });
+    }
     on_event(Event::Progress(final_progress.clone()));
     let ended = outcome?;
-    written??;
+    written?;
     Ok(Summary {
         ended,
         progress: final_progress,
@@ -232,17 +243,16 @@ impl Driver for HttpDriver {
 }
 
 /// Streams the lines still to do into the run, from where the pre-pass said work begins to
-/// the end it saw, skipping those in `done`; stops early when the run stops listening. Returns
-/// the bytes appended to the input since the pre-pass (left out of the job).
+/// the end it saw, skipping those in `done`; stops early when the run stops listening.
 fn read_input(
     path: PathBuf,
     limit: Option<u64>,
     scan: Scan,
     done: HashSet<u128>,
     tx: mpsc::Sender<Line>,
-) -> Result<u64, input::InputError> {
+) -> Result<(), input::InputError> {
     let Some(start) = scan.first_pending else {
-        return Ok(0);
+        return Ok(());
     };
     let mut reader = input::Reader::open_at(&path, limit, start)?.until(scan.end);
     let mut ids = Ids::new(scan.repeats);
@@ -251,10 +261,10 @@ fn read_input(
             continue;
         }
         if tx.blocking_send(line).is_err() {
-            return Ok(0);
+            return Ok(());
         }
     }
-    Ok(reader.appended())
+    Ok(())
 }
 
 /// What the hosts' connections do, as the core's inputs: a host lost when its link goes down,

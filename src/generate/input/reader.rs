@@ -119,10 +119,4 @@ impl Reader {
     pub fn next_line(&mut self, ids: &mut Ids) -> Result<Option<Line>, InputError> {
         Ok(self.next_raw()?.map(|(n, bytes)| parse_line(n, bytes, ids)))
     }
-
-    /// Bytes the file has beyond the reader's end now: lines appended after the pre-pass.
-    pub fn appended(&self) -> u64 {
-        let len = std::fs::metadata(&self.path).map_or(0, |m| m.len());
-        self.end.map_or(0, |e| len.saturating_sub(e))
-    }
 }
