@@ -145,6 +145,7 @@ fn progress_snapshot(c: &mut Criterion) {
             completed,
             failed: 12,
             waiting_retry: 0,
+            warnings: vec![],
             rate_per_sec: progress::round(rate, 2),
             eta_hours: progress::eta_hours(654_676 - completed - 12, rate),
             total_input_tokens: completed * 96,

@@ -80,8 +80,14 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Run a resumable batch generation job over every healthy instance.
     Generate(GenerateArgs),
-    /// Summarise a running or finished generate job from its progress.json.
+    /// Summarise a generate job: a detached job by id, or a local output directory.
     Progress(ProgressArgs),
+    /// Every detached generate job on every reachable host.
+    Jobs,
+    /// Stop a detached job as Ctrl-C would: in-flight requests finish, it ends interrupted.
+    Stop(StopArgs),
+    /// Copy a detached job's shards, failed.jsonl and progress.json here (resumable).
+    Fetch(FetchArgs),
     /// The whole flow on a local simulated fleet of 8 GPUs: no GPU, config or network needed.
     Demo(DemoArgs),
     /// Print shell completions.
@@ -131,7 +137,7 @@ pub struct DownArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct LogsArgs {
-    /// `host:gpu` (e.g. ct200:5) or a port (e.g. 30005).
+    /// `host:gpu` (e.g. ct200:5), a port (e.g. 30005), or a detached job's id.
     pub instance: String,
     /// Number of lines from the end.
     #[arg(short = 'n', long, default_value_t = 100)]
@@ -287,10 +293,35 @@ pub struct GenerateArgs {
     /// How long Ctrl-C waits for in-flight requests.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Run the job on a GPU host beside its servers, detached: it outlives this terminal and
+    /// this machine. --prompts is a local file (sent there) or HOST:PATH; --out is a path there.
+    #[arg(long)]
+    pub detach: bool,
+    /// With --detach: the inventory host to run on (default: the one whose instances it uses).
+    #[arg(long, requires = "detach")]
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct ProgressArgs {
+    /// A detached job's id (see `fleet jobs`), or a local output directory.
+    pub job: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StopArgs {
+    /// The job's id (see `fleet jobs`).
+    pub job: String,
+    /// How long to wait for it to finish its requests in flight and exit.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub wait: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FetchArgs {
+    /// The job's id (see `fleet jobs`).
+    pub job: String,
+    /// Where its files go here (made if missing); a second fetch copies only what is new.
     pub dir: PathBuf,
 }
 

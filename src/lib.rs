@@ -11,6 +11,7 @@ pub mod config;
 pub mod demo;
 pub mod generate;
 pub mod gpu;
+pub mod jobs;
 pub mod launch;
 pub mod remote;
 pub mod report;

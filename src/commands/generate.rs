@@ -24,6 +24,12 @@ use super::{Ctx, Outcome, UsageError};
 const LOG_EVERY: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
+    if args.detach {
+        // The flags are checked here; the prompts may be HOST:PATH, checked where they are.
+        config_from(args)?;
+        return super::jobs::detach(ctx, args).await;
+    }
+    prompts_file(&args.prompts).map_err(UsageError)?;
     let mut config = config_from(args)?;
     let profile = args
         .profile
@@ -188,7 +194,6 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
         .map(Destination::open)
         .transpose()
         .map_err(|e| usage(e.to_string()))?;
-    prompts_file(&args.prompts).map_err(usage)?;
     let mut c = GenerateConfig::new(args.prompts.clone(), args.out.clone());
     c.api = api;
     c.max_tokens = args.max_tokens;

@@ -6,6 +6,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::LogsArgs;
 use crate::config;
+use crate::jobs;
 use crate::launch::hosts::connect_all;
 use crate::launch::logs::{self, Selector};
 
@@ -13,8 +14,22 @@ use super::up::run_root;
 use super::{Ctx, Outcome, UsageError};
 
 pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
-    let selector = Selector::parse(&args.instance).map_err(|e| UsageError(e.to_string()))?;
     let inventory = config::load_inventory(&ctx.global.config)?;
+    let selector = match Selector::parse(&args.instance) {
+        Ok(s) => s,
+        // Neither host:gpu nor a port: a detached job's id.
+        Err(_) if !args.instance.contains(':') => {
+            let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+            for e in &connected.failed {
+                tracing::error!("{e}");
+            }
+            let (t, view) = jobs::find(&connected.transports, &run_root(), &args.instance)
+                .await
+                .map_err(|e| UsageError(e.to_string()))?;
+            return follow(ctx, t, &jobs::log_path(&view.record), args).await;
+        }
+        Err(e) => return Err(UsageError(e.to_string()).into()),
+    };
     if let Selector::HostGpu { host, .. } = &selector
         && !inventory.hosts.iter().any(|h| &h.name == host)
     {
@@ -27,7 +42,16 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     let run_root = run_root();
     let (host, path) = logs::locate(&connected.transports, &run_root, &selector).await?;
     tracing::debug!("{host}: {path}");
-    let t = connected.transports[&host].clone();
+    follow(ctx, connected.transports[&host].clone(), &path, args).await
+}
+
+/// Prints the last lines of `path` on `t`, and with `-f` what is appended until Ctrl-C.
+async fn follow(
+    ctx: &Ctx,
+    t: std::sync::Arc<dyn crate::remote::Transport>,
+    path: &str,
+    args: &LogsArgs,
+) -> anyhow::Result<Outcome> {
     let (sender, mut receiver) = mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {
         let mut stdout = std::io::stdout();
@@ -38,7 +62,7 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     });
     let result = logs::read(
         t.as_ref(),
-        &path,
+        path,
         args.lines,
         args.follow,
         &sender,

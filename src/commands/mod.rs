@@ -13,6 +13,7 @@ pub mod exec;
 pub mod generate;
 pub mod gpus;
 pub mod instances;
+pub mod jobs;
 pub mod logs;
 pub mod profile;
 pub mod progress;
@@ -115,7 +116,10 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Profile(cmd) => profile::run(ctx, &cmd),
         Command::Generate(args) => generate::run(ctx, &args).await,
         Command::Sweep(args) => sweep::run(ctx, &args).await,
-        Command::Progress(args) => progress::run(ctx, &args),
+        Command::Progress(args) => progress::run(ctx, &args).await,
+        Command::Jobs => jobs::list(ctx).await,
+        Command::Stop(args) => jobs::stop(ctx, &args).await,
+        Command::Fetch(args) => jobs::fetch(ctx, &args).await,
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = crate::cli::Cli::command();
@@ -123,6 +127,12 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
             Ok(Outcome::Ok)
         }
     }
+}
+
+/// Machine output on stdout.
+pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
 }
 
 /// Prints a failed command's error chain and picks its exit code.

@@ -1,4 +1,5 @@
-//! `fleet progress DIR`: a summary of a running or finished generate job from its progress.json.
+//! `fleet progress JOB|DIR`: a summary of a running or finished generate job from its
+//! progress.json, a detached job's (by id) or a local output directory's.
 
 use std::time::SystemTime;
 
@@ -10,11 +11,24 @@ use super::{Ctx, Outcome, UsageError};
 /// A running job rewrites progress.json every few seconds; older than this, it has likely stopped.
 const STALE_AFTER_SECS: u64 = 30;
 
-pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
-    let file = if args.dir.is_dir() {
-        args.dir.join(PROGRESS_FILE)
+pub async fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
+    if !super::jobs::is_local(&args.job) {
+        // Not a local path: a detached job's id.
+        let Some(p) = super::jobs::progress(ctx, &args.job).await? else {
+            return Ok(Outcome::Partial);
+        };
+        if ctx.global.json {
+            super::print_json(&p)?;
+        } else {
+            summary(&p, None);
+        }
+        return Ok(Outcome::Ok);
+    }
+    let dir = std::path::PathBuf::from(&args.job);
+    let file = if dir.is_dir() {
+        dir.join(PROGRESS_FILE)
     } else {
-        args.dir.clone()
+        dir.clone()
     };
     if !file.exists() {
         return Err(UsageError(format!(
@@ -25,7 +39,7 @@ pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
     }
     let p = progress::read(&file)?;
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&p)?);
+        super::print_json(&p)?;
         return Ok(Outcome::Ok);
     }
     let age = std::fs::metadata(&file)?
@@ -33,6 +47,12 @@ pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         .ok()
         .and_then(|m| SystemTime::now().duration_since(m).ok())
         .map(|d| d.as_secs());
+    summary(&p, age);
+    Ok(Outcome::Ok)
+}
+
+/// The summary a user reads; `age` is how long ago the file was written, when known.
+fn summary(p: &progress::Progress, age: Option<u64>) {
     let pct = if p.total > 0 {
         100.0 * (p.completed + p.failed) as f64 / p.total as f64
     } else {
@@ -43,10 +63,11 @@ pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
     println!("status      {}", p.status.as_str());
     println!(
-        "done        {}/{} ({pct:.1}%), {} failed",
+        "done        {}/{} ({pct:.1}%), {} failed, {} waiting for a retry",
         p.completed + p.failed,
         p.total,
-        p.failed
+        p.failed,
+        p.waiting_retry
     );
     println!("rate        {:.2} req/s (recent window)", p.rate_per_sec);
     println!("eta         {eta}");
@@ -86,5 +107,7 @@ pub fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
             );
         }
     }
-    Ok(Outcome::Ok)
+    for w in &p.warnings {
+        println!("warning     {w}");
+    }
 }

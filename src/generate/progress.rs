@@ -57,6 +57,9 @@ pub struct Progress {
     pub s3_bytes: u64,
     pub status: Status,
     pub instances: Vec<InstanceProgress>,
+    /// What the watchdog said, so that `fleet jobs` and `fleet progress` show it too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +98,7 @@ impl Progress {
             s3_bytes: 0,
             status,
             instances: vec![],
+            warnings: vec![],
         }
     }
 }
@@ -253,6 +257,7 @@ mod tests {
             s3_bytes: 0,
             status: Status::Running,
             instances: vec![],
+            warnings: vec![],
         };
         let v = serde_json::to_value(&p).unwrap();
         let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();

@@ -27,7 +27,7 @@ impl Transport for LocalTransport {
         &self.host
     }
 
-    async fn run(&self, argv: &[String]) -> Result<CommandOutput, RemoteError> {
+    async fn run_input(&self, argv: &[String], input: &[u8]) -> Result<CommandOutput, RemoteError> {
         let Some((program, args)) = argv.split_first() else {
             return Err(RemoteError::Spawn {
                 host: self.host.clone(),
@@ -36,17 +36,29 @@ impl Transport for LocalTransport {
             });
         };
         tracing::debug!(host = %self.host, "local: {}", mask(&quote_argv(&self.host, argv)?));
-        let out = Command::new(program)
+        let spawn_err = |source| RemoteError::Spawn {
+            host: self.host.clone(),
+            program: program.clone(),
+            source,
+        };
+        let mut child = Command::new(program)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(if input.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|source| RemoteError::Spawn {
-                host: self.host.clone(),
-                program: program.clone(),
-                source,
-            })?;
+            .spawn()
+            .map_err(spawn_err)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use tokio::io::AsyncWriteExt;
+            // A program that exits without reading it all is its own business: its status says.
+            let _ = stdin.write_all(input).await;
+        }
+        let out = child.wait_with_output().await.map_err(spawn_err)?;
         Ok(CommandOutput {
             status: out.status.code(),
             stdout: out.stdout,

@@ -350,8 +350,15 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// The inventory name of the host, for messages.
     fn host(&self) -> &str;
 
-    /// Runs an argv (never a shell string) and captures its output and exit status.
-    async fn run(&self, argv: &[String]) -> Result<CommandOutput, RemoteError>;
+    /// Runs an argv (never a shell string) and captures its output and exit status; its stdin
+    /// is empty.
+    async fn run(&self, argv: &[String]) -> Result<CommandOutput, RemoteError> {
+        self.run_input(argv, &[]).await
+    }
+
+    /// [`Transport::run`] with `input` on the program's stdin, then end of file: how bytes get
+    /// to a target (a prompt file, fleet's own executable) without a second channel.
+    async fn run_input(&self, argv: &[String], input: &[u8]) -> Result<CommandOutput, RemoteError>;
 
     /// Starts a process detached in its own session (`setsid`), with its output in `log`,
     /// and returns its pid (also its process group id), which is written to `pidfile`.
@@ -381,6 +388,22 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// `Up { generation: 0 }`, and its `changed()` never fires.
     fn link(&self) -> watch::Receiver<Link> {
         ALWAYS_UP.subscribe()
+    }
+}
+
+impl RemoteError {
+    /// Whether the host may answer again by itself: its connection is down, dropped or
+    /// timed out (as opposed to a refusal that retrying cannot change).
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            RemoteError::Unreachable { .. }
+                | RemoteError::Timeout { .. }
+                | RemoteError::LinkDown { .. }
+                | RemoteError::ConnectionLost { .. }
+                | RemoteError::Tunnel { .. }
+                | RemoteError::Ssh { .. }
+        )
     }
 }
 

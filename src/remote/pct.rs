@@ -70,8 +70,9 @@ impl Transport for PctTransport {
         self.inner.host()
     }
 
-    async fn run(&self, argv: &[String]) -> Result<CommandOutput, RemoteError> {
-        let out = self.inner.run(&self.wrap(argv)?).await?;
+    async fn run_input(&self, argv: &[String], input: &[u8]) -> Result<CommandOutput, RemoteError> {
+        // `pct exec` passes stdin through to the command in the container.
+        let out = self.inner.run_input(&self.wrap(argv)?, input).await?;
         match self.not_running(&out) {
             Some(err) => Err(err),
             None => Ok(out),

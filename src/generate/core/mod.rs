@@ -272,6 +272,8 @@ pub struct Core {
     timers: Timers,
     /// The last watchdog finding's cause, so one cause is announced once.
     warned: Option<Cause>,
+    /// Every finding announced, for progress.json.
+    warnings: Vec<String>,
     finished: bool,
 }
 
@@ -308,6 +310,7 @@ impl Core {
             paused_since: None,
             stop: None,
             warned: None,
+            warnings: Vec::new(),
             finished: false,
         }
     }

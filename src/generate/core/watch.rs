@@ -88,6 +88,8 @@ impl Core {
         let finding = watchdog::assess(live, self.cfg.expected.as_ref(), &signals)?;
         if self.warned.as_ref() != Some(&finding.cause) {
             self.warned = Some(finding.cause.clone());
+            self.warnings
+                .push(format!("WATCHDOG: {}", finding.message()));
             out.push(Action::Event(Event::Watchdog(finding.clone())));
         }
         self.cfg
@@ -138,5 +140,6 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
                 }
             })
             .collect(),
+        warnings: core.warnings.clone(),
     }
 }

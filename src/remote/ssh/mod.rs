@@ -217,7 +217,7 @@ impl Transport for SshTransport {
         &self.host
     }
 
-    async fn run(&self, argv: &[String]) -> Result<CommandOutput, RemoteError> {
+    async fn run_input(&self, argv: &[String], input: &[u8]) -> Result<CommandOutput, RemoteError> {
         let command = quote_argv(&self.host, argv)?;
         tracing::debug!(host = %self.host, "ssh {}: {}", self.target, mask(&command));
         let _permit = self.execs.acquire().await.map_err(|_| RemoteError::Ssh {
@@ -239,7 +239,10 @@ impl Transport for SshTransport {
             .exec(true, command.as_bytes())
             .await
             .map_err(|_| lost())?;
-        // Nothing is ever written to a remote command's stdin; a program reading it must see EOF.
+        // After the input, a program reading its stdin must see end of file.
+        if !input.is_empty() {
+            channel.data(input).await.map_err(|_| lost())?;
+        }
         channel.eof().await.map_err(|_| lost())?;
 
         let mut out = CommandOutput::default();

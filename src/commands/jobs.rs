@@ -1,0 +1,460 @@
+//! Detached jobs from anywhere: `generate --detach` (start one on a GPU host), `jobs`, `stop`,
+//! `fetch`, and the job halves of `progress` and `logs`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use crate::cli::{FetchArgs, GenerateArgs, StopArgs};
+use crate::config;
+use crate::generate::progress::{PROGRESS_FILE, Progress};
+use crate::jobs::{self, JobError, JobSpec, JobView, transfer};
+use crate::launch::hosts::connect_all;
+use crate::launch::state::{self, Liveness};
+use crate::remote::Transport;
+use crate::report::table;
+
+use super::up::run_root;
+use super::{Ctx, Outcome, UsageError};
+
+/// How long `generate --detach` watches a new job for an immediate failure.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// Every host of the inventory that answers; the others are logged.
+async fn connect(ctx: &Ctx) -> anyhow::Result<(BTreeMap<String, Arc<dyn Transport>>, bool)> {
+    let inventory = config::load_inventory(&ctx.global.config)?;
+    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    for e in &connected.failed {
+        tracing::error!("{e}");
+    }
+    Ok((connected.transports, !connected.failed.is_empty()))
+}
+
+/// A new job's id: when it started (UTC), and four random hex digits.
+fn new_id() -> String {
+    let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let stamp: String = stamp.chars().filter(char::is_ascii_alphanumeric).collect();
+    format!(
+        "{}-{:04x}",
+        stamp.trim_end_matches('Z').replace('T', "-"),
+        rand::random::<u16>()
+    )
+}
+
+/// The flags of `args` that the job on the target gets as they are.
+fn passthrough(a: &GenerateArgs) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    let mut flag = |name: &str, value: Option<String>| {
+        if let Some(value) = value {
+            v.push(format!("--{name}"));
+            v.push(value);
+        }
+    };
+    let d = |d: Duration| humantime::format_duration(d).to_string();
+    flag("endpoint", a.endpoint.clone());
+    flag("max-tokens", Some(a.max_tokens.to_string()));
+    flag("temperature", a.temperature.map(|t| t.to_string()));
+    flag("top-p", a.top_p.map(|t| t.to_string()));
+    flag("limit", a.limit.map(|l| l.to_string()));
+    flag("concurrency", Some(a.concurrency.clone()));
+    flag("max-retries", Some(a.max_retries.to_string()));
+    flag("stall-timeout", Some(d(a.stall_timeout)));
+    flag("upload", a.upload.clone());
+    flag("shard-lines", Some(a.shard_lines.to_string()));
+    flag("warmup", Some(d(a.warmup)));
+    flag("abort-below", a.abort_below.map(|f| f.to_string()));
+    flag("grace", Some(d(a.grace)));
+    flag("retry-failed", a.retry_failed.clone());
+    for (on, name) in [
+        (a.resume, "--resume"),
+        (a.allow_changed_input, "--allow-changed-input"),
+    ] {
+        if on {
+            v.push(name.to_string());
+        }
+    }
+    v
+}
+
+/// `fleet generate --detach`: starts the job on a host of the inventory, beside its servers.
+pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
+    let (transports, _) = connect(ctx).await?;
+    let run_root = run_root();
+    // The servers `up` started, per host, as the job will reach them there.
+    let mut servers: BTreeMap<String, Vec<state::InstanceRecord>> = BTreeMap::new();
+    for (name, t) in &transports {
+        let (records, table) = tokio::try_join!(
+            state::read_records(t.as_ref(), &run_root),
+            state::proc_table(t.as_ref())
+        )?;
+        let live: Vec<_> = records
+            .into_iter()
+            .filter(|r| table.liveness(r.pid, r.start_ticks) == Liveness::Running)
+            .collect();
+        if !live.is_empty() {
+            servers.insert(name.clone(), live);
+        }
+    }
+    let host = match &args.host {
+        Some(h) => {
+            if !transports.contains_key(h) {
+                return Err(UsageError(format!(
+                    "--host {h}: not a host of {} that answered",
+                    ctx.global.config.display()
+                ))
+                .into());
+            }
+            h.clone()
+        }
+        None => match servers.keys().next() {
+            Some(h) => h.clone(),
+            None if args.url.is_empty() => {
+                return Err(UsageError(format!(
+                    "no running instances on the hosts of {}: start them with `fleet up --profile \
+                     P`, or give --url and --host",
+                    ctx.global.config.display()
+                ))
+                .into());
+            }
+            None => transports
+                .keys()
+                .next()
+                .cloned()
+                .ok_or_else(|| UsageError("no host of the inventory answered".into()))?,
+        },
+    };
+    if servers.len() > 1 && args.host.is_none() && !ctx.global.quiet {
+        let others: Vec<&String> = servers.keys().filter(|h| **h != host).collect();
+        eprintln!(
+            "note: the job runs on {host}, with its {} instances; the instances of {} are not \
+             used (pass --host for a job there)",
+            servers.get(&host).map_or(0, Vec::len),
+            others
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let t = transports[&host].clone();
+    let out = args.out.display().to_string();
+    let earlier = jobs::list(t.as_ref(), &run_root).await?;
+    let same_out = earlier.iter().find(|v| v.record.out == out);
+    if let Some(v) = same_out.filter(|v| v.alive) {
+        return Err(UsageError(
+            JobError::AlreadyRunning {
+                host: host.clone(),
+                id: v.record.id.clone(),
+                pid: v.record.pid,
+                out: out.clone(),
+            }
+            .to_string(),
+        )
+        .into());
+    }
+    // A resumed job keeps its id and directory.
+    let id = match same_out.filter(|_| args.resume) {
+        Some(v) => v.record.id.clone(),
+        None => new_id(),
+    };
+    let dir = jobs::job_dir(&run_root, &id);
+    let binary = jobs::fleet_on(t.as_ref(), &dir).await?;
+
+    let given = args.prompts.display().to_string();
+    let prompts = match given.split_once(':') {
+        Some((h, path)) if transports.contains_key(h) => {
+            if h != host {
+                return Err(UsageError(format!(
+                    "--prompts {given}: the file is on {h}, but the job runs on {host}"
+                ))
+                .into());
+            }
+            path.to_string()
+        }
+        _ => {
+            if !args.prompts.is_file() {
+                return Err(UsageError(format!(
+                    "--prompts {given}: no such file here (a file on the host is HOST:PATH)"
+                ))
+                .into());
+            }
+            let remote = format!("{dir}/prompts.jsonl");
+            transfer::upload(t.as_ref(), &args.prompts, &remote).await?;
+            remote
+        }
+    };
+    let mut argv = vec![
+        binary,
+        "generate".to_string(),
+        "--prompts".into(),
+        prompts.clone(),
+        "--out".into(),
+        out.clone(),
+    ];
+    let urls: Vec<String> = if args.url.is_empty() {
+        servers
+            .get(&host)
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| format!("http://{}:{}", r.address, r.port))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        args.url.clone()
+    };
+    for u in urls {
+        argv.push("--url".into());
+        argv.push(u);
+    }
+    let mut env = BTreeMap::new();
+    if let Some(key) = servers
+        .get(&host)
+        .and_then(|rs| rs.iter().find_map(|r| r.api_key_env.as_ref()))
+        .and_then(|v| std::env::var(v).ok())
+    {
+        crate::remote::add_secret(&key);
+        env.insert("FLEET_API_KEY".to_string(), key);
+    }
+    if let Some(p) = &args.profile {
+        let profile = config::load_profile(p, &ctx.global.profiles_dir)?;
+        let remote = format!("{dir}/profile.yaml");
+        let script = r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#;
+        let sh = ["sh", "-c", script, "sh", &remote].map(String::from);
+        let written = t.run_input(&sh, profile.to_yaml().as_bytes()).await?;
+        if !written.success() {
+            anyhow::bail!(
+                "{host}: cannot write {remote}: {}",
+                written.stderr_lossy().trim()
+            );
+        }
+        argv.push("--profile".into());
+        argv.push(remote);
+    }
+    argv.extend(passthrough(args));
+    argv.push("-q".into());
+    let record = jobs::start(
+        t.as_ref(),
+        &run_root,
+        JobSpec {
+            id: id.clone(),
+            out: out.clone(),
+            prompts,
+            argv,
+            env,
+        },
+    )
+    .await?;
+    // A job that cannot start (its --out is locked, a bad flag) dies at once: say why here.
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let view = jobs::list(t.as_ref(), &run_root)
+            .await?
+            .into_iter()
+            .find(|v| v.record.id == id);
+        match view {
+            Some(v) if !v.alive && v.state == "dead" => {
+                return Err(JobError::Died {
+                    host,
+                    log_tail: v.log_tail.unwrap_or_default(),
+                }
+                .into());
+            }
+            Some(v) if v.progress.is_some() || tokio::time::Instant::now() >= deadline => break,
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    if ctx.global.json {
+        super::print_json(&json!({"job": id, "host": host, "out": out}))?;
+    } else {
+        println!(
+            "job {id} runs on {host} (pid {}), writing {out}",
+            record.pid
+        );
+        println!("  follow: fleet progress {id}   (or: fleet logs {id} -f, fleet jobs)");
+        println!("  stop:   fleet stop {id}");
+        println!("  fetch:  fleet fetch {id} DIR");
+    }
+    Ok(Outcome::Ok)
+}
+
+fn ago(unix: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let secs = now.saturating_sub(unix);
+    humantime::format_duration(Duration::from_secs(secs))
+        .to_string()
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ")
+        + " ago"
+}
+
+/// `fleet jobs`: every job on every reachable host.
+pub async fn list(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let (transports, mut partial) = connect(ctx).await?;
+    let run_root = run_root();
+    let lists = transports
+        .values()
+        .map(|t| jobs::list(t.as_ref(), &run_root));
+    let mut views: Vec<JobView> = Vec::new();
+    for found in futures::future::join_all(lists).await {
+        match found {
+            Ok(v) => views.extend(v),
+            Err(e) => {
+                tracing::error!("{e}");
+                partial = true;
+            }
+        }
+    }
+    if ctx.global.json {
+        super::print_json(&views)?;
+    } else {
+        let rows = views.iter().map(|v| {
+            let p = v.progress.as_ref();
+            vec![
+                v.record.id.clone(),
+                v.record.host.clone(),
+                v.state.clone(),
+                p.map_or("-".into(), |p| {
+                    format!("{}/{}", p.completed + p.failed, p.total)
+                }),
+                p.map_or("-".into(), |p| format!("{:.2}", p.rate_per_sec)),
+                p.and_then(|p| p.eta_hours)
+                    .map_or("-".into(), |h| format!("{h:.2} h")),
+                ago(v.record.started_unix),
+                v.record.out.clone(),
+            ]
+        });
+        print!(
+            "{}",
+            table(
+                &[
+                    "JOB", "HOST", "STATUS", "DONE", "REQ/S", "ETA", "STARTED", "OUT"
+                ],
+                rows
+            )
+        );
+        for v in &views {
+            if let Some(tail) = &v.log_tail {
+                eprintln!(
+                    "{} on {}: dead; its log ends:\n{tail}",
+                    v.record.id, v.record.host
+                );
+            }
+            for w in v.progress.iter().flat_map(|p| &p.warnings) {
+                eprintln!("{} on {}: {w}", v.record.id, v.record.host);
+            }
+        }
+    }
+    Ok(if partial {
+        Outcome::Partial
+    } else {
+        Outcome::Ok
+    })
+}
+
+/// The job `id`, wherever it is.
+async fn find(ctx: &Ctx, id: &str) -> anyhow::Result<(Arc<dyn Transport>, JobView)> {
+    let (transports, _) = connect(ctx).await?;
+    match jobs::find(&transports, &run_root(), id).await {
+        Ok(found) => Ok(found),
+        Err(e @ JobError::NotFound { .. }) => Err(UsageError(e.to_string()).into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `fleet progress JOB`: the job's progress.json, as `fleet progress DIR` shows a local one.
+pub async fn progress(ctx: &Ctx, id: &str) -> anyhow::Result<Option<Progress>> {
+    let (_, view) = find(ctx, id).await?;
+    if view.progress.is_none() {
+        eprintln!(
+            "job {id} on {}: {} (no progress yet)",
+            view.record.host, view.state
+        );
+    }
+    if let Some(tail) = &view.log_tail {
+        eprintln!(
+            "job {id} on {} is dead; its log ends:\n{tail}",
+            view.record.host
+        );
+    }
+    Ok(view.progress)
+}
+
+/// `fleet stop JOB`.
+pub async fn stop(ctx: &Ctx, args: &StopArgs) -> anyhow::Result<Outcome> {
+    let (t, view) = find(ctx, &args.job).await?;
+    let after = jobs::stop(t.as_ref(), &view, args.wait).await?;
+    if ctx.global.json {
+        super::print_json(&after)?;
+    } else {
+        let done = after.progress.as_ref().map_or("no progress".into(), |p| {
+            format!("{}/{} done", p.completed + p.failed, p.total)
+        });
+        println!("job {}: {} ({done})", after.record.id, after.state);
+        if after.alive {
+            println!("  still finishing its requests in flight; `fleet jobs` shows when it ends");
+        } else if after.state != "done" {
+            println!(
+                "  continue it with: fleet generate --detach --resume --prompts {}:{} --out {}",
+                after.record.host, after.record.prompts, after.record.out
+            );
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+/// What a job's output directory holds that `fetch` copies.
+fn fetched_name(name: &str) -> bool {
+    (name.starts_with("completions-") && name.ends_with(".jsonl"))
+        || ["failed.jsonl", "retry.jsonl", PROGRESS_FILE, "input.json"].contains(&name)
+}
+
+/// `fleet fetch JOB DIR`.
+pub async fn fetch(ctx: &Ctx, args: &FetchArgs) -> anyhow::Result<Outcome> {
+    let (t, view) = find(ctx, &args.job).await?;
+    std::fs::create_dir_all(&args.dir)
+        .map_err(|e| UsageError(format!("{}: {e}", args.dir.display())))?;
+    let script = r#"cd -- "$1" 2>/dev/null && ls -1A; true"#;
+    let listing = t
+        .run(&["sh", "-c", script, "sh", &view.record.out].map(String::from))
+        .await?
+        .stdout_lossy();
+    let (mut copied, mut complete) = (0u32, 0u32);
+    for name in listing.lines().filter(|n| fetched_name(n)) {
+        let local = args.dir.join(name);
+        // progress.json is rewritten in place: always the latest.
+        if name == PROGRESS_FILE {
+            let _ = std::fs::remove_file(&local);
+        }
+        let got =
+            transfer::download(t.as_ref(), &format!("{}/{name}", view.record.out), &local).await?;
+        match got {
+            _ if name == PROGRESS_FILE => {}
+            transfer::Fetched::Complete => complete += 1,
+            transfer::Fetched::Copied(_) => copied += 1,
+            transfer::Fetched::Missing => {}
+        }
+    }
+    if !ctx.global.quiet {
+        eprintln!(
+            "job {} ({}): {copied} files copied, {complete} already complete, and its \
+             progress.json, into {}",
+            view.record.id,
+            view.state,
+            args.dir.display()
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+/// Whether `arg` names a local output directory (or progress file) rather than a job.
+pub fn is_local(arg: &str) -> bool {
+    Path::new(arg).exists()
+}
