@@ -1,0 +1,417 @@
+//! Benchmarks of fleets on several SSH hosts, through the real binary, real sshd and the fake
+//! `pct` (each container its own `/tmp`, each host's servers on its own loopback address): 16
+//! sims on 2 hosts, the survivor's servers after one host is lost, a connection cut back to full
+//! throughput, a detached job while no client is connected, and `fleet jobs` over 2 hosts.
+//! Throughput is the sims' own `sglang:generation_tokens_total`, read beside fleet, against
+//! the sum of their ideal output tok/s.
+//!
+//!     cargo bench --bench hosts [-- [FILTER] [--quick]]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+mod headline;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::generate::write_lines;
+use common::local_fleet::SIM;
+use common::world::World;
+use serde_json::{Value, json};
+
+const SCALE: &str = "20";
+
+/// One server as the bench reads it, beside fleet.
+struct Server {
+    host: String,
+    address: String,
+    port: u16,
+    pid: u32,
+}
+
+impl Server {
+    fn get(&self, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect((self.address.as_str(), self.port))
+            .unwrap_or_else(|e| panic!("{}:{}: {e}", self.address, self.port));
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.address
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default()
+    }
+
+    fn generated_tokens(&self) -> f64 {
+        fleet::sglang::metrics::parse(&self.get("/metrics"))
+            .generation_tokens_total
+            .expect("generation_tokens_total")
+    }
+
+    fn ideal_output_tok_s(&self) -> f64 {
+        let info: Value = serde_json::from_str(&self.get("/server_info")).unwrap();
+        info["sim"]["ideal_output_tok_s"].as_f64().unwrap()
+    }
+}
+
+fn tokens(servers: &[&Server]) -> f64 {
+    servers.iter().map(|s| s.generated_tokens()).sum()
+}
+
+fn ideal(servers: &[&Server]) -> f64 {
+    servers.iter().map(|s| s.ideal_output_tok_s()).sum()
+}
+
+/// The servers' output tok/s over the next `window`.
+fn rate(servers: &[&Server], window: Duration) -> f64 {
+    let t0 = Instant::now();
+    let before = tokens(servers);
+    std::thread::sleep(window);
+    (tokens(servers) - before) / t0.elapsed().as_secs_f64()
+}
+
+/// (settle, window): how long a job runs before it is measured, and for how long.
+fn timing() -> (Duration, Duration) {
+    if headline::quick() {
+        (Duration::from_secs(3), Duration::from_secs(4))
+    } else {
+        (Duration::from_secs(8), Duration::from_secs(15))
+    }
+}
+
+/// `hosts` hosts with `gpus` simulated GPUs each and a no_buffer sim on every GPU, up.
+struct Fleet {
+    world: World,
+    dir: tempfile::TempDir,
+    servers: Vec<Server>,
+}
+
+impl Fleet {
+    fn up(hosts: usize, gpus: u32) -> Fleet {
+        let world = World::new(hosts);
+        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
+        world.inventory(&format!("[{}]", list.join(", ")));
+        let port_base = common::free_port_base(gpus as u16);
+        std::fs::create_dir_all(world.home.path().join("profiles")).unwrap();
+        std::fs::write(
+            world.home.path().join("profiles/sim.yaml"),
+            format!(
+                "model: /models/test\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  \
+                 mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  \
+                 SGLANG_SIM_TIME_SCALE: \"{SCALE}\"\n"
+            ),
+        )
+        .unwrap();
+        let mut f = Fleet {
+            world,
+            dir: tempfile::tempdir().unwrap(),
+            servers: Vec::new(),
+        };
+        let o = f.fleet(&["up", "--profile", "sim"]);
+        assert!(o.status.success(), "up: {}", text(&o.stderr));
+        let rows: Value = serde_json::from_slice(&f.fleet(&["status", "--json"]).stdout).unwrap();
+        f.servers = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let host = r["host"].as_str().unwrap().to_string();
+                let i = f.world.hosts.iter().position(|h| h.name == host).unwrap();
+                Server {
+                    address: f.world.hosts[i].address.clone(),
+                    host,
+                    port: r["port"].as_u64().unwrap() as u16,
+                    pid: r["pid"].as_u64().unwrap() as u32,
+                }
+            })
+            .collect();
+        assert_eq!(f.servers.len(), hosts * gpus as usize);
+        f
+    }
+
+    fn on(&self, host: &str) -> Vec<&Server> {
+        self.servers.iter().filter(|s| s.host == host).collect()
+    }
+
+    fn all(&self) -> Vec<&Server> {
+        self.servers.iter().collect()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fleet"));
+        c.env("HOME", self.world.home.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("FLEET_CONFIG")
+            .env_remove("FLEET_LOG")
+            .env_remove("FLEET_RUN_DIR")
+            .current_dir(self.world.home.path())
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn fleet(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// The workload behind the sims' ideal: ~96-token prompts, natural outputs.
+    fn prompts(&self, n: usize) -> PathBuf {
+        let p = self.dir.path().join("prompts.jsonl");
+        let lines: Vec<String> = (0..n)
+            .map(|i| {
+                json!({"id": i, "prompt": format!("{i:08} {}", "lorem ipsum dolor sit amet ".repeat(14))})
+                    .to_string()
+            })
+            .collect();
+        write_lines(&p, &lines);
+        p
+    }
+
+    /// `fleet generate` here over every instance, in the background.
+    fn generate(&self, prompts: &Path) -> Child {
+        let out = self.dir.path().join("out");
+        self.command(&[
+            "-q",
+            "generate",
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+    }
+
+    /// `fleet generate --detach` on `host`; returns the job's id.
+    fn detach(&self, prompts: &Path, host: &str, out: &str) -> String {
+        let o = self.fleet(&[
+            "generate",
+            "--detach",
+            "--host",
+            host,
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--out",
+            out,
+            "--json",
+        ]);
+        assert!(o.status.success(), "detach: {}", text(&o.stderr));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["job"].as_str().unwrap().to_string()
+    }
+
+    fn stop(&self, job: &str) {
+        let o = self.fleet(&["stop", job, "--wait", "20s"]);
+        assert!(o.status.success(), "stop {job}: {}", text(&o.stderr));
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for h in &mut self.world.hosts {
+            if !h.sshd.is_running() {
+                h.sshd.restart();
+            }
+        }
+        let _ = self.fleet(&["down", "--grace", "2s"]);
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Ends a foreground job as Ctrl-C would.
+fn interrupt(mut job: Child) {
+    // SAFETY: kill(2) on the child this bench spawned and has not reaped.
+    unsafe { libc::kill(job.id() as i32, libc::SIGINT) };
+    job.wait().unwrap();
+}
+
+fn percent(measured: f64, ideal: f64, window: Duration) -> (f64, String) {
+    let share = 100.0 * measured / ideal;
+    (
+        share,
+        format!(
+            "{share:.1}% ({measured:.0} of {ideal:.0} tok/s, {} s window)",
+            window.as_secs()
+        ),
+    )
+}
+
+/// 16 sims on 2 hosts, every request through the hosts' SSH connections.
+fn sixteen_on_two() {
+    let f = Fleet::up(2, 8);
+    let (settle, window) = timing();
+    let prompts = f.prompts(100_000);
+    let job = f.generate(&prompts);
+    std::thread::sleep(settle);
+    let all = f.all();
+    let (share, measured) = percent(rate(&all, window), ideal(&all), window);
+    interrupt(job);
+    println!("16 sims on 2 hosts: {measured}");
+    headline::line(
+        "hosts.sixteen_on_two",
+        &measured,
+        "16 sims on 2 hosts through SSH ≥ 97% of their summed ideal output tok/s",
+        Some(share >= 97.0),
+    );
+}
+
+/// 2 hosts with 4 sims each; one host goes away (its sshd and its servers) mid-run, and the
+/// survivor's servers are measured from that moment on.
+fn survivor() {
+    let mut f = Fleet::up(2, 4);
+    let (settle, window) = timing();
+    let prompts = f.prompts(100_000);
+    let job = f.generate(&prompts);
+    std::thread::sleep(settle);
+    let lost: Vec<u32> = f.on("ct201").iter().map(|s| s.pid).collect();
+    f.world.hosts[1].sshd.stop();
+    for pid in lost {
+        // SAFETY: kill(2) on a pid read from fleet's records.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let survivors = f.on("ct200");
+    let (share, measured) = percent(rate(&survivors, window), ideal(&survivors), window);
+    interrupt(job);
+    println!("the survivor's 4 sims after losing the other host: {measured}");
+    headline::line(
+        "hosts.survivor",
+        &measured,
+        "after losing 1 of 2 hosts, the survivor's servers ≥ 97% of their ideal output tok/s",
+        Some(share >= 97.0),
+    );
+}
+
+/// 4 sims on one host; every SSH session of the host is killed (sshd itself keeps answering)
+/// and the time to full throughput again is the end of the first 1 s window, sampled every
+/// 200 ms, whose output tok/s is back at 95% of the rate before the cut.
+fn reconnect() {
+    let f = Fleet::up(1, 4);
+    let (settle, window) = timing();
+    let prompts = f.prompts(100_000);
+    let job = f.generate(&prompts);
+    std::thread::sleep(settle);
+    let all = f.all();
+    let before = rate(&all, window);
+    let killed = f.world.hosts[0].sshd.kill_sessions();
+    assert!(killed > 0, "fleet's connection was served by this sshd");
+    let cut = Instant::now();
+    let mut samples: Vec<(Instant, f64)> = vec![(cut, tokens(&all))];
+    let back = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = Instant::now();
+        samples.push((now, tokens(&all)));
+        let start = samples
+            .iter()
+            .rev()
+            .find(|(t, _)| now.duration_since(*t) >= Duration::from_secs(1));
+        if let Some((t, n)) = start {
+            let r = (samples.last().unwrap().1 - n) / now.duration_since(*t).as_secs_f64();
+            if r >= 0.95 * before {
+                break Some(now.duration_since(cut));
+            }
+        }
+        if cut.elapsed() > Duration::from_secs(60) {
+            break None;
+        }
+    };
+    interrupt(job);
+    let measured = match back {
+        Some(d) => format!(
+            "{:.1} s (to 95% of the {before:.0} tok/s before the cut)",
+            d.as_secs_f64()
+        ),
+        None => "not within 60 s".to_string(),
+    };
+    println!("from a connection cut to full throughput: {measured}");
+    headline::line(
+        "hosts.reconnect",
+        &measured,
+        "from a connection cut to full throughput again ≤ 10 s once sshd answers",
+        Some(back.is_some_and(|d| d <= Duration::from_secs(10))),
+    );
+}
+
+/// A detached job on 8 sims with no client connected: the command that started it has
+/// returned and every SSH session of the host is killed.
+fn detached() {
+    let f = Fleet::up(1, 8);
+    let (settle, window) = timing();
+    let prompts = f.prompts(100_000);
+    let job = f.detach(&prompts, "ct200", "/tmp/bench-job");
+    f.world.hosts[0].sshd.kill_sessions();
+    std::thread::sleep(settle);
+    let all = f.all();
+    let (share, measured) = percent(rate(&all, window), ideal(&all), window);
+    f.stop(&job);
+    println!("detached job on 8 sims, no client connected: {measured}");
+    headline::line(
+        "hosts.detached",
+        &measured,
+        "a detached job on 8 sims, client disconnected, ≥ 97% of their ideal output tok/s",
+        Some(share >= 97.0),
+    );
+}
+
+/// `fleet jobs` over 2 hosts with one running job each: the median of 5 runs.
+fn jobs_list() {
+    let f = Fleet::up(2, 1);
+    let prompts = f.prompts(100_000);
+    let jobs: Vec<String> = ["ct200", "ct201"]
+        .iter()
+        .map(|h| f.detach(&prompts, h, "/tmp/bench-jobs"))
+        .collect();
+    let mut took: Vec<Duration> = (0..5)
+        .map(|_| {
+            let t0 = Instant::now();
+            let o = f.fleet(&["jobs", "--json"]);
+            let d = t0.elapsed();
+            assert!(o.status.success(), "jobs: {}", text(&o.stderr));
+            let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+            d
+        })
+        .collect();
+    for job in &jobs {
+        f.stop(job);
+    }
+    took.sort();
+    let median = took[took.len() / 2];
+    println!("fleet jobs over 2 hosts: {took:?}");
+    headline::line(
+        "hosts.jobs",
+        &format!("{:.2} s (median of 5)", median.as_secs_f64()),
+        "`fleet jobs` over 2 hosts answers in < 2 s",
+        Some(median < Duration::from_secs(2)),
+    );
+}
+
+fn main() {
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    let benches: [(&str, fn()); 5] = [
+        ("sixteen_on_two", sixteen_on_two),
+        ("survivor", survivor),
+        ("reconnect", reconnect),
+        ("detached", detached),
+        ("jobs", jobs_list),
+    ];
+    for (name, bench) in benches {
+        if filter.is_empty() || name.contains(&filter) {
+            bench();
+        }
+    }
+}
