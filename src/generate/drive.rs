@@ -90,11 +90,11 @@ pub async fn drive<D: Driver>(
                     Ok(Some((id, attempt))) => Input::Done { id, attempt },
                     // Dropped with its instance: the core took its job back already.
                     Ok(None) => continue,
-                    Err(e) => return Err(GenerateError::Task(e.to_string())),
+                    Err(e) => return Err(GenerateError::Task(e)),
                 },
                 Some(joined) = run.probes.join_next() => match joined {
                     Ok((inst, result)) => Input::Probe { inst, result },
-                    Err(e) => return Err(GenerateError::Task(e.to_string())),
+                    Err(e) => return Err(GenerateError::Task(e)),
                 },
                 next = feed.next(), if core.wants_input() => next.unwrap_or(Input::InputEnd),
                 Some(e) = events.next() => e,

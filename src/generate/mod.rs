@@ -253,5 +253,5 @@ pub enum GenerateError {
     #[error("no instance answered /server_info:\n{0}")]
     NoInstances(String),
     #[error("a run task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }

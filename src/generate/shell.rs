@@ -156,7 +156,7 @@ pub async fn run(
     // The reader stops at its next line now that its receiver is gone.
     let reader_result = reader
         .await
-        .map_err(|e| GenerateError::Task(e.to_string()))
+        .map_err(GenerateError::Task)
         .and_then(|r| r.map_err(GenerateError::from));
     let journal_result = journal.close().await;
     // The journal's last shard is queued now; the job is done when it is uploaded too.
@@ -303,7 +303,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, GenerateError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| GenerateError::Task(e.to_string()))
+        .map_err(GenerateError::Task)
 }
 
 fn tokio_stream_of<T: Send + 'static>(

@@ -56,7 +56,7 @@ pub enum UploadError {
     #[error("interrupted before it was uploaded")]
     Interrupted,
     #[error("the upload task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }
 
 impl UploadError {
@@ -302,7 +302,7 @@ impl Uploader {
         let uploaded = self
             .task
             .await
-            .map_err(|e| UploadError::Task(e.to_string()))?;
+            .map_err(UploadError::Task)?;
         let mut missing = self.failures;
         for path in journal::shards(out)? {
             let name = shard_name(&path);

@@ -96,5 +96,5 @@ pub enum JobError {
     #[error("{host}: {path} differs from what was sent after two tries")]
     Corrupt { host: String, path: String },
     #[error("a transfer task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
 }

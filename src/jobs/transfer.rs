@@ -92,7 +92,7 @@ pub async fn upload(t: &dyn Transport, local: &Path, remote: &str) -> Result<u64
         let p = local.to_path_buf();
         tokio::task::spawn_blocking(move || local_sha256(&p))
             .await
-            .map_err(|e| JobError::Task(e.to_string()))?
+            .map_err(JobError::Task)?
             .map_err(io)?
     };
     let dir = remote.rsplit_once('/').map_or(".", |(d, _)| d);
