@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::free_port_base;
 use common::local_fleet::{LocalFleet, SIM};
+use common::{Ports, reserve_ports};
 use serde_json::Value;
 
 /// Sweeps measure throughput: one at a time, so that they do not share the CPUs they measure.
@@ -25,19 +25,22 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 struct Fleet {
     local: LocalFleet,
     gpus: u32,
+    _ports: Ports,
 }
 
 impl Fleet {
     /// `server` and `env` are YAML lines added under the profile's `server:` and `env:`.
     fn new(gpus: u32, server: &[&str], env: &[(&str, &str)]) -> Fleet {
+        let ports = reserve_ports(gpus as u16);
+        let port_base = ports.base;
         let fleet = Fleet {
             local: LocalFleet::new(gpus),
             gpus,
+            _ports: ports,
         };
-        fleet.local.write_profile(
-            "base",
-            &fleet.profile_yaml(server, env, free_port_base(gpus as u16)),
-        );
+        fleet
+            .local
+            .write_profile("base", &fleet.profile_yaml(server, env, port_base));
         fleet
     }
 
