@@ -1,7 +1,5 @@
 //! `fleet logs INSTANCE [-n N] [-f]`: an instance's server log.
 
-use std::io::Write;
-
 use tokio::sync::mpsc;
 
 use crate::cli::LogsArgs;
@@ -9,16 +7,18 @@ use crate::config;
 use crate::launch::hosts::connect_all;
 use crate::launch::logs::{self, Selector};
 
-use super::up::run_root;
-use super::{Ctx, Outcome, UsageError};
+use super::{Ctx, Outcome, UsageError, output};
+use crate::launch::env::run_root;
 
 pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
-    let selector = Selector::parse(&args.instance).map_err(|e| UsageError(e.to_string()))?;
+    let selector = Selector::parse(&args.instance).map_err(UsageError::new)?;
     let inventory = config::load_inventory(&ctx.global.config)?;
     if let Selector::HostGpu { host, .. } = &selector
         && !inventory.hosts.iter().any(|h| &h.name == host)
     {
-        return Err(UsageError(format!("no host `{host}` in {}", inventory.path.display())).into());
+        return Err(
+            UsageError::new(format!("no host `{host}` in {}", inventory.path.display())).into(),
+        );
     }
     let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
     for e in &connected.failed {
@@ -28,12 +28,13 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     let (host, path) = logs::locate(&connected.transports, &run_root, &selector).await?;
     tracing::debug!("{host}: {path}");
     let t = connected.transports[&host].clone();
-    let (sender, mut receiver) = mpsc::unbounded_channel::<String>();
+    let (sender, mut receiver) = mpsc::unbounded_channel::<Vec<u8>>();
+    // Ends when stdout is gone (`fleet logs -f X | head`), which ends the reading too.
     let printer = tokio::spawn(async move {
-        let mut stdout = std::io::stdout();
         while let Some(chunk) = receiver.recv().await {
-            let _ = stdout.write_all(chunk.as_bytes());
-            let _ = stdout.flush();
+            if !output::stdout(&chunk) {
+                break;
+            }
         }
     });
     let result = logs::read(
