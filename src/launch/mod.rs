@@ -7,6 +7,7 @@ use crate::sglang::client::HttpOptions;
 pub mod down;
 pub mod env;
 pub mod hosts;
+pub mod lock;
 pub mod logs;
 pub mod plan;
 pub mod preflight;
