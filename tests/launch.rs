@@ -658,7 +658,7 @@ fn up_status_down_through_ssh_and_pct() {
     );
     assert!(ports.range().all(|p| !listening(p)));
     // What fleet left on the target is inside the container, not in this machine's /tmp.
-    let log = sshd.container_path(200, &format!("/tmp/fleet/{}/server.log", ports.base));
+    let log = sshd.container_path(200, format!("/tmp/fleet/{}/server.log", ports.base));
     let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     assert!(text.contains("fired up and ready to roll"), "{text}");
 }

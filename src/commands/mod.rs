@@ -282,3 +282,30 @@ fn is_usage(e: &anyhow::Error) -> bool {
     e.chain()
         .any(|c| c.is::<UsageError>() || c.is::<crate::config::ConfigError>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("bad profile")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_usage_error_shows_the_wrapped_error_and_its_sources() {
+        let e: anyhow::Error = UsageError::new(Outer(std::io::Error::other("disk on fire"))).into();
+        assert_eq!(format!("{e:#}"), "bad profile: disk on fire");
+        assert!(is_usage(&e));
+        let usage = e.downcast_ref::<UsageError>().unwrap();
+        assert!(usage.inner().is::<Outer>(), "the typed error is kept");
+        let plain: anyhow::Error = UsageError("no such host".to_string()).into();
+        assert_eq!(format!("{plain:#}"), "no such host");
+    }
+
+    #[test]
+    fn each_signal_has_the_exit_code_a_shell_reports() {
+        let codes: Vec<u8> = Interrupt::ALL.iter().map(|i| i.exit_code()).collect();
+        assert_eq!(codes, [130, 143, 129]);
+        assert!(Interrupt::is_exit_code(143) && !Interrupt::is_exit_code(1));
+    }
+}

@@ -115,12 +115,14 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             (name, Some((inventory, connected)))
         }
     };
-    let base = config::load_profile(&profile_arg, dir).with_context(|| match &args.profile {
-        Some(_) => "--profile".to_string(),
-        None => format!(
-            "the running fleet's profile `{profile_arg}`, read from its records on the hosts"
-        ),
-    })?;
+    let base = match &args.profile {
+        Some(_) => config::load_profile(&profile_arg, dir)?,
+        None => config::load_profile(&profile_arg, dir).with_context(|| {
+            format!(
+                "the running fleet's profile `{profile_arg}`, read from its records on the hosts"
+            )
+        })?,
+    };
     let profiles = candidate_profiles(&profile_arg, dir, &candidates)?;
     let endpoint = args
         .endpoint
@@ -355,7 +357,7 @@ async fn fleet_profile(
                 .push(format!("{host}:{}", r.gpu));
         }
     }
-    Ok(one_profile(running, inventory, run_root).map_err(UsageError::new)?)
+    one_profile(running, inventory, run_root).map_err(|e| UsageError::new(e).into())
 }
 
 /// Why the running fleet does not say which profile to measure from.
@@ -575,5 +577,50 @@ async fn show(
     }
     if let Some(bar) = clock {
         bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+        entries
+            .iter()
+            .map(|(p, at)| (p.to_string(), at.iter().map(|s| s.to_string()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn the_fleet_that_is_up_names_one_profile_or_says_why_not() {
+        let inv = Path::new("fleet.yaml");
+        let one = one_profile(
+            running(&[("sim", &["local:0", "local:1"])]),
+            inv,
+            "/tmp/fleet",
+        );
+        assert_eq!(one.unwrap(), "sim");
+        let none = one_profile(running(&[]), inv, "/tmp/fleet").unwrap_err();
+        assert!(
+            none.to_string()
+                .contains("no fleet is up on the hosts of fleet.yaml (run directory /tmp/fleet)"),
+            "{none}"
+        );
+        let several = one_profile(
+            running(&[("a", &["h:0"]), ("b", &["h:1", "g:0"])]),
+            inv,
+            "/r",
+        )
+        .unwrap_err();
+        assert!(
+            several
+                .to_string()
+                .contains("runs 2 profiles: a (on h:0), b (on h:1, g:0)"),
+            "{several}"
+        );
+        let candidate = one_profile(running(&[("base[no_buffer]", &["h:0"])]), inv, "/r");
+        assert!(
+            matches!(candidate, Err(FleetProfileError::Candidate(name)) if name == "base[no_buffer]")
+        );
     }
 }

@@ -184,7 +184,7 @@ fn parse_take(out: &str) -> Option<Take> {
 pub struct HostLock {
     host: String,
     beat: CancellationToken,
-    heartbeat: JoinHandle<()>,
+    heartbeat: Option<JoinHandle<()>>,
     ops: Ops,
 }
 
@@ -296,7 +296,7 @@ pub async fn acquire(
 impl HostLock {
     fn start(host: String, ops: Ops) -> HostLock {
         let beat = CancellationToken::new();
-        let heartbeat = tokio::spawn(heartbeat(ops.clone(), beat.clone()));
+        let heartbeat = Some(tokio::spawn(heartbeat(ops.clone(), beat.clone())));
         HostLock {
             host,
             beat,
@@ -306,9 +306,11 @@ impl HostLock {
     }
 
     /// Stops the heartbeat and removes the lock (only if it is still this `up`'s).
-    pub async fn release(self) {
+    pub async fn release(mut self) {
         self.beat.cancel();
-        let _ = self.heartbeat.await;
+        if let Some(beating) = self.heartbeat.take() {
+            let _ = beating.await;
+        }
         if let Err(e) = self.ops.run("release", &self.ops.token).await {
             tracing::warn!(
                 "{}: could not release the run directory lock ({e}); it frees itself {}s later",
@@ -316,6 +318,13 @@ impl HostLock {
                 STALE_AFTER.as_secs()
             );
         }
+    }
+}
+
+impl Drop for HostLock {
+    /// A lock dropped unreleased (a panic) stops beating, so it goes stale instead of living on.
+    fn drop(&mut self) {
+        self.beat.cancel();
     }
 }
 
