@@ -563,6 +563,32 @@ fn logs_by_host_gpu_and_by_port() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no instance local:6"));
     let out = f.fleet().args(["logs", "local:x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+
+    // Stopped, its log is still there and still found, by host:gpu as by port.
+    assert_eq!(f.json(&["down"]).0, 0);
+    for selector in ["local:4".to_string(), f.port(4).to_string()] {
+        let out = f
+            .fleet()
+            .args(["logs", &selector, "-n", "20"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{selector}");
+        assert!(
+            text.contains("Received SIGTERM"),
+            "the end of its log: {text}"
+        );
+    }
+    // A new server on the port replaces the old log, and the stopped record with it.
+    f.profile("other", "  context_length: 4096\n", "");
+    assert_eq!(f.json(&["up", "--profile", "other", "--gpus", "4"]).0, 0);
+    let stopped = f.run_dir().join(format!("{}/stopped.json", f.port(4)));
+    assert!(!stopped.exists());
+    // Gone with its directory, a stopped server's log is not found.
+    assert_eq!(f.json(&["down"]).0, 0);
+    std::fs::remove_dir_all(f.run_dir().join(f.port(4).to_string())).unwrap();
+    let out = f.fleet().args(["logs", "local:4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
 }
 
 #[test]
