@@ -92,6 +92,7 @@ pub enum Command {
     Demo(DemoArgs),
     /// Print shell completions.
     Completions {
+        /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -114,7 +115,7 @@ pub struct UpArgs {
     /// Do not check flags against the launcher's --help before starting.
     #[arg(long)]
     pub skip_preflight: bool,
-    /// Leave started servers running when interrupted with Ctrl-C.
+    /// Leave started servers running when interrupted (Ctrl-C, SIGTERM, SIGHUP).
     #[arg(long)]
     pub keep_on_interrupt: bool,
 }
@@ -160,20 +161,29 @@ pub struct ExecArgs {
 #[derive(Debug, Subcommand)]
 pub enum ProfileCommand {
     /// Print the resolved profile (after `extends:`).
-    Show { name: String },
+    Show {
+        /// Profile name (resolved in --profiles-dir) or path to a profile file.
+        name: String,
+    },
     /// Validate the named profiles, or every profile in --profiles-dir.
-    Check { names: Vec<String> },
+    Check {
+        /// Profile names or paths (default: every *.yaml in --profiles-dir).
+        names: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct SweepArgs {
-    /// The base profile every candidate starts from (name in --profiles-dir, or a path).
+    /// The base profile every candidate starts from (name in --profiles-dir, or a path);
+    /// default: the profile of the fleet `fleet up` started.
     #[arg(long)]
-    pub profile: String,
+    pub profile: Option<String>,
     /// Mamba strategies to compare, e.g. extra_buffer,no_buffer.
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Another axis: server.KEY=V1,V2,... (repeatable).
+    /// Another axis: KEY=V1,V2,... with any profile key, e.g. server.mem_fraction_static=0.80,0.85
+    /// (repeatable). Values are YAML; a value with a comma is quoted
+    /// ('env.X="a,b"',c) or escaped (a\,b), and commas inside [...] or {...} do not split.
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Measure with a sample of these prompts (JSONL, as for `fleet generate`).
@@ -253,21 +263,30 @@ pub struct GenerateArgs {
     /// generate | chat | completions (default: chat for messages, generate for prompt).
     #[arg(long)]
     pub endpoint: Option<String>,
+    /// max_tokens of every request whose line does not set its own; lowered to what fits a
+    /// server's context when needed.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: u32,
+    /// Sampling temperature sent with every request (default: the server's).
     #[arg(long)]
     pub temperature: Option<f64>,
+    /// Nucleus sampling top_p sent with every request (default: the server's).
     #[arg(long)]
     pub top_p: Option<f64>,
+    /// Read at most this many (non-blank) lines of --prompts.
     #[arg(long)]
     pub limit: Option<u64>,
     /// In-flight requests per instance: auto, or a fixed number.
     #[arg(long, default_value = "auto")]
     pub concurrency: String,
+    /// Retries of a request that failed for a retryable reason (connection, 5xx, 429, timeout),
+    /// each on another server when there is one.
     #[arg(long, default_value_t = 3)]
     pub max_retries: u32,
+    /// Give up when no server has been healthy for this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub stall_timeout: Duration,
+    /// Continue in --out: skip every id already completed or failed there.
     #[arg(long)]
     pub resume: bool,
     /// With --resume: continue even though the input is not the one the job began with
@@ -285,6 +304,7 @@ pub struct GenerateArgs {
     /// Completions per output shard: a shard is uploaded once it is full or the run ends.
     #[arg(long, default_value_t = 100_000)]
     pub shard_lines: u64,
+    /// How long the watchdog waits before comparing throughput with what is expected.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub warmup: Duration,
     /// Stop the run when it is below this fraction of the expected throughput after warm-up.

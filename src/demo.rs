@@ -4,6 +4,9 @@
 
 use serde::Serialize;
 
+use crate::sweep::file::SweepFile;
+use crate::sweep::rank::Outcome;
+
 /// GPUs of the simulated host, as on the seed's Proxmox container.
 pub const GPUS: u32 = 8;
 /// Prompts in the bundled sample the demo generates for.
@@ -108,27 +111,20 @@ pub struct RealTime {
     pub seed_job_hours: f64,
 }
 
-/// Reads `sweep.json`'s measured trials and scales them back to real time.
-pub fn real_time(sweep: &serde_json::Value, time_scale: f64) -> Vec<RealTime> {
-    let trials = sweep["trials"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let mut rows: Vec<RealTime> = trials
+/// The measured trials of a sweep, scaled back to real time, fastest first.
+pub fn real_time(sweep: &SweepFile, time_scale: f64) -> Vec<RealTime> {
+    let mut rows: Vec<RealTime> = sweep
+        .trials
         .iter()
-        .filter(|t| t["outcome"]["state"] == "ok")
         .filter_map(|t| {
-            let tok = t["outcome"]["output_tok_s_per_gpu"].as_f64()? / time_scale;
-            let label = t["candidate"]["settings"]
-                .as_array()?
-                .iter()
-                .filter_map(|kv| kv.get(1)?.as_str())
-                .collect::<Vec<_>>()
-                .join(" ");
+            let Outcome::Ok(m) = &t.outcome else {
+                return None;
+            };
+            let tok = m.output_tok_s_per_gpu / time_scale;
             Some(RealTime {
-                label,
+                label: t.candidate.label(),
                 output_tok_s_per_gpu: tok,
-                cap: t["outcome"]["cap"].as_u64().unwrap_or(0),
+                cap: m.cap.into(),
                 seed_job_hours: SEED_PROMPTS as f64 * SEED_OUTPUT_TOKENS as f64
                     / (tok * f64::from(GPUS))
                     / 3600.0,
@@ -211,17 +207,67 @@ mod tests {
 
     #[test]
     fn sweep_results_scale_back_to_real_time() {
-        let sweep = serde_json::json!({"trials": [
-            {"candidate": {"settings": [["server.mamba_strategy", "extra_buffer"]]},
-             "outcome": {"state": "ok", "output_tok_s_per_gpu": 1070.0, "cap": 37}},
-            {"candidate": {"settings": [["server.mamba_strategy", "no_buffer"]]},
-             "outcome": {"state": "ok", "output_tok_s_per_gpu": 11800.0, "cap": 72}},
-            {"candidate": {"settings": [["server.mamba_strategy", "extra_buffer_lazy"]]},
-             "outcome": {"state": "failed", "reason": "OOM"}}]});
+        use crate::sweep::file::{FORMAT, SweepSpec};
+        use crate::sweep::rank::{Measured, Trial};
+        use crate::sweep::space::{axes, candidates};
+        let strategies = ["extra_buffer", "no_buffer", "extra_buffer_lazy"].map(String::from);
+        let candidates = candidates(&axes(&strategies, &[]).unwrap());
+        let measured = |tok: f64, cap: u32| {
+            Outcome::Ok(Measured {
+                gpus: 4,
+                output_tok_s: tok * 4.0,
+                output_tok_s_per_gpu: tok,
+                req_s: 1.0,
+                completed: 10,
+                errors: 0,
+                mean_output_tokens: 988.0,
+                ttft_s: None,
+                itl_s: None,
+                cap,
+                in_flight: cap + cap / 4,
+                kv_tokens: 1,
+                strategy: None,
+                startup_s: None,
+                completed_output_tok_s: tok * 4.0,
+                metrics_output_tok_s: None,
+            })
+        };
+        let outcomes = [
+            measured(1070.0, 37),
+            measured(11800.0, 72),
+            Outcome::Failed {
+                reason: "OOM".into(),
+                log_tail: vec![],
+            },
+        ];
+        let sweep = SweepFile {
+            format: FORMAT,
+            spec: SweepSpec {
+                profile: "seed".into(),
+                candidates: candidates.clone(),
+                mode: crate::sweep::assign::Mode::Parallel,
+                workload: crate::sweep::load::WorkloadSpec::Synthetic {
+                    input_len: 1,
+                    output_len: 1,
+                },
+                warmup_s: 1.0,
+                duration_s: 1.0,
+            },
+            trials: candidates
+                .into_iter()
+                .zip(outcomes)
+                .map(|(candidate, outcome)| Trial {
+                    candidate,
+                    gpus: vec![],
+                    outcome,
+                })
+                .collect(),
+        };
         let rows = real_time(&sweep, 10.0);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].label, "no_buffer");
         assert_eq!(rows[0].output_tok_s_per_gpu, 1180.0);
+        assert_eq!(rows[0].cap, 72);
         assert!(
             (rows[0].seed_job_hours - 19.0).abs() < 0.1,
             "{}",

@@ -1,7 +1,7 @@
 //! GPU readings behind one trait: NVML on this machine, `nvidia-smi` CSV over a transport on
 //! remote hosts (and locally when NVML cannot be loaded).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -122,15 +122,33 @@ pub struct Nvml {
     host: String,
 }
 
+/// The driver, loaded at the first read of this run and kept: `fleet status` reads every local
+/// host's GPUs and `down` confirms each release, and loading libnvidia-ml (or failing to) each
+/// time costs more than the read. A failure is kept too, so later reads go to `nvidia-smi` at once.
+static DRIVER: OnceLock<Result<Arc<nvml_wrapper::Nvml>, String>> = OnceLock::new();
+
 impl Nvml {
-    /// Loads libnvidia-ml; fails on machines without the NVIDIA driver.
-    pub fn init(host: &str) -> Result<Self, String> {
-        nvml_wrapper::Nvml::init()
-            .map(|nvml| Nvml {
-                nvml: Arc::new(nvml),
-                host: host.to_string(),
+    /// This run's NVML handle for `host`; fails on machines without the NVIDIA driver.
+    pub async fn init(host: &str) -> Result<Self, String> {
+        let driver = match DRIVER.get() {
+            Some(driver) => driver.clone(),
+            // Loading the library blocks in the dynamic loader and the driver.
+            None => tokio::task::spawn_blocking(|| {
+                DRIVER
+                    .get_or_init(|| {
+                        nvml_wrapper::Nvml::init()
+                            .map(Arc::new)
+                            .map_err(|e| e.to_string())
+                    })
+                    .clone()
             })
-            .map_err(|e| e.to_string())
+            .await
+            .map_err(|e| e.to_string())?,
+        };
+        driver.map(|nvml| Nvml {
+            nvml,
+            host: host.to_string(),
+        })
     }
 }
 
@@ -184,7 +202,7 @@ pub async fn read_host(
 ) -> Result<Vec<GpuReading>, GpuError> {
     let mut nvml_error = None;
     if is_local {
-        match Nvml::init(transport.host()) {
+        match Nvml::init(transport.host()).await {
             Ok(nvml) => return nvml.read().await,
             Err(e) => nvml_error = Some(e),
         }

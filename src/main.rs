@@ -1,4 +1,4 @@
-//! The `fleet` binary: parses arguments, sets up logging and Ctrl-C, and maps outcomes to exit codes.
+//! The `fleet` binary: parses arguments, sets up logging and signals, and maps outcomes to exit codes.
 
 use std::process::ExitCode;
 
@@ -25,13 +25,15 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            fleet::commands::output::stderr(
+                format!("error: cannot start the async runtime: {e}\n").as_bytes(),
+            );
             return ExitCode::from(1);
         }
     };
     let code = runtime.block_on(async move {
         let ctx = Ctx::new(cli.global.clone());
-        ctx.watch_ctrl_c();
+        ctx.watch_signals();
         let result = commands::dispatch(&ctx, cli.command).await;
         commands::exit_code(&ctx, result)
     });

@@ -6,8 +6,8 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::free_port_base;
 use common::local_fleet::{LocalFleet, completion_ids};
+use common::reserve_ports;
 
 /// Writes `n` prompts with ids `q0`, `q1`, ...
 fn write_questions(path: &std::path::Path, n: usize) {
@@ -35,6 +35,7 @@ fn up(f: &LocalFleet, profile: &str) {
 #[test]
 fn generate_uses_every_instance_that_up_started() {
     let f = LocalFleet::new(3);
+    let ports = reserve_ports(3);
     let d = f.path();
     f.write_profile(
         "sim",
@@ -43,7 +44,7 @@ fn generate_uses_every_instance_that_up_started() {
              server:\n  mamba_strategy: no_buffer\n\
              env:\n  SGLANG_SIM_TIME_SCALE: \"100\"\n  SGLANG_SIM_STARTUP_SECS: \"50\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n\
              health: {{startup_timeout: 60s, poll: 1s}}\n",
-            free_port_base(3),
+            ports.base,
             f.gpu_state().display()
         ),
     );
@@ -128,13 +129,14 @@ fn generate_without_url_or_running_instances_says_what_to_do() {
 #[test]
 fn the_watchdog_flags_a_run_far_below_the_sweeps_numbers_and_can_stop_it() {
     let f = LocalFleet::new(2);
+    let ports = reserve_ports(2);
     let d = f.path();
     let base = format!(
         "model: /models/test\nlauncher: [sglang-sim]\nport_base: {}\n\
          server:\n  mamba_strategy: extra_buffer\n\
          env:\n  SGLANG_SIM_TIME_SCALE: \"20\"\n  SGLANG_SIM_STARTUP_SECS: \"20\"\n  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n\
          health: {{startup_timeout: 60s, poll: 1s}}\n",
-        free_port_base(2),
+        ports.base,
         f.gpu_state().display()
     );
     f.write_profile("seed", &base);

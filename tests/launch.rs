@@ -1,7 +1,7 @@
 //! `fleet up/status/down/logs` through the real binary against real sglang-sim servers on this
-//! machine (and one case over real sshd + fake pct). Each test has its own ports, run
-//! directory and fake-GPU state, so tests run in parallel. Ports are fixed and below Linux's
-//! ephemeral range (32768-60999), where outgoing connections would take them at random.
+//! machine (and one case over real sshd + fake pct). Each test has its own ports (reserved
+//! across processes by `common::reserve_ports`), run directory and fake-GPU state, so tests run
+//! in parallel, under `cargo test` as under cargo-nextest.
 
 mod common;
 
@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use common::local_fleet::{LocalFleet, SIM};
 use serde_json::Value;
 
-/// A local fleet of 8 GPUs whose profiles start at a fixed port base.
+/// A local fleet of 8 GPUs whose profiles start at a port base reserved for the test.
 struct Fleet {
     local: LocalFleet,
     port_base: u16,
+    _ports: common::Ports,
 }
 
 impl std::ops::Deref for Fleet {
@@ -26,11 +27,18 @@ impl std::ops::Deref for Fleet {
 }
 
 impl Fleet {
-    fn new(port_base: u16) -> Fleet {
+    fn new() -> Fleet {
+        let ports = common::reserve_ports(8);
         Fleet {
             local: LocalFleet::new(8),
-            port_base,
+            port_base: ports.base,
+            _ports: ports,
         }
+    }
+
+    /// The port of GPU `gpu`.
+    fn port(&self, gpu: u16) -> u16 {
+        self.port_base + gpu
     }
 
     /// Writes `profiles/NAME.yaml`: a sim profile whose `server:` and `env:` get `server` and
@@ -97,7 +105,7 @@ fn pids(rows: &[Value]) -> Vec<u64> {
 
 #[test]
 fn up_status_down_on_eight_instances() {
-    let f = Fleet::new(24000);
+    let f = Fleet::new();
     f.profile("sim", "  mamba_strategy: no_buffer\n", "");
     let started = Instant::now();
     let (code, up, stderr) = f.json(&["up", "--profile", "sim"]);
@@ -110,7 +118,7 @@ fn up_status_down_on_eight_instances() {
             .iter()
             .map(|p| p.as_u64().unwrap())
             .collect::<Vec<_>>(),
-        (24000..24008).collect::<Vec<_>>()
+        (f.port(0)..f.port(8)).map(u64::from).collect::<Vec<_>>()
     );
     assert!(up.iter().all(|r| r["version"] == "0.5.23"));
     assert!(
@@ -189,7 +197,7 @@ fn up_status_down_on_eight_instances() {
         started.elapsed()
     );
     assert!(up_pids.iter().all(|p| !alive(*p)));
-    assert!((24000..24008).all(|p| !listening(p)));
+    assert!((f.port(0)..f.port(8)).all(|p| !listening(p)));
 
     // Idempotent: nothing left to stop, nothing left to show.
     let (code, down, _) = f.json(&["down"]);
@@ -200,7 +208,7 @@ fn up_status_down_on_eight_instances() {
 
 #[test]
 fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
-    let f = Fleet::new(24100);
+    let f = Fleet::new();
     f.profile("sim", "", "");
     let (code, first, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1"]);
     assert_eq!(code, 0, "{stderr}");
@@ -224,7 +232,10 @@ fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("local gpu0 :24100: already running a different config"),
+        stderr.contains(&format!(
+            "local gpu0 :{}: already running a different config",
+            f.port(0)
+        )),
         "{stderr}"
     );
     assert!(stderr.contains("--replace"), "{stderr}");
@@ -253,7 +264,7 @@ fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
 
 #[test]
 fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
-    let f = Fleet::new(24200);
+    let f = Fleet::new();
     // An 8 s load that never finishes: the sim crashes a quarter of the way in (2 s).
     f.profile(
         "dies",
@@ -275,7 +286,10 @@ fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
         started.elapsed()
     );
     assert!(
-        stderr.contains("local gpu3 :24203: the server process exited during startup"),
+        stderr.contains(&format!(
+            "local gpu3 :{}: the server process exited during startup",
+            f.port(3)
+        )),
         "{stderr}"
     );
     // The log tail follows, each line marked.
@@ -294,7 +308,10 @@ fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
     assert_eq!(code, 1);
     assert_eq!(rows(&status)[0]["liveness"], "dead");
     let out = f.fleet().args(["status", "-v"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("local gpu3 :24203 (dead):"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("local gpu3 :{} (dead):", f.port(3)))
+    );
     let (code, down, _) = f.json(&["down"]);
     assert_eq!(code, 0);
     assert_eq!(rows(&down)[0]["state"], "already_dead");
@@ -302,7 +319,7 @@ fn a_server_dying_during_load_fails_at_once_with_its_log_tail() {
 
 #[test]
 fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anything() {
-    let f = Fleet::new(24300);
+    let f = Fleet::new();
     f.profile(
         "old",
         "  mamba_strategy: extra_buffer_lazy\n  extra_args: [--trust-remote-cod, --dtype, bfloat17]\n",
@@ -333,7 +350,7 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
         !f.run_dir().exists(),
         "nothing may start after a failed preflight"
     );
-    assert!((24300..24308).all(|p| !listening(p)));
+    assert!((f.port(0)..f.port(8)).all(|p| !listening(p)));
 
     // --skip-preflight reads no --help: the newest flag name is rendered, unchecked.
     let (code, plan, stderr) = f.json(&["up", "--profile", "old", "--dry-run", "--skip-preflight"]);
@@ -363,11 +380,12 @@ fn preflight_reports_every_flag_the_hosts_sglang_rejects_before_starting_anythin
 
 #[test]
 fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
-    let f = Fleet::new(24400);
+    let f = Fleet::new();
     std::fs::write(
         f.path().join("profiles/keyed.yaml"),
         format!(
-            "model: /models/test\nlauncher: [sglang-sim]\nport_base: 24400\nserved_model_name: q\napi_key_env: TEST_FLEET_KEY\nserver:\n  mamba_strategy: no_buffer\nenv: {{SGLANG_SIM_GPU_STATE_DIR: \"{}\"}}\n",
+            "model: /models/test\nlauncher: [sglang-sim]\nport_base: {}\nserved_model_name: q\napi_key_env: TEST_FLEET_KEY\nserver:\n  mamba_strategy: no_buffer\nenv: {{SGLANG_SIM_GPU_STATE_DIR: \"{}\"}}\n",
+            f.port_base,
             f.gpu_state().display()
         ),
     )
@@ -395,9 +413,9 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
     assert_eq!(
         plan,
         serde_json::json!([{
-            "host": "local", "gpu": 5, "port": 24405,
+            "host": "local", "gpu": 5, "port": f.port(5),
             "argv": ["sglang-sim", "--model-path", "/models/test", "--served-model-name", "q",
-                     "--host", "127.0.0.1", "--port", "24405",
+                     "--host", "127.0.0.1", "--port", f.port(5).to_string(),
                      "--mamba-radix-cache-strategy", "no_buffer",
                      "--api-key", "********", "--disable-overlap-schedule", "--enable-metrics"],
             "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "5",
@@ -433,7 +451,8 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
             .unwrap()
             > 0
     );
-    let record = std::fs::read_to_string(f.run_dir().join("24405/instance.json")).unwrap();
+    let record =
+        std::fs::read_to_string(f.run_dir().join(format!("{}/instance.json", f.port(5)))).unwrap();
     assert!(
         record.contains("TEST_FLEET_KEY") && !record.contains("sk-very-secret"),
         "{record}"
@@ -450,7 +469,7 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
 
 #[test]
 fn down_with_one_instance_already_dead_stops_the_rest() {
-    let f = Fleet::new(24500);
+    let f = Fleet::new();
     f.profile("sim", "", "");
     let (code, up, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "0,1,2"]);
     assert_eq!(code, 0, "{stderr}");
@@ -481,7 +500,7 @@ fn down_with_one_instance_already_dead_stops_the_rest() {
 
 #[test]
 fn a_server_ignoring_sigterm_is_killed_after_the_grace_period() {
-    let f = Fleet::new(24600);
+    let f = Fleet::new();
     f.profile("stubborn", "  extra_args: [--sim-ignore-sigterm]\n", "");
     let (code, up, stderr) = f.json(&["up", "--profile", "stubborn", "--gpus", "0"]);
     assert_eq!(code, 0, "{stderr}");
@@ -495,9 +514,9 @@ fn a_server_ignoring_sigterm_is_killed_after_the_grace_period() {
 
 #[test]
 fn a_foreign_process_on_a_port_is_a_clear_error_and_nothing_starts() {
-    let f = Fleet::new(24700);
+    let f = Fleet::new();
     f.profile("sim", "", "");
-    let _squatter = std::net::TcpListener::bind("127.0.0.1:24701").unwrap();
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", f.port(1))).unwrap();
     let out = f
         .fleet()
         .args(["up", "--profile", "sim", "--gpus", "0,1"])
@@ -506,15 +525,18 @@ fn a_foreign_process_on_a_port_is_a_clear_error_and_nothing_starts() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("local gpu1 :24701: the port is in use by a process fleet did not start"),
+        stderr.contains(&format!(
+            "local gpu1 :{}: the port is in use by a process fleet did not start",
+            f.port(1)
+        )),
         "{stderr}"
     );
-    assert!(!listening(24700), "GPU 0 must not start either");
+    assert!(!listening(f.port(0)), "GPU 0 must not start either");
 }
 
 #[test]
 fn logs_by_host_gpu_and_by_port() {
-    let f = Fleet::new(24800);
+    let f = Fleet::new();
     f.profile("sim", "", "");
     let (code, _, stderr) = f.json(&["up", "--profile", "sim", "--gpus", "4"]);
     assert_eq!(code, 0, "{stderr}");
@@ -532,7 +554,7 @@ fn logs_by_host_gpu_and_by_port() {
     assert!(text.lines().count() <= 50);
     let by_port = f
         .fleet()
-        .args(["logs", "24804", "-n", "1"])
+        .args(["logs", &f.port(4).to_string(), "-n", "1"])
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&by_port.stdout).lines().count(), 1);
@@ -541,20 +563,47 @@ fn logs_by_host_gpu_and_by_port() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no instance local:6"));
     let out = f.fleet().args(["logs", "local:x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+
+    // Stopped, its log is still there and still found, by host:gpu as by port.
+    assert_eq!(f.json(&["down"]).0, 0);
+    for selector in ["local:4".to_string(), f.port(4).to_string()] {
+        let out = f
+            .fleet()
+            .args(["logs", &selector, "-n", "20"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{selector}");
+        assert!(
+            text.contains("Received SIGTERM"),
+            "the end of its log: {text}"
+        );
+    }
+    // A new server on the port replaces the old log, and the stopped record with it.
+    f.profile("other", "  context_length: 4096\n", "");
+    assert_eq!(f.json(&["up", "--profile", "other", "--gpus", "4"]).0, 0);
+    let stopped = f.run_dir().join(format!("{}/stopped.json", f.port(4)));
+    assert!(!stopped.exists());
+    // Gone with its directory, a stopped server's log is not found.
+    assert_eq!(f.json(&["down"]).0, 0);
+    std::fs::remove_dir_all(f.run_dir().join(f.port(4).to_string())).unwrap();
+    let out = f.fleet().args(["logs", "local:4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
 }
 
 #[test]
 fn ctrl_c_during_up_stops_what_it_started() {
-    let f = Fleet::new(24900);
+    let f = Fleet::new();
     f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
     let mut cmd = f.command();
     cmd.args(["up", "--profile", "slow", "--gpus", "0,1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn().unwrap();
-    let pidfile = f.run_dir().join("24901/pid");
+    let pidfile = f.run_dir().join(format!("{}/pid", f.port(1)));
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !(pidfile.exists() && f.run_dir().join("24901/instance.json").exists()) {
+    let record = f.run_dir().join(format!("{}/instance.json", f.port(1)));
+    while !(pidfile.exists() && record.exists()) {
         assert!(Instant::now() < deadline, "the servers did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -583,6 +632,7 @@ fn ctrl_c_during_up_stops_what_it_started() {
 #[test]
 fn up_status_down_through_ssh_and_pct() {
     let sshd = common::Sshd::start();
+    let ports = common::reserve_ports(2);
     let home = sshd.home("pve");
     home.write_inventory(
         "hosts:\n  - name: ct200\n    ssh: pve\n    container: 200\n    address: 127.0.0.1\n    gpus: [0, 1]\n",
@@ -593,8 +643,9 @@ fn up_status_down_through_ssh_and_pct() {
         format!(
             // The run dir (/tmp/fleet) and the sims' GPU state (/tmp/sglang-sim-gpus) are the
             // defaults, inside the container's own /tmp.
-            "model: /models/test\nlauncher: [{}]\nport_base: 25000\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n",
+            "model: /models/test\nlauncher: [{}]\nport_base: {}\nserver:\n  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n",
             SIM,
+            ports.base,
         ),
     )
     .unwrap();
@@ -631,16 +682,16 @@ fn up_status_down_through_ssh_and_pct() {
             .iter()
             .all(|d| d["state"] == "stopped" && d["port_closed"] == true)
     );
-    assert!(!listening(25000) && !listening(25001));
+    assert!(ports.range().all(|p| !listening(p)));
     // What fleet left on the target is inside the container, not in this machine's /tmp.
-    let log = sshd.container_path(200, "/tmp/fleet/25000/server.log");
+    let log = sshd.container_path(200, format!("/tmp/fleet/{}/server.log", ports.base));
     let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     assert!(text.contains("fired up and ready to roll"), "{text}");
 }
 
 #[test]
 fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
-    let f = Fleet::new(25100);
+    let f = Fleet::new();
     f.profile("slow", "", "  SGLANG_SIM_STARTUP_SECS: \"60\"\n");
     let path = f.path().join("profiles/slow.yaml");
     let yaml = std::fs::read_to_string(&path)
@@ -655,13 +706,13 @@ fn a_server_not_ready_by_the_startup_timeout_fails_and_is_stopped() {
     // The tail ends with the server shutting down on fleet's SIGTERM.
     assert!(tail.contains("Received SIGTERM"), "{tail}");
     assert!(!alive(pids(rows(&up))[0]));
-    assert!(!listening(25100));
+    assert!(!listening(f.port(0)));
 }
 
 #[test]
 fn logs_follow_prints_new_lines_until_interrupted() {
     use std::io::{BufRead, BufReader};
-    let f = Fleet::new(25200);
+    let f = Fleet::new();
     // A 3 s load logs its phases over time: following shows them as they come.
     f.profile("sim", "", "  SGLANG_SIM_STARTUP_SECS: \"3\"\n");
     let mut up = f
@@ -671,13 +722,17 @@ fn logs_follow_prints_new_lines_until_interrupted() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !f.run_dir().join("25200/instance.json").exists() {
+    while !f
+        .run_dir()
+        .join(format!("{}/instance.json", f.port(0)))
+        .exists()
+    {
         assert!(Instant::now() < deadline, "the server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut child = f
         .command()
-        .args(["logs", "25200", "-n", "1", "-f"])
+        .args(["logs", &f.port(0).to_string(), "-n", "1", "-f"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -723,15 +778,15 @@ fn logs_follow_prints_new_lines_until_interrupted() {
 
 #[test]
 fn down_with_a_profile_stops_only_that_profiles_instances() {
-    let f = Fleet::new(25300);
+    let f = Fleet::new();
     f.profile("a", "", "");
     f.profile("b", "  context_length: 4096\n", "");
     assert_eq!(f.json(&["up", "--profile", "a", "--gpus", "0"]).0, 0);
     assert_eq!(f.json(&["up", "--profile", "b", "--gpus", "1"]).0, 0);
     let (code, down, stderr) = f.json(&["down", "--profile", "b"]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(field(rows(&down), "port"), [25301]);
+    assert_eq!(field(rows(&down), "port"), [f.port(1)]);
     let (_, status, _) = f.json(&["status"]);
     assert_eq!(field(rows(&status), "profile"), ["a"]);
-    assert!(listening(25300) && !listening(25301));
+    assert!(listening(f.port(0)) && !listening(f.port(1)));
 }

@@ -17,13 +17,16 @@ use serde_json::{Value, json};
 struct World {
     fleet: LocalFleet,
     port_base: u16,
+    _ports: common::Ports,
 }
 
 impl World {
     fn new() -> World {
+        let ports = common::reserve_ports(4);
         World {
             fleet: LocalFleet::new(4),
-            port_base: common::free_port_base(4),
+            port_base: ports.base,
+            _ports: ports,
         }
     }
 
@@ -339,7 +342,8 @@ fn a_batch_line_with_both_token_fields_gets_the_one_chat_reads() {
 fn a_ten_second_load_through_ssh_and_pct_is_quiet_and_status_says_loading() {
     let sshd = common::Sshd::start();
     let home = sshd.home("pve");
-    let port_base = common::free_port_base(2);
+    let ports = common::reserve_ports(2);
+    let port_base = ports.base;
     home.write_inventory(
         "hosts:\n  - name: ct200\n    ssh: pve\n    container: 200\n    address: 127.0.0.1\n    gpus: [0, 1]\n",
     );

@@ -15,6 +15,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_sglang-sim");
 struct Sim {
     child: Child,
     port: u16,
+    _port: common::Ports,
     dir: tempfile::TempDir,
     http: reqwest::Client,
 }
@@ -23,7 +24,8 @@ impl Sim {
     /// Starts the sim with a fast default load (0.2 s); `args` come last so they win.
     fn spawn(args: &[&str], env: &[(&str, &str)]) -> Sim {
         let dir = tempfile::tempdir().unwrap();
-        let port = common::free_port_base(1);
+        let reserved = common::reserve_ports(1);
+        let port = reserved.base;
         let log = std::fs::File::create(dir.path().join("log")).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(["--model-path", "/models/test", "--port", &port.to_string()])
@@ -41,6 +43,7 @@ impl Sim {
         Sim {
             child: cmd.spawn().unwrap(),
             port,
+            _port: reserved,
             dir,
             http: reqwest::Client::new(),
         }

@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::free_port_base;
 use common::local_fleet::{LocalFleet, SIM};
+use common::{Ports, reserve_ports};
 use serde_json::Value;
 
 /// Sweeps measure throughput: one at a time, so that they do not share the CPUs they measure.
@@ -25,19 +25,22 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 struct Fleet {
     local: LocalFleet,
     gpus: u32,
+    _ports: Ports,
 }
 
 impl Fleet {
     /// `server` and `env` are YAML lines added under the profile's `server:` and `env:`.
     fn new(gpus: u32, server: &[&str], env: &[(&str, &str)]) -> Fleet {
+        let ports = reserve_ports(gpus as u16);
+        let port_base = ports.base;
         let fleet = Fleet {
             local: LocalFleet::new(gpus),
             gpus,
+            _ports: ports,
         };
-        fleet.local.write_profile(
-            "base",
-            &fleet.profile_yaml(server, env, free_port_base(gpus as u16)),
-        );
+        fleet
+            .local
+            .write_profile("base", &fleet.profile_yaml(server, env, port_base));
         fleet
     }
 
@@ -589,4 +592,91 @@ fn a_sweep_through_ssh_and_pct() {
         .filter(|d| d.join("instance.json").exists())
         .collect();
     assert!(running.is_empty(), "still recorded as running: {running:?}");
+}
+
+/// DESIGN §1 as typed: `fleet up --profile P`, then `fleet sweep --strategies ...` measures
+/// from P without being told.
+#[test]
+fn without_profile_the_sweep_measures_from_the_fleet_that_is_up() {
+    let _g = serial();
+    let f = Fleet::new(4, &["mem_fraction_static: 0.85"], &[]);
+    let (code, _, err) = f.fleet(&["sweep", "--strategies", "extra_buffer,no_buffer"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no --profile given, and no fleet is up") && err.contains("pass --profile"),
+        "{err}"
+    );
+
+    let (code, _, err) = f.fleet(&["up", "--profile", "base"]);
+    assert_eq!(code, 0, "{err}");
+    let mut args = vec!["--json", "sweep", "--strategies", "extra_buffer,no_buffer"];
+    args.extend_from_slice(SHORT_TRIALS);
+    let (code, out, err) = f.fleet(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("measuring from profile base, the one the running fleet was started with"),
+        "{err}"
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["rows"].as_array().unwrap().len(), 2, "{report:#}");
+    assert_eq!(f.file()["spec"]["profile"], "base");
+    assert!(f.records().is_empty(), "the sweep stopped what it measured");
+}
+
+#[test]
+fn without_profile_several_profiles_up_are_named_and_nothing_starts() {
+    let f = Fleet::new(2, &[], &[]);
+    let other = std::fs::read_to_string(f.path().join("profiles/base.yaml"))
+        .unwrap()
+        .replace("context_length: 8192", "context_length: 4096");
+    f.local.write_profile("other", &other);
+    assert_eq!(f.fleet(&["up", "--profile", "base", "--gpus", "0"]).0, 0);
+    assert_eq!(f.fleet(&["up", "--profile", "other", "--gpus", "1"]).0, 0);
+    let (code, _, err) = f.fleet(&["sweep", "--strategies", "extra_buffer,no_buffer"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("the running fleet runs 2 profiles: base (on local:0), other (on local:1)")
+            && err.contains("pass --profile"),
+        "{err}"
+    );
+    assert_eq!(f.records().len(), 2, "the sweep touched nothing");
+}
+
+#[test]
+fn a_set_value_with_a_comma_is_quoted_or_escaped() {
+    let f = Fleet::new(2, &[], &[]);
+    let (code, out, err) = f.fleet(&[
+        "--json",
+        "sweep",
+        "--profile",
+        "base",
+        "--set",
+        r#"env.SGLANG_SIM_NOTE="a,b",c\,d"#,
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let labels: Vec<&str> = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        [r#"env.SGLANG_SIM_NOTE="a,b""#, "env.SGLANG_SIM_NOTE=c,d"]
+    );
+    let (code, _, err) = f.fleet(&[
+        "sweep",
+        "--profile",
+        "base",
+        "--set",
+        "server.mem_fraction_static=0.8,0.80",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(r#""0.80" is the same value as "0.8""#),
+        "{err}"
+    );
 }

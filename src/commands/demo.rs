@@ -13,8 +13,10 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::DemoArgs;
 use crate::demo::{self, RealTime, Saturation};
 use crate::sglang::client::{Endpoint, HttpOptions, SglangClient, http_client};
+use crate::sweep::file::SweepFile;
 
-use super::{Ctx, Outcome, UsageError};
+use super::output::outln;
+use super::{Ctx, Interrupt, Outcome, UsageError};
 
 /// How often the sims' throughput is sampled while the job runs.
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
@@ -31,7 +33,7 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
     let stage = prepare(ctx, args)?;
     let say = |s: &str| {
         if !stage.json {
-            println!("{s}");
+            outln!("{s}");
         }
     };
     say(&format!(
@@ -138,12 +140,16 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
                 serde_json::from_str(&stdout).unwrap_or(Value::String(stdout)),
             );
         }
-        if name == "sweep" {
-            let text = std::fs::read_to_string(stage.dir.join("sweep.json")).unwrap_or_default();
-            let sweep = serde_json::from_str(&text).unwrap_or(Value::Null);
-            real_time = demo::real_time(&sweep, f64::from(demo::TIME_SCALE));
+        if name == "sweep" && code == Some(0) {
+            match read_sweep(&stage.dir) {
+                Ok(sweep) => real_time = demo::real_time(&sweep, f64::from(demo::TIME_SCALE)),
+                Err(e) => {
+                    cleanup(ctx, &stage).await;
+                    return Err(e);
+                }
+            }
         }
-        if ctx.cancel.is_cancelled() || code == Some(super::code::INTERRUPTED as i32) {
+        if ctx.cancel.is_cancelled() || code.is_some_and(Interrupt::is_exit_code) {
             cleanup(ctx, &stage).await;
             return Ok(Outcome::Interrupted);
         }
@@ -161,14 +167,22 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
     if stage.json {
         results.insert("saturation".into(), json!(saturation));
         results.insert("real_time".into(), json!(real_time));
-        println!("{}", serde_json::to_string_pretty(&Value::Object(results))?);
+        outln!("{}", serde_json::to_string_pretty(&Value::Object(results))?);
     } else {
-        println!(
+        outln!(
             "\n{}",
             conclusion(&stage.dir, &real_time, saturation.as_ref())
         );
     }
     Ok(Outcome::Ok)
+}
+
+/// The sweep step's results, as the sweep wrote them.
+fn read_sweep(dir: &Path) -> anyhow::Result<SweepFile> {
+    let path = dir.join("sweep.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the sweep's results {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a sweep file", path.display()))
 }
 
 fn args_of(a: &[&str]) -> Vec<String> {
@@ -181,7 +195,7 @@ fn prepare(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Stage> {
     let dir = match &args.out {
         Some(d) => {
             if d.exists() && std::fs::read_dir(d)?.next().is_some() {
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "--out {}: the directory is not empty; give a new or empty one",
                     d.display()
                 ))
@@ -272,9 +286,10 @@ async fn run_fleet(
         out = &mut waiting => out?,
         _ = ctx.cancel.cancelled() => {
             // A terminal's Ctrl-C reached the child too; a signal sent to us alone is passed on.
+            let signal = ctx.interrupted_by().unwrap_or(Interrupt::Int).signal();
             if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
                 // SAFETY: kill(2) on our own child's pid with a valid signal number.
-                unsafe { libc::kill(pid, libc::SIGINT) };
+                unsafe { libc::kill(pid, signal) };
             }
             waiting.await?
         }

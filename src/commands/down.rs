@@ -8,8 +8,9 @@ use crate::launch::hosts::connect_all;
 use crate::launch::report;
 use crate::launch::state::{self, StateError};
 
-use super::up::run_root;
+use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome};
+use crate::launch::env::run_root;
 
 pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
@@ -40,12 +41,16 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             }
         }
         if ctx.global.json {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
+            outln!("{}", serde_json::to_string_pretty(&rows)?);
         } else {
             for r in &rows {
-                println!(
+                outln!(
                     "would stop {} gpu{} :{} (pid {}, profile {})",
-                    r.host, r.gpu, r.port, r.pid, r.profile
+                    r.host,
+                    r.gpu,
+                    r.port,
+                    r.pid,
+                    r.profile
                 );
             }
         }
@@ -58,10 +63,9 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
     let (run_root, profile) = (&run_root, profile.as_deref());
     let stops = inventory.hosts.iter().filter_map(|h| {
         let t = connected.transports.get(&h.name)?;
-        let local = h.ssh.is_none() && h.container.is_none();
         Some(async move {
             let mut outcomes = down_host(t.as_ref(), run_root, profile, args.grace).await?;
-            confirm_gpus_released(&mut outcomes, || gpu::read_host(t.clone(), local)).await;
+            confirm_gpus_released(&mut outcomes, || gpu::read_host(t.clone(), h.is_local())).await;
             Ok::<_, StateError>(outcomes)
         })
     });
@@ -89,11 +93,11 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
         }
     }
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&outcomes)?);
+        outln!("{}", serde_json::to_string_pretty(&outcomes)?);
     } else if outcomes.is_empty() {
-        eprintln!("nothing to stop");
+        eoutln!("nothing to stop");
     } else {
-        print!("{}", report::down_table(&outcomes));
+        out!("{}", report::down_table(&outcomes));
     }
     partial |= outcomes
         .iter()

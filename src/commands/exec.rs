@@ -7,6 +7,7 @@ use crate::cli::ExecArgs;
 use crate::config::HostSpec;
 use crate::remote::{self, ConnectOptions};
 
+use super::output::{out, outln};
 use super::{Ctx, Outcome, UsageError};
 
 /// What one host answered; `error` when it could not be reached or the command not started.
@@ -33,7 +34,7 @@ pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
             Some(h) => vec![h],
             None => {
                 let known: Vec<&str> = inventory.hosts.iter().map(|h| h.name.as_str()).collect();
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "--host {name}: no such host in {} (hosts: {})",
                     inventory.path.display(),
                     known.join(", ")
@@ -49,9 +50,9 @@ pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        outln!("{}", serde_json::to_string_pretty(&results)?);
     } else {
-        print!("{}", render(&results));
+        out!("{}", render(&results));
     }
     Ok(if results.iter().all(HostRun::succeeded) {
         Outcome::Ok

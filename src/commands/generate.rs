@@ -19,6 +19,7 @@ use crate::generate::{
 };
 use crate::sglang::client::Api;
 
+use super::output::{eoutln, outln};
 use super::{Ctx, Outcome, UsageError};
 
 const LOG_EVERY: Duration = Duration::from_secs(30);
@@ -29,7 +30,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         config_from(args)?;
         return super::jobs::detach(ctx, args).await;
     }
-    prompts_file(&args.prompts).map_err(UsageError)?;
+    prompts_file(&args.prompts).map_err(UsageError::new)?;
     let mut config = config_from(args)?;
     let profile = args
         .profile
@@ -39,7 +40,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     if let Some(p) = &profile {
         config.expected = p.expected.clone();
         if p.expected.is_none() && !ctx.global.quiet {
-            eprintln!(
+            eoutln!(
                 "note: profile {} records no measured throughput (`expected:`, written by \
                  `fleet sweep --write-profile`); the watchdog judges by the servers' own capacity",
                 p.name
@@ -69,35 +70,36 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         | GenerateError::Lock(LockError::Held { .. })
         | GenerateError::InputChanged { .. }
         | GenerateError::OutNotADirectory { .. }
-        | GenerateError::OutUnusable { .. } => UsageError(e.to_string()).into(),
+        | GenerateError::OutUnusable { .. } => UsageError::new(e).into(),
         other => anyhow::Error::new(other),
     })?;
     view.finish();
     let p = &summary.progress;
     if json {
-        println!("{}", serde_json::to_string_pretty(p)?);
+        outln!("{}", serde_json::to_string_pretty(p)?);
     } else {
-        println!("{}", summary_line(p));
-        println!("output: {}", args.out.display());
+        outln!("{}", summary_line(p));
+        outln!("output: {}", args.out.display());
     }
     if let Some(dest) = &args.upload {
         if summary.not_uploaded.is_empty() {
             if !json && summary.ended == End::Done {
-                println!(
+                outln!(
                     "uploaded: {} shards, {} bytes to {dest}",
-                    p.s3_uploaded, p.s3_bytes
+                    p.s3_uploaded,
+                    p.s3_bytes
                 );
             }
         } else {
-            eprintln!(
+            eoutln!(
                 "{} shards are not uploaded to {dest} (they are kept in {}):",
                 summary.not_uploaded.len(),
                 args.out.display()
             );
             for (shard, why) in &summary.not_uploaded {
-                eprintln!("  {shard}: {why}");
+                eoutln!("  {shard}: {why}");
             }
-            eprintln!("upload them with the same command plus --resume");
+            eoutln!("upload them with the same command plus --resume");
         }
     }
     let uploads_missing = !summary.not_uploaded.is_empty();
@@ -109,7 +111,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             )
         }
         End::Done if p.waiting_retry > 0 => {
-            eprintln!(
+            eoutln!(
                 "{} prompts are waiting for a retry: the servers kept failing them (see {}); \
                  the same command plus --resume sends them again",
                 p.waiting_retry,
@@ -118,7 +120,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             Ok(Outcome::Partial)
         }
         End::Done if p.failed > 0 => {
-            eprintln!(
+            eoutln!(
                 "{} prompts failed: see {}",
                 p.failed,
                 args.out.join("failed.jsonl").display()
@@ -127,11 +129,11 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         }
         End::Done => Ok(Outcome::Ok),
         End::Interrupted => {
-            eprintln!("interrupted: continue with the same command plus --resume");
+            eoutln!("interrupted: continue with the same command plus --resume");
             Ok(Outcome::Interrupted)
         }
         End::Stalled => {
-            eprintln!(
+            eoutln!(
                 "interrupted: no instance was healthy for --stall-timeout ({}); nothing was \
                  recorded as failed; continue with the same command plus --resume",
                 humantime::format_duration(args.stall_timeout)
@@ -167,7 +169,7 @@ fn prompts_file(path: &std::path::Path) -> Result<(), String> {
 }
 
 fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
-    let usage = |m: String| anyhow::Error::new(UsageError(m));
+    let usage = |m: String| anyhow::Error::new(UsageError::new(m));
     let concurrency: ConcurrencyMode = args.concurrency.parse().map_err(usage)?;
     let api = args
         .endpoint
@@ -228,7 +230,7 @@ fn endpoints_from(args: &GenerateArgs, profile: Option<&Profile>) -> anyhow::Res
         .iter()
         .map(|u| {
             if !u.starts_with("http://") {
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "--url {u:?}: expected http://HOST:PORT (servers are reached over plain HTTP, \
                      or through fleet's SSH forwards when --url is left out)"
                 ))
@@ -280,8 +282,8 @@ impl View {
 
     fn say(&self, line: &str) {
         match &self.bar {
-            Some(bar) => bar.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
+            Some(bar) => bar.suspend(|| eoutln!("{line}")),
+            None => eoutln!("{line}"),
         }
     }
 
@@ -388,7 +390,7 @@ impl View {
             None => {
                 if self.last_log.elapsed() >= LOG_EVERY {
                     self.last_log = Instant::now();
-                    eprintln!(
+                    eoutln!(
                         "{}/{} done ({} failed), {:.2} req/s, {:.0} output tok/s, ETA {eta}",
                         p.completed + p.failed,
                         p.total,

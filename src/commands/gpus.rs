@@ -2,6 +2,7 @@
 
 use crate::report::{self, HostGpus};
 
+use super::output::{out, outln};
 use super::{Ctx, Outcome};
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Outcome> {
@@ -10,9 +11,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let reads = inventory.hosts.iter().map(|host| {
         let opts = opts.clone();
         async move {
-            let is_local = host.ssh.is_none() && host.container.is_none();
             let result = match crate::remote::connect(host, &opts).await {
-                Ok(t) => crate::gpu::read_host(t, is_local)
+                Ok(t) => crate::gpu::read_host(t, host.is_local())
                     .await
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
@@ -36,9 +36,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Outcome> {
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&hosts)?);
+        outln!("{}", serde_json::to_string_pretty(&hosts)?);
     } else {
-        print!("{}", report::gpus_text(&hosts));
+        out!("{}", report::gpus_text(&hosts));
     }
     Ok(if hosts.iter().any(|h| h.error.is_some()) {
         Outcome::Partial

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config;
 use crate::generate::Targets;
 use crate::launch::hosts::connect_all;
-use crate::launch::state::{self, InstanceRecord, Liveness};
+use crate::launch::state::{self, InstanceRecord};
 use crate::remote::{Transport, Tunnel};
 use crate::sglang::client::Endpoint;
 
@@ -49,7 +49,7 @@ pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
     for e in &connected.failed {
         tracing::error!("{e}");
     }
-    let run_root = super::up::run_root();
+    let run_root = crate::launch::env::run_root();
     let per_host = connected.transports.iter().map(|(name, t)| {
         let run_root = run_root.clone();
         async move { (name.clone(), running_on(t.as_ref(), &run_root).await) }
@@ -65,7 +65,7 @@ pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
         }
     }
     if endpoints.is_empty() {
-        return Err(UsageError(format!(
+        return Err(UsageError::new(format!(
             "no running instances found on the hosts of {} (run directory {run_root}): start them \
              with `fleet up --profile P`, or pass --url http://HOST:PORT once per server",
             ctx.global.config.display()
@@ -81,18 +81,14 @@ pub async fn reachable(ctx: &Ctx) -> anyhow::Result<Reachable> {
 }
 
 async fn running_on(t: &dyn Transport, run_root: &str) -> Vec<(InstanceRecord, Tunnel)> {
-    let (records, table) =
-        match tokio::try_join!(state::read_records(t, run_root), state::proc_table(t)) {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::error!("{e}");
-                return vec![];
-            }
-        };
-    let live = records
-        .into_iter()
-        .filter(|r| table.liveness(r.pid, r.start_ticks) == Liveness::Running);
-    let forwards = live.map(|r| async move {
+    let live = match state::live_records(t, run_root).await {
+        Ok(live) => live,
+        Err(e) => {
+            tracing::error!("{e}");
+            return vec![];
+        }
+    };
+    let forwards = live.into_iter().map(|r| async move {
         match t.forward(&r.address, r.port).await {
             Ok(tunnel) => Some((r, tunnel)),
             Err(e) => {

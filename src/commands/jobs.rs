@@ -17,8 +17,9 @@ use crate::launch::state::{self, Liveness};
 use crate::remote::Transport;
 use crate::report::table;
 
-use super::up::run_root;
+use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome, UsageError};
+use crate::launch::env::run_root;
 
 /// How long `generate --detach` watches a new job for an immediate failure.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -101,7 +102,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let host = match &args.host {
         Some(h) => {
             if !transports.contains_key(h) {
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "--host {h}: not a host of {} that answered",
                     ctx.global.config.display()
                 ))
@@ -112,7 +113,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         None => match servers.keys().next() {
             Some(h) => h.clone(),
             None if args.url.is_empty() => {
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "no running instances on the hosts of {}: start them with `fleet up --profile \
                      P`, or give --url and --host",
                     ctx.global.config.display()
@@ -123,12 +124,12 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
                 .keys()
                 .next()
                 .cloned()
-                .ok_or_else(|| UsageError("no host of the inventory answered".into()))?,
+                .ok_or_else(|| UsageError::new("no host of the inventory answered"))?,
         },
     };
     if servers.len() > 1 && args.host.is_none() && !ctx.global.quiet {
         let others: Vec<&String> = servers.keys().filter(|h| **h != host).collect();
-        eprintln!(
+        eoutln!(
             "note: the job runs on {host}, with its {} instances; the instances of {} are not \
              used (pass --host for a job there)",
             servers.get(&host).map_or(0, Vec::len),
@@ -144,7 +145,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let earlier = jobs::list(t.as_ref(), &run_root).await?;
     let same_out = earlier.iter().find(|v| v.record.out == out);
     if let Some(v) = same_out.filter(|v| v.alive) {
-        return Err(UsageError(
+        return Err(UsageError::new(
             JobError::AlreadyRunning {
                 host: host.clone(),
                 id: v.record.id.clone(),
@@ -167,7 +168,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let prompts = match given.split_once(':') {
         Some((h, path)) if transports.contains_key(h) => {
             if h != host {
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "--prompts {given}: the file is on {h}, but the job runs on {host}"
                 ))
                 .into());
@@ -176,7 +177,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         }
         _ => {
             if !args.prompts.is_file() {
-                return Err(UsageError(format!(
+                return Err(UsageError::new(format!(
                     "--prompts {given}: no such file here (a file on the host is HOST:PATH)"
                 ))
                 .into());
@@ -270,13 +271,13 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     if ctx.global.json {
         super::print_json(&json!({"job": id, "host": host, "out": out}))?;
     } else {
-        println!(
+        outln!(
             "job {id} runs on {host} (pid {}), writing {out}",
             record.pid
         );
-        println!("  follow: fleet progress {id}   (or: fleet logs {id} -f, fleet jobs)");
-        println!("  stop:   fleet stop {id}");
-        println!("  fetch:  fleet fetch {id} DIR");
+        outln!("  follow: fleet progress {id}   (or: fleet logs {id} -f, fleet jobs)");
+        outln!("  stop:   fleet stop {id}");
+        outln!("  fetch:  fleet fetch {id} DIR");
     }
     Ok(Outcome::Ok)
 }
@@ -331,7 +332,7 @@ pub async fn list(ctx: &Ctx) -> anyhow::Result<Outcome> {
                 v.record.out.clone(),
             ]
         });
-        print!(
+        out!(
             "{}",
             table(
                 &[
@@ -342,13 +343,14 @@ pub async fn list(ctx: &Ctx) -> anyhow::Result<Outcome> {
         );
         for v in &views {
             if let Some(tail) = &v.log_tail {
-                eprintln!(
+                eoutln!(
                     "{} on {}: dead; its log ends:\n{tail}",
-                    v.record.id, v.record.host
+                    v.record.id,
+                    v.record.host
                 );
             }
             for w in v.progress.iter().flat_map(|p| &p.warnings) {
-                eprintln!("{} on {}: {w}", v.record.id, v.record.host);
+                eoutln!("{} on {}: {w}", v.record.id, v.record.host);
             }
         }
     }
@@ -364,7 +366,7 @@ async fn find(ctx: &Ctx, id: &str) -> anyhow::Result<(Arc<dyn Transport>, JobVie
     let (transports, _) = connect(ctx).await?;
     match jobs::find(&transports, &run_root(), id).await {
         Ok(found) => Ok(found),
-        Err(e @ JobError::NotFound { .. }) => Err(UsageError(e.to_string()).into()),
+        Err(e @ JobError::NotFound { .. }) => Err(UsageError::new(e).into()),
         Err(e) => Err(e.into()),
     }
 }
@@ -373,13 +375,14 @@ async fn find(ctx: &Ctx, id: &str) -> anyhow::Result<(Arc<dyn Transport>, JobVie
 pub async fn progress(ctx: &Ctx, id: &str) -> anyhow::Result<Option<Progress>> {
     let (_, view) = find(ctx, id).await?;
     if view.progress.is_none() {
-        eprintln!(
+        eoutln!(
             "job {id} on {}: {} (no progress yet)",
-            view.record.host, view.state
+            view.record.host,
+            view.state
         );
     }
     if let Some(tail) = &view.log_tail {
-        eprintln!(
+        eoutln!(
             "job {id} on {} is dead; its log ends:\n{tail}",
             view.record.host
         );
@@ -397,13 +400,15 @@ pub async fn stop(ctx: &Ctx, args: &StopArgs) -> anyhow::Result<Outcome> {
         let done = after.progress.as_ref().map_or("no progress".into(), |p| {
             format!("{}/{} done", p.completed + p.failed, p.total)
         });
-        println!("job {}: {} ({done})", after.record.id, after.state);
+        outln!("job {}: {} ({done})", after.record.id, after.state);
         if after.alive {
-            println!("  still finishing its requests in flight; `fleet jobs` shows when it ends");
+            outln!("  still finishing its requests in flight; `fleet jobs` shows when it ends");
         } else if after.state != "done" {
-            println!(
+            outln!(
                 "  continue it with: fleet generate --detach --resume --prompts {}:{} --out {}",
-                after.record.host, after.record.prompts, after.record.out
+                after.record.host,
+                after.record.prompts,
+                after.record.out
             );
         }
     }
@@ -420,7 +425,7 @@ fn fetched_name(name: &str) -> bool {
 pub async fn fetch(ctx: &Ctx, args: &FetchArgs) -> anyhow::Result<Outcome> {
     let (t, view) = find(ctx, &args.job).await?;
     std::fs::create_dir_all(&args.dir)
-        .map_err(|e| UsageError(format!("{}: {e}", args.dir.display())))?;
+        .map_err(|e| UsageError::new(format!("{}: {e}", args.dir.display())))?;
     let script = r#"cd -- "$1" 2>/dev/null && ls -1A; true"#;
     let listing = t
         .run(&["sh", "-c", script, "sh", &view.record.out].map(String::from))
@@ -443,7 +448,7 @@ pub async fn fetch(ctx: &Ctx, args: &FetchArgs) -> anyhow::Result<Outcome> {
         }
     }
     if !ctx.global.quiet {
-        eprintln!(
+        eoutln!(
             "job {} ({}): {copied} files copied, {complete} already complete, and its \
              progress.json, into {}",
             view.record.id,

@@ -1,7 +1,5 @@
 //! `fleet logs INSTANCE [-n N] [-f]`: an instance's server log.
 
-use std::io::Write;
-
 use tokio::sync::mpsc;
 
 use crate::cli::LogsArgs;
@@ -10,8 +8,8 @@ use crate::jobs;
 use crate::launch::hosts::connect_all;
 use crate::launch::logs::{self, Selector};
 
-use super::up::run_root;
-use super::{Ctx, Outcome, UsageError};
+use super::{Ctx, Outcome, UsageError, output};
+use crate::launch::env::run_root;
 
 pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
@@ -25,15 +23,17 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
             }
             let (t, view) = jobs::find(&connected.transports, &run_root(), &args.instance)
                 .await
-                .map_err(|e| UsageError(e.to_string()))?;
+                .map_err(UsageError::new)?;
             return follow(ctx, t, &jobs::log_path(&view.record), args).await;
         }
-        Err(e) => return Err(UsageError(e.to_string()).into()),
+        Err(e) => return Err(UsageError::new(e).into()),
     };
     if let Selector::HostGpu { host, .. } = &selector
         && !inventory.hosts.iter().any(|h| &h.name == host)
     {
-        return Err(UsageError(format!("no host `{host}` in {}", inventory.path.display())).into());
+        return Err(
+            UsageError::new(format!("no host `{host}` in {}", inventory.path.display())).into(),
+        );
     }
     let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
     for e in &connected.failed {
@@ -52,12 +52,13 @@ async fn follow(
     path: &str,
     args: &LogsArgs,
 ) -> anyhow::Result<Outcome> {
-    let (sender, mut receiver) = mpsc::unbounded_channel::<String>();
+    let (sender, mut receiver) = mpsc::unbounded_channel::<Vec<u8>>();
+    // Ends when stdout is gone (`fleet logs -f X | head`), which ends the reading too.
     let printer = tokio::spawn(async move {
-        let mut stdout = std::io::stdout();
         while let Some(chunk) = receiver.recv().await {
-            let _ = stdout.write_all(chunk.as_bytes());
-            let _ = stdout.flush();
+            if !output::stdout(&chunk) {
+                break;
+            }
         }
     });
     let result = logs::read(

@@ -1,7 +1,10 @@
-//! The edge between the CLI and the library: each subcommand's runner, logging setup, Ctrl-C
-//! handling and the mapping of outcomes and errors to exit codes.
+//! The edge between the CLI and the library: each subcommand's runner, logging setup, the
+//! signals that interrupt a command (SIGINT, SIGTERM, SIGHUP) and the mapping of outcomes and
+//! errors to exit codes.
 
-use std::sync::Arc;
+use std::error::Error;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
@@ -15,6 +18,7 @@ pub mod gpus;
 pub mod instances;
 pub mod jobs;
 pub mod logs;
+pub mod output;
 pub mod profile;
 pub mod progress;
 pub mod status;
@@ -26,6 +30,8 @@ pub mod code {
     pub const OK: u8 = 0;
     pub const PARTIAL: u8 = 1;
     pub const USAGE: u8 = 2;
+    /// Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143 and SIGHUP 129, 128 + the signal's
+    /// number as shells report a process killed by it.
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -38,16 +44,89 @@ pub enum Outcome {
     Interrupted,
 }
 
-/// An error in what the user gave us (flags, profile, inventory): exit code 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+/// An error in what the user gave us (flags, profile, inventory): exit code 2. It wraps the
+/// typed error it comes from, showing that error's message and passing on its source chain
+/// (`{:#}` prints all of it), or a plain message.
+#[derive(Debug)]
+pub struct UsageError {
+    source: Box<dyn Error + Send + Sync + 'static>,
+}
 
-/// State every command shares: global flags and the cancellation signal fed by Ctrl-C.
+impl UsageError {
+    /// A typed error (or a message: `String`, `&str`) that is the user's to fix.
+    pub fn new(error: impl Into<Box<dyn Error + Send + Sync + 'static>>) -> Self {
+        UsageError {
+            source: error.into(),
+        }
+    }
+
+    /// The error this one wraps, e.g. to downcast to its type.
+    pub fn inner(&self) -> &(dyn Error + Send + Sync + 'static) {
+        self.source.as_ref()
+    }
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl Error for UsageError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.source()
+    }
+}
+
+/// The signal that interrupted a command: the first of SIGINT, SIGTERM and SIGHUP to arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// Ctrl-C.
+    Int,
+    /// systemd stopping a unit, `kill`.
+    Term,
+    /// A closed terminal, `tmux kill-session`.
+    Hup,
+}
+
+impl Interrupt {
+    pub fn name(self) -> &'static str {
+        match self {
+            Interrupt::Int => "SIGINT",
+            Interrupt::Term => "SIGTERM",
+            Interrupt::Hup => "SIGHUP",
+        }
+    }
+
+    pub const ALL: [Interrupt; 3] = [Interrupt::Int, Interrupt::Term, Interrupt::Hup];
+
+    /// The signal's number.
+    pub fn signal(self) -> i32 {
+        match self {
+            Interrupt::Int => libc::SIGINT,
+            Interrupt::Term => libc::SIGTERM,
+            Interrupt::Hup => libc::SIGHUP,
+        }
+    }
+
+    /// 128 + the signal's number, as a shell reports a process that signal killed.
+    pub fn exit_code(self) -> u8 {
+        128 + self.signal() as u8
+    }
+
+    /// Whether a fleet process that exited with `code` was interrupted.
+    pub fn is_exit_code(code: i32) -> bool {
+        Self::ALL.iter().any(|i| i32::from(i.exit_code()) == code)
+    }
+}
+
+/// State every command shares: global flags and the cancellation signal fed by SIGINT, SIGTERM
+/// and SIGHUP.
 #[derive(Clone)]
 pub struct Ctx {
     pub global: Arc<GlobalArgs>,
     pub cancel: CancellationToken,
+    interrupt: Arc<OnceLock<Interrupt>>,
 }
 
 impl Ctx {
@@ -55,24 +134,54 @@ impl Ctx {
         Ctx {
             global: Arc::new(global),
             cancel: CancellationToken::new(),
+            interrupt: Arc::new(OnceLock::new()),
         }
     }
 
-    /// First Ctrl-C cancels the token so commands wind down cleanly; a second one exits at once.
-    pub fn watch_ctrl_c(&self) {
-        let cancel = self.cancel.clone();
+    /// The first SIGINT, SIGTERM or SIGHUP cancels the token so the command winds down as on
+    /// Ctrl-C (`fleet up` stops what it started, generate writes everything); a second one of
+    /// any of them exits at once.
+    pub fn watch_signals(&self) {
+        use tokio::signal::unix::{SignalKind, signal};
+        let kinds = [
+            (Interrupt::Int, SignalKind::interrupt()),
+            (Interrupt::Term, SignalKind::terminate()),
+            (Interrupt::Hup, SignalKind::hangup()),
+        ];
+        let mut streams = Vec::new();
+        for (which, kind) in kinds {
+            match signal(kind) {
+                Ok(s) => streams.push((which, s)),
+                Err(e) => tracing::warn!("cannot watch {}: {e}", which.name()),
+            }
+        }
+        let (cancel, interrupt) = (self.cancel.clone(), self.interrupt.clone());
         // Detached on purpose: it lives exactly as long as the process.
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_err() {
+            let Some(first) = next_signal(&mut streams).await else {
                 return;
-            }
-            tracing::warn!("interrupted: finishing up (Ctrl-C again to abort at once)");
+            };
+            let _ = interrupt.set(first);
+            tracing::warn!(
+                "interrupted ({}): finishing up (Ctrl-C again to abort at once)",
+                first.name()
+            );
             cancel.cancel();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("aborted");
-                std::process::exit(code::INTERRUPTED as i32);
+            if next_signal(&mut streams).await.is_some() {
+                output::eoutln!("aborted");
+                std::process::exit(first.exit_code().into());
             }
         });
+    }
+
+    /// The signal that interrupted this command, if one did.
+    pub fn interrupted_by(&self) -> Option<Interrupt> {
+        self.interrupt.get().copied()
+    }
+
+    fn interrupted_code(&self) -> u8 {
+        self.interrupted_by()
+            .map_or(code::INTERRUPTED, Interrupt::exit_code)
     }
 
     pub fn connect_options(&self) -> crate::remote::ConnectOptions {
@@ -81,6 +190,20 @@ impl Ctx {
             connect_timeout: self.global.connect_timeout,
         }
     }
+}
+
+/// Whichever watched signal comes next; `None` when none can come any more.
+async fn next_signal(
+    streams: &mut [(Interrupt, tokio::signal::unix::Signal)],
+) -> Option<Interrupt> {
+    if streams.is_empty() {
+        return None;
+    }
+    let waits = streams.iter_mut().map(|(which, s)| {
+        let which = *which;
+        Box::pin(async move { s.recv().await.map(|()| which) })
+    });
+    futures::future::select_all(waits).await.0
 }
 
 pub fn init_logging(global: &GlobalArgs) {
@@ -97,7 +220,7 @@ pub fn init_logging(global: &GlobalArgs) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(output::LogWriter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()
@@ -123,7 +246,10 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = crate::cli::Cli::command();
-            clap_complete::generate(shell, &mut cmd, "fleet", &mut std::io::stdout());
+            // Into memory first: clap_complete panics when its writer fails (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "fleet", &mut script);
+            output::stdout(&script);
             Ok(Outcome::Ok)
         }
     }
@@ -131,20 +257,21 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
 
 /// Machine output on stdout.
 pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    output::outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
-/// Prints a failed command's error chain and picks its exit code.
+/// Prints a failed command's error chain and picks its exit code (an interrupted command's is
+/// the interrupting signal's).
 pub fn exit_code(ctx: &Ctx, result: anyhow::Result<Outcome>) -> u8 {
     match result {
         Ok(Outcome::Ok) => code::OK,
         Ok(Outcome::Partial) => code::PARTIAL,
-        Ok(Outcome::Interrupted) => code::INTERRUPTED,
+        Ok(Outcome::Interrupted) => ctx.interrupted_code(),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            output::eoutln!("error: {e:#}");
             if ctx.cancel.is_cancelled() {
-                code::INTERRUPTED
+                ctx.interrupted_code()
             } else if is_usage(&e) {
                 code::USAGE
             } else {
@@ -157,4 +284,31 @@ pub fn exit_code(ctx: &Ctx, result: anyhow::Result<Outcome>) -> u8 {
 fn is_usage(e: &anyhow::Error) -> bool {
     e.chain()
         .any(|c| c.is::<UsageError>() || c.is::<crate::config::ConfigError>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("bad profile")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_usage_error_shows_the_wrapped_error_and_its_sources() {
+        let e: anyhow::Error = UsageError::new(Outer(std::io::Error::other("disk on fire"))).into();
+        assert_eq!(format!("{e:#}"), "bad profile: disk on fire");
+        assert!(is_usage(&e));
+        let usage = e.downcast_ref::<UsageError>().unwrap();
+        assert!(usage.inner().is::<Outer>(), "the typed error is kept");
+        let plain: anyhow::Error = UsageError::new("no such host".to_string()).into();
+        assert_eq!(format!("{plain:#}"), "no such host");
+    }
+
+    #[test]
+    fn each_signal_has_the_exit_code_a_shell_reports() {
+        let codes: Vec<u8> = Interrupt::ALL.iter().map(|i| i.exit_code()).collect();
+        assert_eq!(codes, [130, 143, 129]);
+        assert!(Interrupt::is_exit_code(143) && !Interrupt::is_exit_code(1));
+    }
 }

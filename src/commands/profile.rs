@@ -7,6 +7,7 @@ use serde::Serialize;
 use crate::cli::ProfileCommand;
 use crate::config::{self, ConfigError, Problem};
 
+use super::output::{out, outln};
 use super::{Ctx, Outcome, UsageError};
 
 pub fn run(ctx: &Ctx, cmd: &ProfileCommand) -> anyhow::Result<Outcome> {
@@ -19,9 +20,9 @@ pub fn run(ctx: &Ctx, cmd: &ProfileCommand) -> anyhow::Result<Outcome> {
 fn show(ctx: &Ctx, name: &str) -> anyhow::Result<Outcome> {
     let profile = config::load_profile(name, &ctx.global.profiles_dir)?;
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&profile)?);
+        outln!("{}", serde_json::to_string_pretty(&profile)?);
     } else {
-        print!("{}", profile.to_yaml());
+        out!("{}", profile.to_yaml());
     }
     Ok(Outcome::Ok)
 }
@@ -41,7 +42,7 @@ fn check(ctx: &Ctx, names: &[String]) -> anyhow::Result<Outcome> {
     let targets: Vec<(String, Result<PathBuf, ConfigError>)> = if names.is_empty() {
         let files = config::profile_files(dir);
         if files.is_empty() {
-            return Err(UsageError(format!(
+            return Err(UsageError::new(format!(
                 "no profiles (*.yaml) in {}; pass --profiles-dir DIR or name the profiles to check",
                 dir.display()
             ))
@@ -86,7 +87,7 @@ fn check(ctx: &Ctx, names: &[String]) -> anyhow::Result<Outcome> {
     }
 
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        outln!("{}", serde_json::to_string_pretty(&results)?);
     } else {
         for r in &results {
             let shown = r
@@ -94,19 +95,19 @@ fn check(ctx: &Ctx, names: &[String]) -> anyhow::Result<Outcome> {
                 .as_ref()
                 .map_or(r.profile.clone(), |p| p.display().to_string());
             match r.problems.len() {
-                0 => println!("{shown}: ok"),
-                1 => println!("{shown}: 1 problem"),
-                n => println!("{shown}: {n} problems"),
+                0 => outln!("{shown}: ok"),
+                1 => outln!("{shown}: 1 problem"),
+                n => outln!("{shown}: {n} problems"),
             }
             for p in &r.problems {
-                println!("  {p}");
+                outln!("  {p}");
             }
         }
     }
     let invalid = results.iter().filter(|r| !r.ok).count();
     if invalid > 0 {
         let of = results.len();
-        return Err(UsageError(format!("{invalid} of {of} checked files invalid")).into());
+        return Err(UsageError::new(format!("{invalid} of {of} checked files invalid")).into());
     }
     Ok(Outcome::Ok)
 }

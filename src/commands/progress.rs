@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use crate::cli::ProgressArgs;
 use crate::generate::progress::{self, PROGRESS_FILE, Status};
 
+use super::output::outln;
 use super::{Ctx, Outcome, UsageError};
 
 /// A running job rewrites progress.json every few seconds; older than this, it has likely stopped.
@@ -31,7 +32,7 @@ pub async fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         dir.clone()
     };
     if !file.exists() {
-        return Err(UsageError(format!(
+        return Err(UsageError::new(format!(
             "{}: no progress.json (is this a `fleet generate --out` directory?)",
             file.display()
         ))
@@ -61,40 +62,49 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
     let eta = p
         .eta_hours
         .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
-    println!("status      {}", p.status.as_str());
-    println!(
+    outln!("status      {}", p.status.as_str());
+    outln!(
         "done        {}/{} ({pct:.1}%), {} failed, {} waiting for a retry",
         p.completed + p.failed,
         p.total,
         p.failed,
         p.waiting_retry
     );
-    println!("rate        {:.2} req/s (recent window)", p.rate_per_sec);
-    println!("eta         {eta}");
-    println!(
+    outln!("rate        {:.2} req/s (recent window)", p.rate_per_sec);
+    outln!("eta         {eta}");
+    outln!(
         "tokens      {} in, {} out (avg {} out per completion)",
-        p.total_input_tokens, p.total_output_tokens, p.avg_output_tokens
+        p.total_input_tokens,
+        p.total_output_tokens,
+        p.avg_output_tokens
     );
-    println!("elapsed     {:.2} h", p.elapsed_hours);
+    outln!("elapsed     {:.2} h", p.elapsed_hours);
     if p.s3_uploaded > 0 {
-        println!("uploaded    {} shards, {} bytes", p.s3_uploaded, p.s3_bytes);
+        outln!("uploaded    {} shards, {} bytes", p.s3_uploaded, p.s3_bytes);
     }
     if let Some(age) = age
         && p.status == Status::Running
         && age > STALE_AFTER_SECS
     {
-        println!(
+        outln!(
             "warning     last update {age}s ago: the job may have stopped (resume it with --resume)"
         );
     }
     if !p.instances.is_empty() {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8} {:>10} {:>10}",
-            "instance", "healthy", "in-flight", "limit", "cap", "req/s", "out tok/s", "completed"
+            "instance",
+            "healthy",
+            "in-flight",
+            "limit",
+            "cap",
+            "req/s",
+            "out tok/s",
+            "completed"
         );
         for i in &p.instances {
-            println!(
+            outln!(
                 "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8.2} {:>10.1} {:>10}",
                 i.name,
                 if i.healthy { "yes" } else { "no" },
@@ -108,6 +118,6 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
         }
     }
     for w in &p.warnings {
-        println!("warning     {w}");
+        outln!("warning     {w}");
     }
 }

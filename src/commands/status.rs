@@ -10,9 +10,10 @@ use crate::launch::report;
 use crate::launch::state::Liveness;
 use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
 
-use super::up::{PROBE_CONNECT_TIMEOUT, PROBE_TIMEOUT, run_root};
+use super::output::{eout, eoutln, out, outln};
 use super::{Ctx, Outcome};
-use crate::sglang::client::{HttpOptions, http_client};
+use crate::launch::{PROBE_HTTP, env};
+use crate::sglang::client::http_client;
 
 pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
@@ -21,11 +22,8 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     for e in &connected.failed {
         tracing::error!("{e}");
     }
-    let run_root = run_root();
-    let http = http_client(HttpOptions {
-        connect_timeout: PROBE_CONNECT_TIMEOUT,
-        request_timeout: PROBE_TIMEOUT,
-    })?;
+    let run_root = env::run_root();
+    let http = http_client(PROBE_HTTP)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -33,11 +31,10 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     let (run_root, http) = (&run_root, &http);
     let looks = inventory.hosts.iter().filter_map(|h| {
         let t = connected.transports.get(&h.name)?;
-        let local = h.ssh.is_none() && h.container.is_none();
         Some(async move {
             let (status, gpus) = tokio::join!(
                 host_status(t.as_ref(), run_root, http, verbose, now),
-                gpu::read_host(t.clone(), local)
+                gpu::read_host(t.clone(), h.is_local())
             );
             (h.name.as_str(), status, gpus)
         })
@@ -64,12 +61,12 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
         }
     }
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&statuses)?);
+        outln!("{}", serde_json::to_string_pretty(&statuses)?);
     } else if statuses.is_empty() {
-        eprintln!("no instances: `fleet up --profile P` starts some");
+        eoutln!("no instances: `fleet up --profile P` starts some");
     } else {
-        print!("{}", report::status_table(&statuses));
-        eprint!("{}", report::dead_tails(&statuses));
+        out!("{}", report::status_table(&statuses));
+        eout!("{}", report::dead_tails(&statuses));
     }
     // Loading is not a failure; dead, gone or unreachable is.
     partial |= statuses

@@ -1,6 +1,7 @@
 //! `fleet sweep`: builds the candidates and the workload, assigns GPUs, runs the trials with
 //! progress on stderr, prints the ranked report, and writes the winner's profile.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,9 +12,11 @@ use tokio::sync::mpsc;
 
 use crate::cli::SweepArgs;
 use crate::config::{self, Expected, HostSpec, Override, Profile};
-use crate::launch::hosts::connect_all;
+use crate::launch::hosts::{Connected, connect_all};
 use crate::launch::plan::HostFacts;
 use crate::launch::preflight::{self, host_facts};
+use crate::launch::state;
+use crate::remote::Transport;
 use crate::sglang::client::Api;
 use crate::sweep::assign;
 use crate::sweep::file::{FileError, Store, SweepSpec};
@@ -24,19 +27,20 @@ use crate::sweep::run::{self, Event, Setup};
 use crate::sweep::space::{self, Candidate};
 use crate::sweep::trial::Timing;
 
-use super::up::{api_key, run_root};
+use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome as CommandOutcome, UsageError};
+use crate::launch::env::{api_key, run_root};
 
 /// Distinct synthetic prompts a trial cycles through.
 const SYNTHETIC_PROMPTS: usize = 1024;
 
-fn usage(msg: impl Into<String>) -> anyhow::Error {
-    UsageError(msg.into()).into()
+fn usage(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> anyhow::Error {
+    UsageError::new(e).into()
 }
 
 /// Each candidate's profile: the base with the candidate's settings applied and validated.
 fn candidate_profiles(
-    args: &SweepArgs,
+    base: &str,
     dir: &Path,
     candidates: &[Candidate],
 ) -> anyhow::Result<Vec<(Candidate, Profile)>> {
@@ -44,7 +48,7 @@ fn candidate_profiles(
         .iter()
         .map(|c| {
             let overrides = overrides(c);
-            let mut p = config::load_profile_with(&args.profile, dir, &overrides)
+            let mut p = config::load_profile_with(base, dir, &overrides)
                 .with_context(|| format!("candidate {}", c.label()))?;
             // `fleet status`/`down` show which candidate a server runs, not just the base.
             if !c.settings.is_empty() {
@@ -95,11 +99,31 @@ fn check_args(args: &SweepArgs) -> anyhow::Result<()> {
 
 pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> {
     check_args(args)?;
-    let axes = space::axes(&args.strategies, &args.set).map_err(|e| usage(e.to_string()))?;
+    let axes = space::axes(&args.strategies, &args.set).map_err(usage)?;
     let candidates = space::candidates(&axes);
     let dir = &ctx.global.profiles_dir;
-    let base = config::load_profile(&args.profile, dir)?;
-    let profiles = candidate_profiles(args, dir, &candidates)?;
+    let root = run_root();
+    // Without --profile the sweep measures from what `fleet up` started, which takes the hosts.
+    let (profile_arg, early) = match &args.profile {
+        Some(p) => (p.clone(), None),
+        None => {
+            let (inventory, connected) = connect_every_host(ctx).await?;
+            let name = fleet_profile(&connected.transports, &root, &inventory.path).await?;
+            tracing::info!(
+                "measuring from profile {name}, the one the running fleet was started with"
+            );
+            (name, Some((inventory, connected)))
+        }
+    };
+    let base = match &args.profile {
+        Some(_) => config::load_profile(&profile_arg, dir)?,
+        None => config::load_profile(&profile_arg, dir).with_context(|| {
+            format!(
+                "the running fleet's profile `{profile_arg}`, read from its records on the hosts"
+            )
+        })?,
+    };
+    let profiles = candidate_profiles(&profile_arg, dir, &candidates)?;
     let endpoint = args
         .endpoint
         .as_deref()
@@ -120,7 +144,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
                 endpoint,
                 Some(&model),
             )
-            .map_err(|e| usage(e.to_string()))?,
+            .map_err(usage)?,
             WorkloadSpec::Prompts {
                 path: path.clone(),
                 sample: args.sample,
@@ -149,14 +173,11 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         );
     }
 
-    let inventory = config::load_inventory(&ctx.global.config)?;
-    let key = api_key(&base)?;
-    let root = run_root();
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    if let Some(e) = connected.failed.first() {
-        // A sweep compares like for like; a missing host would change the assignment.
-        anyhow::bail!("{e}\n  a sweep needs every host of the inventory; nothing was started");
-    }
+    let key = api_key(&base).map_err(UsageError::new)?;
+    let (inventory, connected) = match early {
+        Some(found) => found,
+        None => connect_every_host(ctx).await?,
+    };
     let looks = inventory.hosts.iter().map(|h| {
         let t = &connected.transports[&h.name];
         let (launcher, env) = (&base.launcher, &base.env);
@@ -169,15 +190,14 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let gpus = run::host_gpus(&hosts);
     let total_gpus: usize = gpus.iter().map(|(_, g)| g.len()).sum();
     let mode = assign::choose_mode(candidates.len(), total_gpus, args.parallel, args.sequential);
-    let assignment =
-        assign::assign(&gpus, candidates.len(), mode).map_err(|e| usage(e.to_string()))?;
+    let assignment = assign::assign(&gpus, candidates.len(), mode).map_err(usage)?;
 
     if args.dry_run {
         return dry_run(ctx, &profiles, &assignment, &hosts, key.as_deref(), &root);
     }
 
     let spec = SweepSpec {
-        profile: args.profile.clone(),
+        profile: profile_arg.clone(),
         candidates: candidates.clone(),
         mode,
         workload: workload_spec.clone(),
@@ -185,9 +205,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         duration_s: args.duration.as_secs_f64(),
     };
     let mut store = Store::open(&args.out, spec, args.resume).map_err(|e| match e {
-        FileError::Exists { .. } | FileError::Mismatch { .. } | FileError::Parse { .. } => {
-            usage(e.to_string())
-        }
+        FileError::Exists { .. } | FileError::Mismatch { .. } | FileError::Parse { .. } => usage(e),
         other => other.into(),
     })?;
     let skipped = candidates.iter().filter(|c| store.is_done(&c.id)).count();
@@ -242,7 +260,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             gpus: total_gpus,
         });
     let r = report::build(
-        &args.profile,
+        &profile_arg,
         mode,
         workload_spec,
         args.warmup.as_secs_f64(),
@@ -252,10 +270,10 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         dataset,
     );
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        print!("{}", report::text(&r));
-        println!("results: {}", args.out.display());
+        out!("{}", report::text(&r));
+        outln!("results: {}", args.out.display());
     }
     // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
     let winner = r.winning().filter(|_| !ended.interrupted);
@@ -265,8 +283,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .find(|(c, _)| c.id == w.trial.candidate.id)
             .expect("the winner is a candidate")
             .1;
-        write_profile(path, args, &base, &w.trial, profile, dir)?;
-        eprintln!("wrote {}", path.display());
+        write_profile(path, &profile_arg, &base, &w.trial, profile, dir)?;
+        eoutln!("wrote {}", path.display());
     } else if args.write_profile.is_some() {
         tracing::warn!("no winner: no profile written");
     }
@@ -285,7 +303,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             );
         }
         if failed.is_empty() && !ended.interrupted {
-            eprintln!(
+            eoutln!(
                 "--apply: the fleet runs {} on {} GPUs",
                 r.winner.as_deref().unwrap_or("?"),
                 applied.len()
@@ -293,7 +311,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         }
     }
     if ended.interrupted {
-        eprintln!(
+        eoutln!(
             "interrupted: stopped the servers the sweep started; continue with the same command plus --resume"
         );
         return Ok(CommandOutcome::Interrupted);
@@ -311,6 +329,87 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     } else {
         CommandOutcome::Ok
     })
+}
+
+/// The inventory and a connection to every one of its hosts: a sweep compares like for like,
+/// and a missing host would change the assignment.
+async fn connect_every_host(ctx: &Ctx) -> anyhow::Result<(config::Inventory, Connected)> {
+    let inventory = config::load_inventory(&ctx.global.config)?;
+    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    if let Some(e) = connected.failed.first() {
+        anyhow::bail!("{e}\n  a sweep needs every host of the inventory; nothing was started");
+    }
+    Ok((inventory, connected))
+}
+
+/// The profile the running fleet was started with, from the live records on every host.
+async fn fleet_profile(
+    transports: &BTreeMap<String, Arc<dyn Transport>>,
+    run_root: &str,
+    inventory: &Path,
+) -> anyhow::Result<String> {
+    let mut running: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (host, t) in transports {
+        for r in state::live_records(t.as_ref(), run_root).await? {
+            running
+                .entry(r.profile.clone())
+                .or_default()
+                .push(format!("{host}:{}", r.gpu));
+        }
+    }
+    one_profile(running, inventory, run_root).map_err(|e| UsageError::new(e).into())
+}
+
+/// Why the running fleet does not say which profile to measure from.
+#[derive(Debug, thiserror::Error)]
+enum FleetProfileError {
+    #[error(
+        "no --profile given, and no fleet is up on the hosts of {} (run directory {run_root}) to \
+         measure from: pass --profile P, the profile every candidate starts from",
+        .inventory.display()
+    )]
+    NoneUp {
+        inventory: PathBuf,
+        run_root: String,
+    },
+    #[error(
+        "no --profile given, and the running fleet runs {} profiles: {}; pass --profile with the \
+         one to measure from",
+        .0.len(),
+        .0.iter().map(|(p, at)| format!("{p} (on {})", at.join(", "))).collect::<Vec<_>>().join(", ")
+    )]
+    Several(Vec<(String, Vec<String>)>),
+    #[error(
+        "no --profile given, and the running fleet runs `{0}`, a candidate `fleet sweep --apply` \
+         left up rather than a profile file: pass --profile (e.g. the profile --write-profile wrote)"
+    )]
+    Candidate(String),
+}
+
+/// Decides from the profiles the hosts run (with the `host:gpu`s of each) which one to measure
+/// from: exactly one, and a profile file's name.
+fn one_profile(
+    running: BTreeMap<String, Vec<String>>,
+    inventory: &Path,
+    run_root: &str,
+) -> Result<String, FleetProfileError> {
+    let mut profiles: Vec<(String, Vec<String>)> = running.into_iter().collect();
+    match profiles.len() {
+        0 => Err(FleetProfileError::NoneUp {
+            inventory: inventory.to_path_buf(),
+            run_root: run_root.to_string(),
+        }),
+        1 => {
+            let (name, _) = profiles.remove(0);
+            // Sweep candidates are named `base[label]` (`candidate_profiles`).
+            if name.ends_with(']') && name.contains('[') {
+                Err(FleetProfileError::Candidate(name))
+            } else {
+                Ok(name)
+            }
+        }
+        _ => Err(FleetProfileError::Several(profiles)),
+    }
 }
 
 fn dry_run(
@@ -344,7 +443,7 @@ fn dry_run(
         })
         .collect();
     if ctx.global.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "mode": assignment.mode,
@@ -352,14 +451,14 @@ fn dry_run(
             }))?
         );
     } else {
-        print!("{}", report::plan_text(assignment.mode, &planned));
+        out!("{}", report::plan_text(assignment.mode, &planned));
     }
     Ok(CommandOutcome::Ok)
 }
 
 /// `extends:` names the base the way `fleet profile show` will find it from the new file: by
 /// name when the new file sits in the profiles directory, else by absolute path.
-fn base_reference(args: &SweepArgs, base: &Profile, path: &Path, dir: &Path) -> String {
+fn base_reference(profile_arg: &str, base: &Profile, path: &Path, dir: &Path) -> String {
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let same_dir = match (
         parent.map(std::fs::canonicalize),
@@ -368,9 +467,9 @@ fn base_reference(args: &SweepArgs, base: &Profile, path: &Path, dir: &Path) -> 
         (Some(Ok(a)), Ok(b)) => a == b,
         _ => false,
     };
-    let by_name = !args.profile.contains('/') && !args.profile.ends_with(".yaml");
+    let by_name = !profile_arg.contains('/') && !profile_arg.ends_with(".yaml");
     if same_dir && by_name {
-        args.profile.clone()
+        profile_arg.to_string()
     } else {
         std::fs::canonicalize(&base.path)
             .unwrap_or_else(|_| PathBuf::from(&base.path))
@@ -381,7 +480,7 @@ fn base_reference(args: &SweepArgs, base: &Profile, path: &Path, dir: &Path) -> 
 
 fn write_profile(
     path: &Path,
-    args: &SweepArgs,
+    profile_arg: &str,
     base: &Profile,
     trial: &Trial,
     profile: &Profile,
@@ -396,13 +495,13 @@ fn write_profile(
     };
     let comment = format!(
         "Written by `fleet sweep` from {}: the winner {} ({:.1} output tok/s per GPU, cap {}).",
-        args.profile,
+        profile_arg,
         trial.candidate.label(),
         m.output_tok_s_per_gpu,
         m.cap
     );
     let text = config::derived_profile_yaml(
-        &base_reference(args, base, path, dir),
+        &base_reference(profile_arg, base, path, dir),
         &overrides(&trial.candidate),
         Some(&expected),
         &comment,
@@ -478,5 +577,50 @@ async fn show(
     }
     if let Some(bar) = clock {
         bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+        entries
+            .iter()
+            .map(|(p, at)| (p.to_string(), at.iter().map(|s| s.to_string()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn the_fleet_that_is_up_names_one_profile_or_says_why_not() {
+        let inv = Path::new("fleet.yaml");
+        let one = one_profile(
+            running(&[("sim", &["local:0", "local:1"])]),
+            inv,
+            "/tmp/fleet",
+        );
+        assert_eq!(one.unwrap(), "sim");
+        let none = one_profile(running(&[]), inv, "/tmp/fleet").unwrap_err();
+        assert!(
+            none.to_string()
+                .contains("no fleet is up on the hosts of fleet.yaml (run directory /tmp/fleet)"),
+            "{none}"
+        );
+        let several = one_profile(
+            running(&[("a", &["h:0"]), ("b", &["h:1", "g:0"])]),
+            inv,
+            "/r",
+        )
+        .unwrap_err();
+        assert!(
+            several
+                .to_string()
+                .contains("runs 2 profiles: a (on h:0), b (on h:1, g:0)"),
+            "{several}"
+        );
+        let candidate = one_profile(running(&[("base[no_buffer]", &["h:0"])]), inv, "/r");
+        assert!(
+            matches!(candidate, Err(FleetProfileError::Candidate(name)) if name == "base[no_buffer]")
+        );
     }
 }

@@ -9,19 +9,17 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::sync::mpsc;
 
 use crate::cli::UpArgs;
-use crate::config::{self, Profile};
+use crate::config;
 use crate::launch::hosts::connect_all;
 use crate::launch::plan::{self, HostFacts, Instance};
 use crate::launch::preflight::{self, host_facts};
 use crate::launch::report;
 use crate::launch::up::{self, Run, UpEvent, UpOptions, UpState};
-use crate::sglang::client::{HttpOptions, http_client};
+use crate::launch::{PROBE_HTTP, env};
+use crate::sglang::client::http_client;
 
+use super::output::{eout, out, outln};
 use super::{Ctx, Outcome, UsageError};
-
-/// Health, `/server_info` and `/metrics` answer fast or not at all.
-pub(super) const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Grace given to servers fleet stops on its own (a replaced config, an interrupted `up`).
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -29,8 +27,8 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let profile = config::load_profile(&args.profile, &ctx.global.profiles_dir)?;
     let inventory = config::load_inventory(&ctx.global.config)?;
-    let api_key = api_key(&profile)?;
-    let run_root = run_root();
+    let api_key = env::api_key(&profile).map_err(UsageError::new)?;
+    let run_root = env::run_root();
     let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
     let mut partial = false;
     for e in &connected.failed {
@@ -71,7 +69,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         api_key.as_deref(),
         &run_root,
     )
-    .map_err(|e| UsageError(e.to_string()))?;
+    .map_err(UsageError::new)?;
     let facts: BTreeMap<String, HostFacts> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
     let versions: BTreeMap<String, Option<String>> = facts
         .iter()
@@ -84,15 +82,15 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
             instance.display_argv().join(" ")
         );
     }
-    preflight::preflight(&instances, &facts).map_err(|e| UsageError(e.to_string()))?;
+    preflight::preflight(&instances, &facts).map_err(UsageError::new)?;
     if args.dry_run {
         if ctx.global.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&report::plan_json(&instances))?
             );
         } else {
-            print!("{}", report::plan_text(&instances, &versions));
+            out!("{}", report::plan_text(&instances, &versions));
         }
         return Ok(if partial {
             Outcome::Partial
@@ -101,10 +99,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         });
     }
 
-    let http = http_client(HttpOptions {
-        connect_timeout: PROBE_CONNECT_TIMEOUT,
-        request_timeout: PROBE_TIMEOUT,
-    })?;
+    let http = http_client(PROBE_HTTP)?;
     let opts = UpOptions {
         replace: args.replace,
         keep_on_interrupt: args.keep_on_interrupt,
@@ -127,11 +122,11 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let outcomes = result?;
 
     if ctx.global.json {
-        println!("{}", serde_json::to_string_pretty(&outcomes)?);
+        outln!("{}", serde_json::to_string_pretty(&outcomes)?);
     } else {
-        print!("{}", report::up_table(&outcomes, &versions));
+        out!("{}", report::up_table(&outcomes, &versions));
     }
-    eprint!("{}", report::up_failures(&outcomes));
+    eout!("{}", report::up_failures(&outcomes));
     if outcomes.iter().any(|o| o.state == UpState::Interrupted) {
         if !args.keep_on_interrupt {
             tracing::warn!("interrupted: stopped the servers this run started");
@@ -144,33 +139,6 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     } else {
         Outcome::Ok
     })
-}
-
-/// The API key's value from the environment variable the profile names; registered as a
-/// secret so no log line shows it.
-pub(super) fn api_key(profile: &Profile) -> anyhow::Result<Option<String>> {
-    let Some(var) = &profile.api_key_env else {
-        return Ok(None);
-    };
-    match std::env::var(var) {
-        Ok(key) if !key.is_empty() => {
-            crate::remote::add_secret(&key);
-            Ok(Some(key))
-        }
-        _ => Err(UsageError(format!(
-            "{}: api_key_env is {var}, but {var} is not set (or empty) in this environment",
-            profile.path.display()
-        ))
-        .into()),
-    }
-}
-
-/// The run directory root on every target: `FLEET_RUN_DIR`, else `/tmp/fleet`.
-pub(super) fn run_root() -> String {
-    std::env::var("FLEET_RUN_DIR")
-        .ok()
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| plan::DEFAULT_RUN_ROOT.to_string())
 }
 
 fn labels(instances: &[Instance]) -> Vec<String> {

@@ -240,6 +240,14 @@ pub fn parse_ssh_target(s: &str) -> Result<SshTarget, String> {
     })
 }
 
+impl HostSpec {
+    /// This machine itself: no SSH hop and no container in between, so its GPUs can be read
+    /// through NVML here and its processes are ours to look at directly.
+    pub fn is_local(&self) -> bool {
+        self.ssh.is_none() && self.container.is_none()
+    }
+}
+
 impl fmt::Display for SshTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(user) = &self.user {

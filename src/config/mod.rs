@@ -16,6 +16,7 @@ pub use profile::{
     Override, derived_profile_yaml, load_profile, load_profile_file, load_profile_with,
     profile_files, profile_from_str, resolve_profile_path,
 };
+pub use yaml::same_value;
 
 use serde::Serialize;
 

@@ -79,6 +79,21 @@ pub fn parse(text: &str, file: usize) -> Result<Node, SyntaxError> {
     Ok(node)
 }
 
+/// Whether two YAML texts mean the same value (`0.8` and `0.80`, `null` and `~`, `a` and
+/// `"a"`); texts that do not parse are compared as written.
+pub fn same_value(a: &str, b: &str) -> bool {
+    let unplaced = |text: &str| {
+        parse(text, 0).ok().map(|mut n| {
+            n.relocate(&|_| Loc::default());
+            n
+        })
+    };
+    match (unplaced(a), unplaced(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 impl Node {
     /// Rewrites every place in the tree (its own, its items', its keys').
     pub fn relocate(&mut self, f: &impl Fn(Loc) -> Loc) {

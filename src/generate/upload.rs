@@ -299,10 +299,7 @@ impl Uploader {
             self.note(&e);
             on_event(e);
         }
-        let uploaded = self
-            .task
-            .await
-            .map_err(UploadError::Task)?;
+        let uploaded = self.task.await.map_err(UploadError::Task)?;
         let mut missing = self.failures;
         for path in journal::shards(out)? {
             let name = shard_name(&path);

@@ -1,5 +1,6 @@
-//! Finding an instance's server log (`host:gpu` or a port) and reading it: the last lines, then
-//! optionally what is appended, until cancelled.
+//! Finding an instance's server log (`host:gpu` or a port, running or stopped while its log is
+//! still there) and reading it: the last lines, then optionally what is appended, as bytes, until
+//! cancelled or nobody reads any more.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::launch::plan::RunFiles;
-use crate::launch::state::{self, StateError};
+use crate::launch::state::{self, InstanceRecord, StateError};
 use crate::remote::{RemoteError, Transport};
 
 /// How often `-f` looks for new output.
@@ -56,27 +57,39 @@ impl Selector {
     }
 }
 
-/// The host and log path of the selected instance. A port with no record (a server that was
-/// stopped) still finds its log when exactly one host has it.
+/// The host and log path of the selected instance: a running one's, else a stopped one's whose
+/// log is still there. A port without any record (a run directory older than stopped records)
+/// still finds its log when exactly one host has it.
 pub async fn locate(
     transports: &BTreeMap<String, Arc<dyn Transport>>,
     run_root: &str,
     selector: &Selector,
 ) -> Result<(String, String), LogsError> {
+    let hosts: Vec<(&String, &Arc<dyn Transport>)> = transports
+        .iter()
+        .filter(|(name, _)| match selector {
+            Selector::HostGpu { host, .. } => host == *name,
+            Selector::Port(_) => true,
+        })
+        .collect();
+    let hit = |r: &InstanceRecord| match selector {
+        Selector::HostGpu { gpu, .. } => r.gpu == *gpu,
+        Selector::Port(port) => r.port == *port,
+    };
     let mut found = Vec::new();
-    for (name, t) in transports {
-        if let Selector::HostGpu { host, .. } = selector
-            && host != name
-        {
-            continue;
-        }
+    for (name, t) in &hosts {
         for r in state::read_records(t.as_ref(), run_root).await? {
-            let hit = match selector {
-                Selector::HostGpu { gpu, .. } => r.gpu == *gpu,
-                Selector::Port(port) => r.port == *port,
-            };
-            if hit {
-                found.push((name.clone(), r.log));
+            if hit(&r) {
+                found.push(((*name).clone(), r.log));
+            }
+        }
+    }
+    if found.is_empty() {
+        for (name, t) in &hosts {
+            for r in state::read_stopped_records(t.as_ref(), run_root).await? {
+                if hit(&r) && exists(t.as_ref(), &r.log).await? {
+                    found.push(((*name).clone(), r.log));
+                }
             }
         }
     }
@@ -84,12 +97,9 @@ pub async fn locate(
         && let Selector::Port(port) = selector
     {
         let log = RunFiles::new(run_root, *port).log;
-        for (name, t) in transports {
-            if t.run(&["test".into(), "-f".into(), log.clone()])
-                .await?
-                .success()
-            {
-                found.push((name.clone(), log.clone()));
+        for (name, t) in &hosts {
+            if exists(t.as_ref(), &log).await? {
+                found.push(((*name).clone(), log.clone()));
             }
         }
     }
@@ -114,14 +124,21 @@ pub async fn locate(
     }
 }
 
+async fn exists(t: &dyn Transport, path: &str) -> Result<bool, RemoteError> {
+    Ok(t.run(&["test".into(), "-f".into(), path.to_string()])
+        .await?
+        .success())
+}
+
 /// Sends the log's last `lines` lines, then (with `follow`) whatever is appended, until
-/// `cancel`. Chunks go to `out` as they are read.
+/// `cancel` or until `out`'s receiver is gone. Chunks are the file's bytes as read: following
+/// counts its offset in bytes, whatever the log's encoding.
 pub async fn read(
     t: &dyn Transport,
     path: &str,
     lines: usize,
     follow: bool,
-    out: &UnboundedSender<String>,
+    out: &UnboundedSender<Vec<u8>>,
     cancel: &CancellationToken,
 ) -> Result<(), LogsError> {
     // The size is taken first and the tail read from those bytes only, so following starts
@@ -134,27 +151,42 @@ pub async fn read(
         &["sh", "-c", script, "sh", path, &lines.to_string()],
     )
     .await?;
-    let (size, text) = first.split_once('\n').unwrap_or((first.as_str(), ""));
-    let mut offset: u64 = size.trim().parse().unwrap_or(0);
-    let _ = out.send(text.to_string());
-    if !follow {
+    let (size, text) = split_size(&first);
+    let mut offset = size;
+    if out.send(text.to_vec()).is_err() || !follow {
         return Ok(());
     }
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
+            _ = out.closed() => break,
             _ = tokio::time::sleep(FOLLOW_POLL) => {}
         }
         let more = run(t, path, &["tail", "-c", &format!("+{}", offset + 1), path]).await?;
         if !more.is_empty() {
             offset += more.len() as u64;
-            let _ = out.send(more);
+            if out.send(more).is_err() {
+                break;
+            }
         }
     }
     Ok(())
 }
 
-async fn run(t: &dyn Transport, path: &str, argv: &[&str]) -> Result<String, LogsError> {
+/// `SIZE\n` then the tail's bytes, as the first read prints them.
+fn split_size(output: &[u8]) -> (u64, &[u8]) {
+    let (size, text) = match output.iter().position(|b| *b == b'\n') {
+        Some(i) => (&output[..i], &output[i + 1..]),
+        None => (output, &[][..]),
+    };
+    let size = std::str::from_utf8(size)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    (size, text)
+}
+
+async fn run(t: &dyn Transport, path: &str, argv: &[&str]) -> Result<Vec<u8>, LogsError> {
     let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
     let output = t.run(&argv).await?;
     if !output.success() {
@@ -164,12 +196,20 @@ async fn run(t: &dyn Transport, path: &str, argv: &[&str]) -> Result<String, Log
             message: output.stderr_lossy().trim().to_string(),
         });
     }
-    Ok(output.stdout_lossy())
+    Ok(output.stdout)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_read_splits_into_the_size_and_the_tail_bytes() {
+        // A byte that is not UTF-8 is counted as the one byte it is.
+        assert_eq!(split_size(b"12\nab\xffc\n"), (12, &b"ab\xffc\n"[..]));
+        assert_eq!(split_size(b"0\n"), (0, &b""[..]));
+        assert_eq!(split_size(b""), (0, &b""[..]));
+    }
 
     #[test]
     fn selectors() {

@@ -78,14 +78,11 @@ pub async fn host_facts(
         None => help_text.as_deref().and_then(help::stated_version),
     };
     let gpus_present = match host.gpus {
-        GpuSelection::All => {
-            let local = host.ssh.is_none() && host.container.is_none();
-            gpu::read_host(t.clone(), local)
-                .await?
-                .iter()
-                .map(|g| g.index)
-                .collect()
-        }
+        GpuSelection::All => gpu::read_host(t.clone(), host.is_local())
+            .await?
+            .iter()
+            .map(|g| g.index)
+            .collect(),
         GpuSelection::List(_) => Vec::new(),
     };
     Ok(HostFacts {

@@ -175,15 +175,47 @@ fn argv(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
+/// What a stopped instance's `instance.json` becomes, beside its log: `fleet logs` still finds
+/// the log by `host:gpu` or port until the next server on that port replaces both.
+const STOPPED_RECORD: &str = "stopped.json";
+
 /// Every instance record under the run root. A record that does not parse (half-written by an
 /// interrupted `up`) is skipped with a warning naming its port.
 pub async fn read_records(
     t: &dyn Transport,
     run_root: &str,
 ) -> Result<Vec<InstanceRecord>, StateError> {
-    let script =
-        r#"for f in "$1"/*/instance.json; do [ -f "$f" ] && cat "$f" && printf '\000'; done; true"#;
-    let text = run_ok(t, &argv(&["sh", "-c", script, "sh", run_root])).await?;
+    read_json(t, run_root, "instance.json").await
+}
+
+/// The records whose process still runs (its pid with its start time): what `fleet up` left
+/// running.
+pub async fn live_records(
+    t: &dyn Transport,
+    run_root: &str,
+) -> Result<Vec<InstanceRecord>, StateError> {
+    let (records, table) = tokio::try_join!(read_records(t, run_root), proc_table(t))?;
+    Ok(records
+        .into_iter()
+        .filter(|r| table.liveness(r.pid, r.start_ticks) == Liveness::Running)
+        .collect())
+}
+
+/// The records of instances fleet stopped whose directories are still there.
+pub async fn read_stopped_records(
+    t: &dyn Transport,
+    run_root: &str,
+) -> Result<Vec<InstanceRecord>, StateError> {
+    read_json(t, run_root, STOPPED_RECORD).await
+}
+
+async fn read_json(
+    t: &dyn Transport,
+    run_root: &str,
+    name: &str,
+) -> Result<Vec<InstanceRecord>, StateError> {
+    let script = r#"for f in "$1"/*/"$2"; do [ -f "$f" ] && cat "$f" && printf '\000'; done; true"#;
+    let text = run_ok(t, &argv(&["sh", "-c", script, "sh", run_root, name])).await?;
     let mut records = Vec::new();
     for item in text.split('\0').filter(|s| !s.trim().is_empty()) {
         match serde_json::from_str::<InstanceRecord>(item) {
@@ -198,20 +230,44 @@ pub async fn read_records(
     Ok(records)
 }
 
+/// Writes a started instance's record; the stopped record of an earlier server on the port goes,
+/// since the new server's log replaces that one's.
 pub async fn write_record(t: &dyn Transport, record: &InstanceRecord) -> Result<(), StateError> {
     let json = serde_json::to_string(record).expect("a record always serializes");
     // Written aside and renamed so that a reader never sees half a record.
-    let script = r#"printf '%s\n' "$1" > "$2.tmp" && mv -f "$2.tmp" "$2""#;
-    run_ok(t, &argv(&["sh", "-c", script, "sh", &json, &record.record]))
-        .await
-        .map(drop)
+    let script = r#"printf '%s\n' "$1" > "$2.tmp" && mv -f "$2.tmp" "$2" && rm -f "$3""#;
+    let stopped = stopped_path(record);
+    run_ok(
+        t,
+        &argv(&["sh", "-c", script, "sh", &json, &record.record, &stopped]),
+    )
+    .await
+    .map(drop)
 }
 
-/// Forgets a stopped instance; its log stays for `fleet logs PORT`.
+/// Forgets a stopped instance: its record becomes the stopped record kept beside its log, for
+/// `fleet logs`.
 pub async fn remove_record(t: &dyn Transport, record: &InstanceRecord) -> Result<(), StateError> {
-    run_ok(t, &argv(&["rm", "-f", &record.record, &record.pidfile]))
-        .await
-        .map(drop)
+    let script = r#"rm -f "$3" && if [ -f "$1" ]; then mv -f "$1" "$2"; fi"#;
+    let stopped = stopped_path(record);
+    run_ok(
+        t,
+        &argv(&[
+            "sh",
+            "-c",
+            script,
+            "sh",
+            &record.record,
+            &stopped,
+            &record.pidfile,
+        ]),
+    )
+    .await
+    .map(drop)
+}
+
+fn stopped_path(record: &InstanceRecord) -> String {
+    format!("{}/{STOPPED_RECORD}", record.dir.trim_end_matches('/'))
 }
 
 pub async fn proc_table(t: &dyn Transport) -> Result<ProcTable, StateError> {

@@ -1,6 +1,7 @@
-//! Starting a planned fleet: survey what already runs (idempotence, `--replace`, foreign ports),
-//! start every instance detached in parallel, follow each to readiness or failure, and undo
-//! what was started when interrupted.
+//! Starting a planned fleet: lock each host's run directory, survey what already runs
+//! (idempotence, `--replace`, foreign ports), start and record every instance detached in
+//! parallel, release the locks, follow each to readiness or failure, and undo what was started
+//! when interrupted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::HealthSettings;
 use crate::launch::down::{self, StopState};
+use crate::launch::lock::{self, HostLock, LockError};
 use crate::launch::plan::Instance;
 use crate::launch::state::{self, InstanceRecord, Liveness, ProcTable, StateError};
 use crate::remote::{Detached, Transport, Tunnel};
@@ -159,25 +161,12 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
     out
 }
 
-/// What already runs on a host, looked at once before starting anything.
-#[derive(Default)]
-struct Survey {
-    records: Vec<InstanceRecord>,
-    table: ProcTable,
-    listening: BTreeSet<u16>,
-}
-
-#[derive(Debug, PartialEq)]
-enum Action<'a> {
-    Start,
-    Keep(&'a InstanceRecord),
-    Replace(&'a InstanceRecord),
-    /// The host could not be looked at.
-    Unavailable(String),
-}
-
 /// Starts the planned instances and waits for each to become ready or fail. Refuses (starting
 /// nothing) when a port runs another config without `replace`, or a foreign process holds it.
+///
+/// Each host's run directory is locked (see [`lock`]) from the look at what runs there until
+/// every new server is recorded, so a concurrent `up` of the same GPUs waits and then finds
+/// them running; readiness is awaited after the locks are released.
 pub async fn up(
     instances: &[Instance],
     health: &HealthSettings,
@@ -190,15 +179,15 @@ pub async fn up(
         cancel,
         ..
     } = *run;
-    let surveys = survey(transports, run_root).await;
+    let (locks, surveys) = lock_and_survey(instances, transports, run_root, cancel).await;
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
         let s = match &surveys[&instance.host] {
             Ok(s) => s,
             // That host's instances fail; the other hosts go on.
-            Err(e) => {
-                actions.push(Action::Unavailable(e.to_string()));
+            Err(why) => {
+                actions.push(why.action());
                 continue;
             }
         };
@@ -208,17 +197,28 @@ pub async fn up(
         }
     }
     if !conflicts.is_empty() {
+        release(locks).await;
         return Err(UpError::Conflicts(conflicts));
     }
-    let runs = instances
+    let launches = instances
         .iter()
         .zip(actions)
         .enumerate()
         .map(|(key, (instance, action))| {
             let t = transports[&instance.host].as_ref();
-            bring_up(key, instance, action, t, health, opts, run)
+            launch(key, instance, action, t, opts, run)
         });
-    let results = futures::future::join_all(runs).await;
+    let launched = futures::future::join_all(launches).await;
+    release(locks).await;
+    let follows = instances
+        .iter()
+        .zip(launched)
+        .enumerate()
+        .map(|(key, (instance, launched))| {
+            let t = transports[&instance.host].as_ref();
+            follow(key, instance, launched, t, health, opts, run)
+        });
+    let results = futures::future::join_all(follows).await;
     if cancel.is_cancelled() && !opts.keep_on_interrupt {
         let started = results.iter().filter_map(|(_, record)| record.as_ref());
         let stops = started.map(|r| down::stop(transports[&r.host].as_ref(), r, opts.grace));
@@ -236,22 +236,86 @@ pub async fn up(
     Ok(results.into_iter().map(|(outcome, _)| outcome).collect())
 }
 
-async fn survey(
+/// Why a host's instances cannot start.
+enum Unavailable {
+    Failed(String),
+    Interrupted,
+}
+
+impl Unavailable {
+    fn action(&self) -> Action<'static> {
+        match self {
+            Unavailable::Failed(why) => Action::Unavailable(why.clone()),
+            Unavailable::Interrupted => Action::Interrupted,
+        }
+    }
+}
+
+/// Locks the run directory of every host with planned instances, one host after the other in
+/// name order (so two `up`s of overlapping hosts never wait for each other in a circle), then
+/// looks at what runs on each locked host.
+async fn lock_and_survey(
+    instances: &[Instance],
     transports: &BTreeMap<String, Arc<dyn Transport>>,
     run_root: &str,
-) -> BTreeMap<String, Result<Survey, StateError>> {
-    let looks = transports.iter().map(|(name, t)| async move {
-        let t = t.as_ref();
+    cancel: &CancellationToken,
+) -> (Vec<HostLock>, BTreeMap<String, Result<Survey, Unavailable>>) {
+    let hosts: BTreeSet<&str> = instances.iter().map(|i| i.host.as_str()).collect();
+    let (me, token) = (lock::Owner::me(), lock::token());
+    let mut locks = Vec::new();
+    let mut locked = Vec::new();
+    let mut surveys = BTreeMap::new();
+    for host in hosts {
+        let t = &transports[host];
+        match lock::acquire(t.clone(), run_root, &me, &token, cancel).await {
+            Ok(l) => {
+                locks.push(l);
+                locked.push((host, t.as_ref()));
+            }
+            Err(LockError::Interrupted) => {
+                surveys.insert(host.to_string(), Err(Unavailable::Interrupted));
+            }
+            Err(e) => {
+                surveys.insert(host.to_string(), Err(Unavailable::Failed(e.to_string())));
+            }
+        }
+    }
+    let looks = locked.into_iter().map(|(host, t)| async move {
         let look = async {
-            Ok(Survey {
+            Ok::<_, StateError>(Survey {
                 records: state::read_records(t, run_root).await?,
                 table: state::proc_table(t).await?,
                 listening: state::listening_ports(t).await?,
             })
         };
-        (name.clone(), look.await)
+        let found = look.await.map_err(|e| Unavailable::Failed(e.to_string()));
+        (host.to_string(), found)
     });
-    futures::future::join_all(looks).await.into_iter().collect()
+    surveys.extend(futures::future::join_all(looks).await);
+    (locks, surveys)
+}
+
+async fn release(locks: Vec<HostLock>) {
+    futures::future::join_all(locks.into_iter().map(HostLock::release)).await;
+}
+
+/// What already runs on a host, looked at once before starting anything.
+#[derive(Default)]
+struct Survey {
+    records: Vec<InstanceRecord>,
+    table: ProcTable,
+    listening: BTreeSet<u16>,
+}
+
+#[derive(Debug, PartialEq)]
+enum Action<'a> {
+    Start,
+    Keep(&'a InstanceRecord),
+    Replace(&'a InstanceRecord),
+    /// The host could not be looked at.
+    Unavailable(String),
+    /// Interrupted before the host could be looked at.
+    Interrupted,
 }
 
 /// What to do with a planned instance given what already runs on its host: keep a live
@@ -284,19 +348,15 @@ fn decide<'a>(instance: &Instance, s: &'a Survey, replace: bool) -> Result<Actio
     }
 }
 
-/// One instance from start to ready, failed or interrupted. Also returns the record of a
-/// process this run started and left running, for cleanup after an interrupt.
-async fn bring_up(
-    key: usize,
-    instance: &Instance,
-    action: Action<'_>,
-    t: &dyn Transport,
-    health: &HealthSettings,
-    opts: &UpOptions,
-    run: &Run<'_>,
-) -> (UpOutcome, Option<InstanceRecord>) {
-    let Run { events, cancel, .. } = *run;
-    let mut outcome = UpOutcome {
+/// An instance whose process runs, after the locked part of `up`.
+struct Launched {
+    record: InstanceRecord,
+    /// Started by this `up` (not one it found running).
+    started_here: bool,
+}
+
+fn outcome_of(instance: &Instance) -> UpOutcome {
+    UpOutcome {
         host: instance.host.clone(),
         gpu: instance.gpu,
         port: instance.port,
@@ -307,56 +367,97 @@ async fn bring_up(
         error: None,
         log_tail: None,
         argv: instance.display_argv(),
-    };
-    let fail = |outcome: &mut UpOutcome, reason: String| {
-        let _ = events.send(UpEvent::Failed {
-            key,
-            reason: reason.clone(),
-        });
-        outcome.error = Some(reason);
-    };
-    let kept = match action {
-        Action::Keep(record) => Some(record.clone()),
+    }
+}
+
+fn fail(run: &Run<'_>, key: usize, mut outcome: UpOutcome, reason: String) -> UpOutcome {
+    let _ = run.events.send(UpEvent::Failed {
+        key,
+        reason: reason.clone(),
+    });
+    outcome.error = Some(reason);
+    outcome
+}
+
+/// The locked part of one instance: keep it, or stop the old config and start and record the
+/// new one. `Err` is the instance's final outcome.
+async fn launch(
+    key: usize,
+    instance: &Instance,
+    action: Action<'_>,
+    t: &dyn Transport,
+    opts: &UpOptions,
+    run: &Run<'_>,
+) -> Result<Launched, UpOutcome> {
+    let outcome = outcome_of(instance);
+    match action {
+        Action::Keep(record) => {
+            return Ok(Launched {
+                record: record.clone(),
+                started_here: false,
+            });
+        }
         Action::Replace(record) => {
             let stopped = down::stop(t, record, opts.grace).await;
             if stopped.state == StopState::Failed || !stopped.port_closed {
                 let why = stopped.error.unwrap_or_default();
-                fail(
-                    &mut outcome,
-                    format!("could not stop the old server (pid {}): {why}", record.pid),
-                );
-                return (outcome, None);
+                let reason = format!("could not stop the old server (pid {}): {why}", record.pid);
+                return Err(fail(run, key, outcome, reason));
             }
-            None
         }
-        Action::Start => None,
-        Action::Unavailable(why) => {
-            fail(&mut outcome, why);
-            return (outcome, None);
+        Action::Start => {}
+        Action::Unavailable(why) => return Err(fail(run, key, outcome, why)),
+        Action::Interrupted => {
+            return Err(UpOutcome {
+                state: UpState::Interrupted,
+                ..outcome
+            });
         }
-    };
-    if cancel.is_cancelled() {
-        outcome.state = UpState::Interrupted;
-        return (outcome, None);
     }
-    let started_here = kept.is_none();
-    let record = match kept {
-        Some(record) => record,
-        None => match start(t, instance).await {
-            Ok(record) => {
-                let _ = events.send(UpEvent::Started {
-                    key,
-                    pid: record.pid,
-                });
-                record
-            }
-            Err(e) => {
-                fail(&mut outcome, e.to_string());
-                return (outcome, None);
-            }
-        },
+    if run.cancel.is_cancelled() {
+        return Err(UpOutcome {
+            state: UpState::Interrupted,
+            ..outcome
+        });
+    }
+    match start(t, instance).await {
+        Ok(record) => {
+            let _ = run.events.send(UpEvent::Started {
+                key,
+                pid: record.pid,
+            });
+            Ok(Launched {
+                record,
+                started_here: true,
+            })
+        }
+        Err(e) => Err(fail(run, key, outcome, e.to_string())),
+    }
+}
+
+/// One launched instance to ready, failed or interrupted. Also returns the record of a
+/// process this run started and left running, for cleanup after an interrupt.
+async fn follow(
+    key: usize,
+    instance: &Instance,
+    launched: Result<Launched, UpOutcome>,
+    t: &dyn Transport,
+    health: &HealthSettings,
+    opts: &UpOptions,
+    run: &Run<'_>,
+) -> (UpOutcome, Option<InstanceRecord>) {
+    let Launched {
+        record,
+        started_here,
+    } = match launched {
+        Ok(l) => l,
+        Err(outcome) => return (outcome, None),
     };
-    outcome.pid = Some(record.pid);
+    let Run { events, cancel, .. } = *run;
+    let mut outcome = UpOutcome {
+        pid: Some(record.pid),
+        ..outcome_of(instance)
+    };
     // Only what this run started is undone after an interrupt.
     let ours = started_here.then(|| record.clone());
     let started = Instant::now();
@@ -395,7 +496,7 @@ async fn bring_up(
             outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES)
                 .await
                 .ok();
-            fail(&mut outcome, reason);
+            outcome = fail(run, key, outcome, reason);
         }
     }
     (outcome, ours)

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::same_value;
+
 /// One axis: a dotted profile key and the values to try, in the order given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Axis {
@@ -50,6 +52,17 @@ pub enum SpaceError {
     Duplicate { key: String },
     #[error("axis {key:?}: value {value:?} is listed twice")]
     DuplicateValue { key: String, value: String },
+    #[error("axis {key:?}: {second:?} is the same value as {first:?}; list it once")]
+    SameValue {
+        key: String,
+        first: String,
+        second: String,
+    },
+    #[error(
+        "--set {0:?}: a quote or bracket is not closed (quote a value with a comma as \"a,b\" or \
+         write a\\,b)"
+    )]
+    Unclosed(String),
 }
 
 /// The mamba strategy axis key; `--strategies` is shorthand for `--set server.mamba_strategy=...`.
@@ -66,12 +79,22 @@ pub fn axes(strategies: &[String], sets: &[String]) -> Result<Vec<Axis>, SpaceEr
             return Err(SpaceError::Duplicate { key: axis.key });
         }
         for (i, v) in axis.values.iter().enumerate() {
-            if axis.values[..i].contains(v) {
-                return Err(SpaceError::DuplicateValue {
+            // `0.8` and `0.80`, `null` and `~` would measure one config twice.
+            let Some(first) = axis.values[..i].iter().find(|w| same_value(w, v)) else {
+                continue;
+            };
+            return Err(if first == v {
+                SpaceError::DuplicateValue {
                     key: axis.key.clone(),
                     value: v.clone(),
-                });
-            }
+                }
+            } else {
+                SpaceError::SameValue {
+                    key: axis.key.clone(),
+                    first: first.clone(),
+                    second: v.clone(),
+                }
+            });
         }
         axes.push(axis);
         Ok(())
@@ -98,12 +121,7 @@ pub fn axes(strategies: &[String], sets: &[String]) -> Result<Vec<Axis>, SpaceEr
         if key.is_empty() {
             return Err(SpaceError::Syntax(raw.clone()));
         }
-        let values = values
-            .split(',')
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_string)
-            .collect();
+        let values = split_values(values).ok_or_else(|| SpaceError::Unclosed(raw.clone()))?;
         push(
             Axis {
                 key: key.to_string(),
@@ -113,6 +131,67 @@ pub fn axes(strategies: &[String], sets: &[String]) -> Result<Vec<Axis>, SpaceEr
         )?;
     }
     Ok(axes)
+}
+
+/// Splits `V1,V2,...` at the commas between values: not one escaped as `\,`, nor one inside a
+/// value that starts with a quote (`"a,b"`, `'a,b'`, kept as the YAML they are) or a flow
+/// collection (`[a, b]`, `{k: v}`). Values are trimmed and empty ones dropped; `None` when a
+/// quote or bracket is not closed.
+fn split_values(text: &str) -> Option<Vec<String>> {
+    let mut values = Vec::new();
+    let mut value = String::new();
+    let mut quote: Option<char> = None;
+    let mut depth = 0usize;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        let starts_value = value.trim().is_empty();
+        match quote {
+            Some(q) => {
+                value.push(c);
+                if q == '"' && c == '\\' {
+                    value.extend(chars.next());
+                } else if c == q {
+                    // `''` is a quote inside a single-quoted YAML scalar.
+                    if q == '\'' && chars.peek() == Some(&'\'') {
+                        value.extend(chars.next());
+                    } else {
+                        quote = None;
+                    }
+                }
+            }
+            None => match c {
+                '"' | '\'' if starts_value || depth > 0 => {
+                    quote = Some(c);
+                    value.push(c);
+                }
+                '[' | '{' if starts_value || depth > 0 => {
+                    depth += 1;
+                    value.push(c);
+                }
+                ']' | '}' if depth > 0 => {
+                    depth -= 1;
+                    value.push(c);
+                }
+                ',' if depth == 0 => values.push(std::mem::take(&mut value)),
+                '\\' if depth == 0 && chars.peek() == Some(&',') => {
+                    value.extend(chars.next());
+                }
+                _ => value.push(c),
+            },
+        }
+    }
+    if quote.is_some() || depth > 0 {
+        return None;
+    }
+    values.push(value);
+    Some(
+        values
+            .iter()
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// The product of the axes, first axis varying slowest. No axes: the base profile alone.
@@ -200,5 +279,41 @@ mod tests {
             axes(&s(&["no_buffer", "no_buffer"]), &[]),
             Err(SpaceError::DuplicateValue { .. })
         ));
+        assert_eq!(
+            axes(&[], &s(&["server.mem_fraction_static=0.8,0.85,0.80"])),
+            Err(SpaceError::SameValue {
+                key: "server.mem_fraction_static".into(),
+                first: "0.8".into(),
+                second: "0.80".into()
+            })
+        );
+        assert!(matches!(
+            axes(&[], &s(&["server.max_running_requests=null,~"])),
+            Err(SpaceError::SameValue { .. })
+        ));
+        assert_eq!(
+            axes(&[], &s(&["env.X=\"a,b"])),
+            Err(SpaceError::Unclosed("env.X=\"a,b".into()))
+        );
+    }
+
+    #[test]
+    fn a_comma_inside_a_value_is_quoted_escaped_or_in_brackets() {
+        let values = |raw: &str| axes(&[], &s(&[raw])).unwrap().remove(0).values;
+        assert_eq!(values("env.X=a, b ,,c"), ["a", "b", "c"]);
+        assert_eq!(values("env.X=\"a,b\",c"), ["\"a,b\"", "c"]);
+        assert_eq!(values("env.X='it''s, ok',c"), ["'it''s, ok'", "c"]);
+        assert_eq!(values("env.X=a\\,b,c"), ["a,b", "c"]);
+        assert_eq!(
+            values("server.extra_args=[--a, 1],[--b, \"x,y\"]"),
+            ["[--a, 1]", "[--b, \"x,y\"]"]
+        );
+        // A quote inside a plain value is just a character.
+        assert_eq!(values("env.X=it's,fine"), ["it's", "fine"]);
+        // `"a,b"` reaches the profile as the string a,b.
+        assert_eq!(
+            candidates(&axes(&[], &s(&["env.X=\"a,b\",c"])).unwrap())[0].settings,
+            [("env.X".to_string(), "\"a,b\"".to_string())]
+        );
     }
 }

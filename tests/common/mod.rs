@@ -86,31 +86,99 @@ pub fn current_user() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Where [`free_port_base`] looks: below Linux's ephemeral range (32768+), so no outgoing
-/// connection takes a port meanwhile; above tests/launch.rs's fixed ports (24000-25999); below
-/// the ports `fleet demo` picks (31000+).
-const PORTS: std::ops::Range<u16> = 26_000..31_000;
+/// Where [`reserve_ports`] looks: below Linux's ephemeral range (32768+), so no outgoing
+/// connection takes a port meanwhile, and below the ports `fleet demo` picks (31000+).
+const PORTS: std::ops::Range<u16> = 24_000..31_000;
 
-/// A base port with `n` free ports after it. Tests of one binary pick at the same moment,
-/// before any server binds, so a range handed out is never handed out again by this process;
-/// each process starts at its own place so test binaries run at once rarely probe the same
-/// ports.
-pub fn free_port_base(n: u16) -> u16 {
-    static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
-    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+/// `n` consecutive local ports reserved for one test, until dropped. The reservation holds
+/// across processes (cargo-nextest runs each test in a process of its own, `cargo test` several
+/// test binaries' threads): each port is an exclusive `flock` on a file of its own under
+/// `$TMPDIR/fleet-test-ports`, which the kernel releases when the guard's files close, also
+/// when the process dies.
+#[derive(Debug)]
+pub struct Ports {
+    pub base: u16,
+    pub n: u16,
+    _locks: Vec<std::fs::File>,
+}
+
+impl Ports {
+    /// `base..base + n`.
+    pub fn range(&self) -> std::ops::Range<u16> {
+        self.base..self.base + self.n
+    }
+}
+
+/// Reserves `n` free consecutive ports (see [`Ports`]). A process never hands out a port twice:
+/// a server of an earlier test may still be closing its listener.
+pub fn reserve_ports(n: u16) -> Ports {
+    static HANDED: std::sync::Mutex<Option<(u16, std::collections::BTreeSet<u16>)>> =
+        std::sync::Mutex::new(None);
+    let dir = std::env::temp_dir().join("fleet-test-ports");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
     let span = PORTS.end - PORTS.start;
-    let mut base = next.unwrap_or(PORTS.start + (std::process::id() % 50) as u16 * (span / 50));
+    // Each process starts at its own place, so processes starting at once rarely contend.
+    let (next, used) = handed.get_or_insert_with(|| {
+        (
+            PORTS.start + (std::process::id() % 64) as u16 * (span / 64),
+            Default::default(),
+        )
+    });
+    let mut base = *next;
     for _ in 0..span {
         if base + n > PORTS.end {
             base = PORTS.start;
         }
-        if (base..base + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            *next = Some(base + n);
-            return base;
+        let range = base..base + n;
+        if !range.clone().any(|p| used.contains(&p))
+            && let Some(locks) = lock_all(&dir, range.clone())
+            && range
+                .clone()
+                .all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+        {
+            used.extend(range);
+            *next = base + n;
+            return Ports {
+                base,
+                n,
+                _locks: locks,
+            };
         }
         base += 1;
     }
     panic!("no {n} free local ports in {PORTS:?}");
+}
+
+/// An exclusive lock on each port's file, or `None` (and nothing held) when another process
+/// holds one of them.
+fn lock_all(dir: &Path, ports: std::ops::Range<u16>) -> Option<Vec<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let mut locks = Vec::new();
+    for port in ports {
+        let path = dir.join(port.to_string());
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // SAFETY: flock(2) on a descriptor this function owns, with valid flags.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return None;
+        }
+        locks.push(file);
+    }
+    Some(locks)
+}
+
+/// [`reserve_ports`] for the rest of this process: the base of `n` free consecutive ports.
+pub fn free_port_base(n: u16) -> u16 {
+    static KEPT: std::sync::Mutex<Vec<Ports>> = std::sync::Mutex::new(Vec::new());
+    let ports = reserve_ports(n);
+    let base = ports.base;
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(ports);
+    base
 }
 
 /// A temporary HOME directory for the `fleet` binary.

@@ -13,7 +13,7 @@ use fleet::config::{GpuSelection, HostSpec, SshTarget};
 use tempfile::TempDir;
 
 use super::{
-    TestHome, current_user, fingerprint, fixtures_bin, free_port_base, keygen, public_key,
+    Ports, TestHome, current_user, fingerprint, fixtures_bin, keygen, public_key, reserve_ports,
 };
 
 pub const SSHD: &str = "/usr/sbin/sshd";
@@ -32,6 +32,8 @@ pub struct Sshd {
     /// The network namespace it runs in, if not this one.
     pub netns: Option<String>,
     child: Option<Child>,
+    /// The port stays this sshd's for its whole life: it is stopped and restarted on it.
+    _port: Ports,
 }
 
 impl Sshd {
@@ -81,7 +83,8 @@ impl Sshd {
             );
             set_env.push_str(&format!(" {k}={v}"));
         }
-        let port = free_port_base(1);
+        let reserved = reserve_ports(1);
+        let port = reserved.base;
         let d = dir.path().display();
         let config = format!(
             "ListenAddress {listen}:{port}\n\
@@ -108,6 +111,7 @@ impl Sshd {
             user: current_user(),
             netns: netns.map(String::from),
             child: None,
+            _port: reserved,
         };
         sshd.spawn();
         sshd
