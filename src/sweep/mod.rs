@@ -4,8 +4,10 @@
 pub mod assign;
 pub mod file;
 pub mod load;
+pub mod prune;
 pub mod rank;
 pub mod report;
 pub mod run;
 pub mod space;
+pub mod stats;
 pub mod trial;
