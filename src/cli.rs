@@ -214,12 +214,17 @@ pub struct SweepArgs {
     /// Load before measuring, so that batches are full when the window opens.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub warmup: Duration,
-    /// Run candidates side by side on disjoint GPUs (the default when they fit).
+    /// Run candidates side by side on disjoint GPUs (the default; in rounds, one GPU each,
+    /// when they outnumber the GPUs).
     #[arg(long, conflicts_with = "sequential")]
     pub parallel: bool,
     /// Restart the whole fleet for each candidate, one at a time.
     #[arg(long)]
     pub sequential: bool,
+    /// In rounds, give every candidate the full --duration instead of stopping those clearly
+    /// behind the leader after a first window of a quarter of it.
+    #[arg(long)]
+    pub no_prune: bool,
     /// Dataset size for the ETA projection (default: lines in --prompts).
     #[arg(long)]
     pub total: Option<u64>,

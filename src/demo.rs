@@ -230,6 +230,7 @@ mod tests {
                 startup_s: None,
                 completed_output_tok_s: tok * 4.0,
                 metrics_output_tok_s: None,
+                estimate: None,
             })
         };
         let outcomes = [
@@ -252,6 +253,7 @@ mod tests {
                 },
                 warmup_s: 1.0,
                 duration_s: 1.0,
+                first_window_s: None,
             },
             trials: candidates
                 .into_iter()
@@ -259,6 +261,7 @@ mod tests {
                 .map(|(candidate, outcome)| Trial {
                     candidate,
                     gpus: vec![],
+                    first_window: None,
                     outcome,
                 })
                 .collect(),

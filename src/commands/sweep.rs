@@ -18,14 +18,16 @@ use crate::launch::preflight::{self, host_facts};
 use crate::launch::state;
 use crate::remote::Transport;
 use crate::sglang::client::Api;
-use crate::sweep::assign;
+use crate::sweep::assign::{self, Mode};
 use crate::sweep::file::{FileError, Store, SweepSpec};
 use crate::sweep::load::{self, WorkloadSpec};
 use crate::sweep::rank::{self, Dataset, Outcome, Trial};
-use crate::sweep::report::{self, PlannedCandidate};
-use crate::sweep::run::{self, Event, Setup};
+use crate::sweep::report::{self, Plan, PlannedCandidate};
+use crate::sweep::run::{self, Event};
+use crate::sweep::servers::{self, Setup};
 use crate::sweep::space::{self, Candidate};
 use crate::sweep::trial::Timing;
+use crate::sweep::{prune, schedule};
 
 use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome as CommandOutcome, UsageError};
@@ -187,24 +189,36 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     for (host, facts) in futures::future::join_all(looks).await {
         hosts.push((host, facts?));
     }
-    let gpus = run::host_gpus(&hosts);
+    let gpus = servers::host_gpus(&hosts);
     let total_gpus: usize = gpus.iter().map(|(_, g)| g.len()).sum();
-    let mode = assign::choose_mode(candidates.len(), total_gpus, args.parallel, args.sequential);
+    let mode = assign::choose_mode(candidates.len(), total_gpus, args.sequential);
     let assignment = assign::assign(&gpus, candidates.len(), mode).map_err(usage)?;
-
-    if args.dry_run {
-        return dry_run(ctx, &profiles, &assignment, &hosts, key.as_deref(), &root);
-    }
-
+    // Pruning saves time only where a freed GPU has a next candidate to take it.
+    let first_window =
+        (mode == Mode::Rounds && !args.no_prune).then(|| prune::first_window(args.duration));
     let spec = SweepSpec {
         profile: profile_arg.clone(),
         candidates: candidates.clone(),
         mode,
-        workload: workload_spec.clone(),
+        workload: workload_spec,
         warmup_s: args.warmup.as_secs_f64(),
         duration_s: args.duration.as_secs_f64(),
+        first_window_s: first_window.map(|d| d.as_secs_f64()),
     };
-    let mut store = Store::open(&args.out, spec, args.resume).map_err(|e| match e {
+
+    if args.dry_run {
+        return dry_run(
+            ctx,
+            &spec,
+            &profiles,
+            &assignment,
+            &hosts,
+            key.as_deref(),
+            &root,
+        );
+    }
+
+    let mut store = Store::open(&args.out, spec.clone(), args.resume).map_err(|e| match e {
         FileError::Exists { .. } | FileError::Mismatch { .. } | FileError::Parse { .. } => usage(e),
         other => other.into(),
     })?;
@@ -230,6 +244,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             warmup: args.warmup,
             duration: args.duration,
         },
+        first_window,
         grace: args.grace,
     };
     let (events, receiver) = mpsc::unbounded_channel();
@@ -259,16 +274,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             output_tokens_per_prompt: tokens,
             gpus: total_gpus,
         });
-    let r = report::build(
-        &profile_arg,
-        mode,
-        workload_spec,
-        args.warmup.as_secs_f64(),
-        args.duration.as_secs_f64(),
-        &candidates,
-        trials,
-        dataset,
-    );
+    let r = report::build(&spec, trials, dataset);
     if ctx.global.json {
         outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -414,18 +420,21 @@ fn one_profile(
 
 fn dry_run(
     ctx: &Ctx,
+    spec: &SweepSpec,
     profiles: &[(Candidate, Profile)],
     assignment: &assign::Assignment,
     hosts: &[(HostSpec, HostFacts)],
     key: Option<&str>,
     root: &str,
 ) -> anyhow::Result<CommandOutcome> {
-    let facts = run::facts_by_host(hosts);
-    let planned: Vec<PlannedCandidate> = profiles
-        .iter()
-        .zip(&assignment.gpus)
-        .map(|((c, p), slots)| {
-            let instances = run::plan_on(p, hosts, slots, key, root);
+    let facts = servers::facts_by_host(hosts);
+    let queue = assignment.needs.iter().cloned().enumerate().collect();
+    let rounds = schedule::rounds(queue, assignment.slots.clone());
+    let mut planned: Vec<PlannedCandidate> = Vec::new();
+    for (round, members) in rounds.iter().enumerate() {
+        for (c, slots) in members {
+            let (candidate, profile) = &profiles[*c];
+            let instances = servers::plan_on(profile, hosts, slots, key, root);
             let (argv, problem) = match &instances {
                 Ok(i) => (
                     i.first().map(|i| i.display_argv()).unwrap_or_default(),
@@ -433,25 +442,32 @@ fn dry_run(
                 ),
                 Err(e) => (Vec::new(), Some(e.to_string())),
             };
-            PlannedCandidate {
-                id: c.id.clone(),
-                label: c.label(),
+            planned.push(PlannedCandidate {
+                id: candidate.id.clone(),
+                label: candidate.label(),
+                round: round + 1,
                 gpus: slots.clone(),
                 argv,
                 problem,
-            }
-        })
-        .collect();
+            });
+        }
+    }
+    let plan = Plan {
+        mode: assignment.mode,
+        gpus: assignment.slots.len(),
+        rounds: match assignment.mode {
+            Mode::Rounds => rounds.len(),
+            Mode::Parallel | Mode::Sequential => 1,
+        },
+        warmup_s: spec.warmup_s,
+        duration_s: spec.duration_s,
+        first_window_s: spec.first_window_s,
+        candidates: planned,
+    };
     if ctx.global.json {
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "mode": assignment.mode,
-                "candidates": planned,
-            }))?
-        );
+        outln!("{}", serde_json::to_string_pretty(&plan)?);
     } else {
-        out!("{}", report::plan_text(assignment.mode, &planned));
+        out!("{}", report::plan_text(&plan));
     }
     Ok(CommandOutcome::Ok)
 }
@@ -539,6 +555,10 @@ async fn show(
                 tracing::info!("starting {} on {servers} servers", labels.join(", "))
             }
             Event::Measuring { labels } => {
+                // Rounds measure batches that overlap: the clock is the latest one's.
+                if let Some(bar) = clock.take() {
+                    bar.finish_and_clear();
+                }
                 tracing::info!(
                     "measuring {}: warm-up {}, then {}",
                     labels.join(", "),
@@ -565,6 +585,13 @@ async fn show(
                     m.output_tok_s_per_gpu,
                     m.cap,
                     m.gpus
+                ),
+                Outcome::Pruned(p) => tracing::info!(
+                    "{}: pruned after its first window: {:.1} output tok/s per GPU, clearly behind {} ({:.1})",
+                    t.candidate.label(),
+                    p.measured.output_tok_s_per_gpu,
+                    p.leader_label,
+                    p.leader_estimate.mean
                 ),
                 Outcome::Failed { reason, .. } => {
                     tracing::warn!("{}: failed: {reason}", t.candidate.label())

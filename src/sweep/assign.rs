@@ -1,5 +1,6 @@
 //! Which GPUs each candidate runs on: disjoint groups for a parallel sweep, like for like on
-//! every host, or every GPU for each candidate in turn for a sequential one.
+//! every host; any one free GPU at a time when the candidates outnumber the GPUs (rounds); or
+//! every GPU for each candidate in turn for a sequential one.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,32 +14,43 @@ pub struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
+    /// Every candidate at once, each on its own GPUs.
     Parallel,
+    /// More candidates than GPUs: one GPU each, a freed GPU going to the next candidate.
+    Rounds,
     Sequential,
 }
 
-/// The GPUs of each candidate, in candidate order, and the order trials run in: in parallel
-/// mode one round with every candidate; in sequential mode one round per candidate.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// What a candidate needs to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Need {
+    /// Exactly these GPUs.
+    Gpus(Vec<Slot>),
+    /// Whichever GPU is free first.
+    AnyGpu,
+}
+
+/// Every GPU of the sweep, in inventory order, and what each candidate (in candidate order)
+/// needs of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     pub mode: Mode,
-    pub gpus: Vec<Vec<Slot>>,
+    pub slots: Vec<Slot>,
+    pub needs: Vec<Need>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AssignError {
-    #[error(
-        "{candidates} candidates need at least {candidates} GPUs to run in parallel, but the inventory has {gpus}; use --sequential or fewer values"
-    )]
-    TooFewGpus { candidates: usize, gpus: usize },
     #[error("the inventory has no GPUs to sweep on")]
     NoGpus,
 }
 
-/// Parallel when `k` candidates fit the GPUs (or when asked), sequential otherwise/when asked.
-pub fn choose_mode(k: usize, total_gpus: usize, parallel: bool, sequential: bool) -> Mode {
-    if sequential || (!parallel && k > total_gpus) {
+/// Sequential when asked; else parallel when `k` candidates fit the GPUs, rounds when not.
+pub fn choose_mode(k: usize, total_gpus: usize, sequential: bool) -> Mode {
+    if sequential {
         Mode::Sequential
+    } else if k > total_gpus {
+        Mode::Rounds
     } else {
         Mode::Parallel
     }
@@ -47,7 +59,8 @@ pub fn choose_mode(k: usize, total_gpus: usize, parallel: bool, sequential: bool
 /// `hosts`: each host's GPUs in inventory order. Parallel mode deals every host's GPUs out to
 /// the candidates in turn, so each host compares candidates on its own identical GPUs and
 /// spare GPUs become replicas; the starting candidate rotates across hosts so that leftovers
-/// spread evenly.
+/// spread evenly. Rounds give each candidate one GPU, the first one free; a candidate's
+/// figures are then compared with those of candidates on the same host when pruning.
 pub fn assign(
     hosts: &[(String, Vec<u32>)],
     k: usize,
@@ -65,30 +78,22 @@ pub fn assign(
     if all.is_empty() {
         return Err(AssignError::NoGpus);
     }
-    let gpus = match mode {
-        Mode::Sequential => vec![all; k],
+    let needs = match mode {
+        Mode::Sequential => vec![Need::Gpus(all.clone()); k],
+        Mode::Rounds => vec![Need::AnyGpu; k],
         Mode::Parallel => {
-            if k > all.len() {
-                return Err(AssignError::TooFewGpus {
-                    candidates: k,
-                    gpus: all.len(),
-                });
-            }
             let mut groups = vec![Vec::new(); k];
-            let mut next = 0;
-            for (host, host_gpus) in hosts {
-                for &gpu in host_gpus {
-                    groups[next % k].push(Slot {
-                        host: host.clone(),
-                        gpu,
-                    });
-                    next += 1;
-                }
+            for (next, slot) in all.iter().enumerate() {
+                groups[next % k.max(1)].push(slot.clone());
             }
-            groups
+            groups.into_iter().map(Need::Gpus).collect()
         }
     };
-    Ok(Assignment { mode, gpus })
+    Ok(Assignment {
+        mode,
+        slots: all,
+        needs,
+    })
 }
 
 #[cfg(test)]
@@ -99,11 +104,20 @@ mod tests {
         (name.to_string(), (0..n).collect())
     }
 
+    fn groups(a: &Assignment) -> Vec<Vec<Slot>> {
+        a.needs
+            .iter()
+            .map(|n| match n {
+                Need::Gpus(g) => g.clone(),
+                Need::AnyGpu => panic!("not an exact assignment"),
+            })
+            .collect()
+    }
+
     #[test]
     fn two_candidates_on_eight_gpus_get_four_each_interleaved() {
         let a = assign(&[host("ct200", 8)], 2, Mode::Parallel).unwrap();
-        let gpus: Vec<Vec<u32>> = a
-            .gpus
+        let gpus: Vec<Vec<u32>> = groups(&a)
             .iter()
             .map(|g| g.iter().map(|s| s.gpu).collect())
             .collect();
@@ -113,9 +127,9 @@ mod tests {
     #[test]
     fn leftovers_rotate_across_hosts_and_each_host_runs_every_candidate() {
         let a = assign(&[host("a", 4), host("b", 4)], 3, Mode::Parallel).unwrap();
-        let sizes: Vec<usize> = a.gpus.iter().map(Vec::len).collect();
+        let sizes: Vec<usize> = groups(&a).iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![3, 3, 2]);
-        for g in &a.gpus {
+        for g in &groups(&a) {
             assert!(
                 g.iter().any(|s| s.host == "a") && g.iter().any(|s| s.host == "b"),
                 "{g:?}"
@@ -126,20 +140,18 @@ mod tests {
     #[test]
     fn sequential_gives_every_candidate_every_gpu() {
         let a = assign(&[host("ct200", 8)], 3, Mode::Sequential).unwrap();
-        assert!(a.gpus.iter().all(|g| g.len() == 8));
+        assert!(groups(&a).iter().all(|g| g.len() == 8));
     }
 
     #[test]
-    fn too_many_candidates_for_parallel_is_explained() {
-        assert_eq!(
-            assign(&[host("ct200", 2)], 3, Mode::Parallel),
-            Err(AssignError::TooFewGpus {
-                candidates: 3,
-                gpus: 2
-            })
-        );
-        assert_eq!(choose_mode(3, 2, false, false), Mode::Sequential);
-        assert_eq!(choose_mode(2, 8, false, false), Mode::Parallel);
-        assert_eq!(choose_mode(2, 8, false, true), Mode::Sequential);
+    fn more_candidates_than_gpus_run_in_rounds_on_any_free_gpu() {
+        assert_eq!(choose_mode(3, 2, false), Mode::Rounds);
+        assert_eq!(choose_mode(2, 8, false), Mode::Parallel);
+        assert_eq!(choose_mode(8, 8, false), Mode::Parallel);
+        assert_eq!(choose_mode(2, 8, true), Mode::Sequential);
+        let a = assign(&[host("ct200", 2)], 3, Mode::Rounds).unwrap();
+        assert_eq!(a.needs, vec![Need::AnyGpu; 3]);
+        assert_eq!(a.slots.len(), 2);
+        assert_eq!(assign(&[], 3, Mode::Rounds), Err(AssignError::NoGpus));
     }
 }

@@ -11,7 +11,9 @@ use super::load::WorkloadSpec;
 use super::rank::Trial;
 use super::space::Candidate;
 
-pub const FORMAT: u32 = 1;
+/// 2: rounds, pruned trials, first windows and throughput intervals (a format 1 file reads
+/// as a sweep without them).
+pub const FORMAT: u32 = 2;
 
 /// What makes two sweeps the same sweep: a resumed one must match it exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +25,9 @@ pub struct SweepSpec {
     pub workload: WorkloadSpec,
     pub warmup_s: f64,
     pub duration_s: f64,
+    /// Successive halving's first window; `None` when no candidate is stopped early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_window_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +76,8 @@ fn difference(a: &SweepSpec, b: &SweepSpec) -> Option<&'static str> {
         Some("the workload (--prompts/--sample/--seed/--input-len/--output-len/--max-tokens)")
     } else if a.warmup_s != b.warmup_s || a.duration_s != b.duration_s {
         Some("--warmup/--duration")
+    } else if a.first_window_s != b.first_window_s {
+        Some("pruning (--no-prune)")
     } else {
         None
     }
@@ -190,6 +197,7 @@ mod tests {
             },
             warmup_s: 1.0,
             duration_s: 2.0,
+            first_window_s: None,
         }
     }
 
@@ -201,7 +209,34 @@ mod tests {
                 reason: "oom".into(),
                 log_tail: vec!["CUDA out of memory".into()],
             },
+            first_window: None,
         }
+    }
+
+    #[test]
+    fn a_resume_with_other_pruning_is_another_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sweep.json");
+        let mut s = spec(&["a", "b"]);
+        s.mode = Mode::Rounds;
+        s.first_window_s = Some(0.5);
+        let mut store = Store::open(&path, s.clone(), false).unwrap();
+        store.record(failed(&s.candidates[0])).unwrap();
+        let mut unpruned = s.clone();
+        unpruned.first_window_s = None;
+        let err = Store::open(&path, unpruned, true).unwrap_err();
+        assert!(
+            err.to_string().contains("pruning (--no-prune) differs"),
+            "{err}"
+        );
+        assert!(Store::open(&path, s, true).is_ok());
+        // A file of format 1 has no first window: it reads as a sweep without pruning.
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        v["spec"].as_object_mut().unwrap().remove("first_window_s");
+        v["format"] = 1.into();
+        let old: SweepFile = serde_json::from_value(v).unwrap();
+        assert_eq!(old.spec.first_window_s, None);
     }
 
     #[test]

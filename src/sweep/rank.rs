@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::assign::Slot;
 use super::space::Candidate;
+use super::stats::Estimate;
 
 /// Latency percentiles in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -42,6 +43,10 @@ pub struct Measured {
     pub completed_output_tok_s: f64,
     /// Output tok/s from the servers' `sglang:generation_tokens_total` over the same window.
     pub metrics_output_tok_s: Option<f64>,
+    /// Output tok/s per GPU with its 95% interval, from the window's bins; `None` when the
+    /// window is too short or empty to tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Estimate>,
 }
 
 impl Measured {
@@ -60,11 +65,45 @@ impl Measured {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Outcome {
+    /// Measured over the full window.
     Ok(Measured),
+    /// Stopped after its first window, clearly behind a leader.
+    Pruned(Pruned),
     Failed {
         reason: String,
         log_tail: Vec<String>,
     },
+}
+
+impl Outcome {
+    /// What was measured, over the full window or (pruned) the first one.
+    pub fn measured(&self) -> Option<&Measured> {
+        match self {
+            Outcome::Ok(m) => Some(m),
+            Outcome::Pruned(p) => Some(&p.measured),
+            Outcome::Failed { .. } => None,
+        }
+    }
+}
+
+/// A candidate stopped after its first window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pruned {
+    /// Its figures over the first window.
+    #[serde(flatten)]
+    pub measured: Measured,
+    /// The candidate whose interval lay wholly above its own, and that interval.
+    pub leader: String,
+    pub leader_label: String,
+    pub leader_estimate: Estimate,
+}
+
+/// A candidate's figure after its first window: what pruning decided on.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FirstWindow {
+    /// Seconds into the measured window.
+    pub after_s: f64,
+    pub estimate: Estimate,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,6 +111,10 @@ pub struct Trial {
     pub candidate: Candidate,
     pub gpus: Vec<Slot>,
     pub outcome: Outcome,
+    /// With successive halving: the first window's estimate, pruned or not (a resumed sweep
+    /// judges its remaining candidates against these).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_window: Option<FirstWindow>,
 }
 
 /// A ranked row of the report.
@@ -96,25 +139,30 @@ pub struct Dataset {
     pub gpus: usize,
 }
 
-/// Ranks finished trials by output tok/s per GPU (failed ones last, in input order).
+/// Ranks finished trials: those measured over the full window by output tok/s per GPU, then
+/// pruned ones by their first window's figure, then failed ones in input order. Only a fully
+/// measured candidate can win; ratios and ETAs are given for every measured figure.
 pub fn rank(trials: &[Trial], dataset: Option<Dataset>) -> Vec<Ranked> {
-    let mut ok: Vec<(&Trial, &Measured)> = trials
-        .iter()
-        .filter_map(|t| match &t.outcome {
-            Outcome::Ok(m) => Some((t, m)),
-            Outcome::Failed { .. } => None,
-        })
-        .collect();
-    ok.sort_by(|a, b| {
-        b.1.output_tok_s_per_gpu
-            .total_cmp(&a.1.output_tok_s_per_gpu)
-    });
-    let best = ok
+    let by_figure = |pruned: bool| {
+        let mut v: Vec<(&Trial, &Measured)> = trials
+            .iter()
+            .filter(|t| matches!(t.outcome, Outcome::Pruned(_)) == pruned)
+            .filter_map(|t| Some((t, t.outcome.measured()?)))
+            .collect();
+        v.sort_by(|a, b| {
+            b.1.output_tok_s_per_gpu
+                .total_cmp(&a.1.output_tok_s_per_gpu)
+        });
+        v
+    };
+    let (full, pruned) = (by_figure(false), by_figure(true));
+    let best = full
         .first()
         .map(|(_, m)| m.output_tok_s_per_gpu)
         .filter(|b| *b > 0.0);
-    let mut rows: Vec<Ranked> = ok
+    let mut rows: Vec<Ranked> = full
         .iter()
+        .chain(&pruned)
         .enumerate()
         .map(|(i, (t, m))| Ranked {
             rank: i + 1,
@@ -149,12 +197,8 @@ pub fn eta_hours(d: Dataset, tok_s_per_gpu: f64) -> Option<f64> {
 
 /// Why the winner won, when the numbers show it: a higher server cap, or faster steps.
 pub fn deciding_factor(rows: &[Ranked]) -> Option<String> {
-    let measured = |r: &Ranked| match &r.trial.outcome {
-        Outcome::Ok(m) => Some(m.clone()),
-        Outcome::Failed { .. } => None,
-    };
     let (w, r) = (rows.first()?, rows.get(1)?);
-    let (wm, rm) = (measured(w)?, measured(r)?);
+    let (wm, rm) = (w.trial.outcome.measured()?, r.trial.outcome.measured()?);
     if wm.cap as f64 >= rm.cap as f64 * 1.15 {
         return Some(format!(
             "{}: cap {} vs {} running requests per server ({})",
@@ -208,8 +252,70 @@ mod tests {
                 startup_s: Some(5.0),
                 completed_output_tok_s: tok_s_per_gpu * 4.0,
                 metrics_output_tok_s: Some(tok_s_per_gpu * 4.0 * 1.01),
+                estimate: None,
             }),
+            first_window: None,
         }
+    }
+
+    fn pruned(strategy: &str, tok_s_per_gpu: f64, behind: &str) -> Trial {
+        let mut t = trial(strategy, tok_s_per_gpu, 37, 0.3);
+        let Outcome::Ok(measured) = t.outcome else {
+            unreachable!()
+        };
+        let e = |mean: f64| Estimate {
+            mean,
+            low: mean * 0.9,
+            high: mean * 1.1,
+            samples: 8,
+            sample_s: 1.0,
+        };
+        t.outcome = Outcome::Pruned(Pruned {
+            measured,
+            leader: format!("server.mamba_strategy={behind}"),
+            leader_label: behind.into(),
+            leader_estimate: e(1000.0),
+        });
+        t.first_window = Some(FirstWindow {
+            after_s: 2.5,
+            estimate: e(tok_s_per_gpu),
+        });
+        t
+    }
+
+    #[test]
+    fn pruned_candidates_rank_after_the_fully_measured_and_never_win() {
+        let rows = rank(
+            &[
+                failed("x"),
+                pruned("extra_buffer", 107.0, "no_buffer"),
+                trial("lazy", 90.0, 46, 0.4),
+                pruned("auto", 300.0, "no_buffer"),
+            ],
+            Some(Dataset {
+                prompts: 1000,
+                output_tokens_per_prompt: 100.0,
+                gpus: 1,
+            }),
+        );
+        let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, vec!["lazy", "auto", "extra_buffer", "x"]);
+        assert!(rows[0].winner && !rows[1].winner);
+        assert!((rows[1].ratio.unwrap() - 300.0 / 90.0).abs() < 1e-9);
+        assert!(
+            rows[2].eta_hours.is_some(),
+            "a pruned figure still projects"
+        );
+        let only_pruned = rank(&[pruned("eb", 107.0, "nb")], None);
+        assert!(!only_pruned[0].winner && only_pruned[0].ratio.is_none());
+        // sweep.json round trip: the pruned state with its figures and leader.
+        let t = pruned("extra_buffer", 107.0, "no_buffer");
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json["outcome"]["state"], "pruned");
+        assert_eq!(json["outcome"]["output_tok_s_per_gpu"], 107.0);
+        assert_eq!(json["outcome"]["leader_label"], "no_buffer");
+        assert_eq!(json["first_window"]["after_s"], 2.5);
+        assert_eq!(serde_json::from_value::<Trial>(json).unwrap(), t);
     }
 
     fn failed(strategy: &str) -> Trial {

@@ -1,13 +1,16 @@
 //! The sweep's report: the ranked table with the winner marked, each candidate's ratio to the
-//! winner, ETAs for the whole dataset, the deciding factor, metrics disagreements and failed
-//! rows with their log tails; the same data as JSON; and the `--dry-run` plan. Pure.
+//! winner, ETAs for the whole dataset, the deciding factor, the pruned with the figures they
+//! were stopped on, metrics disagreements and failed rows with their log tails; the same data
+//! as JSON; and the `--dry-run` plan, round by round. Pure.
 
 use serde::Serialize;
 
 use super::assign::{Mode, Slot};
+use super::file::SweepSpec;
 use super::load::WorkloadSpec;
 use super::rank::{self, Dataset, Outcome, Percentiles, Ranked, Trial};
 use super::space::Candidate;
+use super::stats::Estimate;
 use crate::report::table;
 
 /// Everything the report shows; `--json` prints it as is.
@@ -18,6 +21,8 @@ pub struct Report {
     pub workload: WorkloadSpec,
     pub warmup_s: f64,
     pub duration_s: f64,
+    /// Successive halving's first window, when it stopped clear losers.
+    pub first_window_s: Option<f64>,
     /// What the ETAs are for.
     pub dataset: Option<Dataset>,
     pub rows: Vec<Ranked>,
@@ -36,7 +41,7 @@ pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<
     }
     let (mut tokens, mut n) = (0.0, 0u64);
     for t in trials {
-        if let Outcome::Ok(m) = &t.outcome {
+        if let Some(m) = t.outcome.measured() {
             tokens += m.mean_output_tokens * m.completed as f64;
             n += m.completed;
         }
@@ -44,18 +49,9 @@ pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<
     (n > 0).then(|| tokens / n as f64)
 }
 
-/// Ranks the trials of `candidates` (in case the file holds others) into the report.
-#[allow(clippy::too_many_arguments)]
-pub fn build(
-    profile: &str,
-    mode: Mode,
-    workload: WorkloadSpec,
-    warmup_s: f64,
-    duration_s: f64,
-    candidates: &[Candidate],
-    trials: &[Trial],
-    dataset: Option<Dataset>,
-) -> Report {
+/// Ranks the trials of the sweep's candidates (in case the file holds others) into the report.
+pub fn build(spec: &SweepSpec, trials: &[Trial], dataset: Option<Dataset>) -> Report {
+    let candidates = &spec.candidates;
     let mine: Vec<Trial> = candidates
         .iter()
         .filter_map(|c| trials.iter().find(|t| t.candidate.id == c.id).cloned())
@@ -67,11 +63,12 @@ pub fn build(
         .collect();
     let rows = rank::rank(&mine, dataset);
     Report {
-        profile: profile.to_string(),
-        mode,
-        workload,
-        warmup_s,
-        duration_s,
+        profile: spec.profile.clone(),
+        mode: spec.mode,
+        workload: spec.workload.clone(),
+        warmup_s: spec.warmup_s,
+        duration_s: spec.duration_s,
+        first_window_s: spec.first_window_s,
         dataset,
         winner: rows.iter().find(|r| r.winner).map(|r| r.label.clone()),
         deciding_factor: rank::deciding_factor(&rows),
@@ -91,6 +88,15 @@ fn latency(p: Option<Percentiles>) -> String {
     p.map_or("-".into(), |p| {
         format!("{:.0}/{:.0}", p.p50 * 1000.0, p.p99 * 1000.0)
     })
+}
+
+/// `1180.3 [1150.2, 1210.4]`.
+fn interval(e: &Estimate) -> String {
+    format!("{:.1} [{:.1}, {:.1}]", e.mean, e.low, e.high)
+}
+
+fn seconds(s: f64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs_f64(s)).to_string()
 }
 
 fn hours(h: f64) -> String {
@@ -126,6 +132,10 @@ pub fn text(r: &Report) -> String {
     if r.dataset.is_some() {
         header.push("ETA");
     }
+    let pruning = r.first_window_s.is_some();
+    if pruning {
+        header.push("window");
+    }
     let rows = r.rows.iter().map(|row| {
         let name = if row.winner {
             format!("{} *", row.label)
@@ -133,8 +143,8 @@ pub fn text(r: &Report) -> String {
             row.label.clone()
         };
         let mut cells = vec![row.rank.to_string(), name];
-        match &row.trial.outcome {
-            Outcome::Ok(m) => {
+        match row.trial.outcome.measured() {
+            Some(m) => {
                 cells.extend([
                     m.strategy.clone().unwrap_or_else(|| "-".into()),
                     format!("{:.1}", m.output_tok_s_per_gpu),
@@ -152,8 +162,16 @@ pub fn text(r: &Report) -> String {
                 if r.dataset.is_some() {
                     cells.push(row.eta_hours.map_or("-".into(), hours));
                 }
+                if pruning {
+                    cells.push(match &row.trial.outcome {
+                        Outcome::Pruned(_) => {
+                            format!("{}, pruned", seconds(r.first_window_s.unwrap_or_default()))
+                        }
+                        _ => seconds(r.duration_s),
+                    });
+                }
             }
-            Outcome::Failed { .. } => {
+            None => {
                 cells.push("failed".into());
                 let blanks = header.len() - cells.len();
                 cells.extend(std::iter::repeat_n("-".to_string(), blanks));
@@ -187,8 +205,11 @@ pub fn text(r: &Report) -> String {
             .rows
             .iter()
             .filter_map(|row| {
-                row.eta_hours
-                    .map(|h| format!("{}: {}", row.label, hours(h)))
+                let pruned = matches!(row.trial.outcome, Outcome::Pruned(_));
+                row.eta_hours.map(|h| {
+                    let note = if pruned { " (pruned)" } else { "" };
+                    format!("{}: {}{note}", row.label, hours(h))
+                })
             })
             .collect();
         if !etas.is_empty() {
@@ -200,6 +221,28 @@ pub fn text(r: &Report) -> String {
                 etas.join(", ")
             ));
         }
+    }
+    let pruned: Vec<String> = r
+        .rows
+        .iter()
+        .filter_map(|row| match (&row.trial.outcome, &row.trial.first_window) {
+            (Outcome::Pruned(p), Some(f)) => Some(format!(
+                "  {}: {} vs {}: {}\n",
+                row.label,
+                interval(&f.estimate),
+                p.leader_label,
+                interval(&p.leader_estimate)
+            )),
+            _ => None,
+        })
+        .collect();
+    if !pruned.is_empty() {
+        out.push_str(&format!(
+            "pruned after a first window of {} (output tok/s per GPU, 95% interval wholly below the leader's; `--no-prune` runs every candidate the full {}):\n{}",
+            seconds(r.first_window_s.unwrap_or_default()),
+            seconds(r.duration_s),
+            pruned.concat()
+        ));
     }
     for row in &r.rows {
         if let Outcome::Ok(m) = &row.trial.outcome
@@ -236,11 +279,25 @@ pub fn text(r: &Report) -> String {
 pub struct PlannedCandidate {
     pub id: String,
     pub label: String,
+    /// 1-based; every candidate of a parallel sweep is in round 1.
+    pub round: usize,
     pub gpus: Vec<Slot>,
     /// The first server's argv (secrets masked).
     pub argv: Vec<String>,
     /// Why it would fail at once (preflight), if it would.
     pub problem: Option<String>,
+}
+
+/// What `--dry-run` shows; `--json` prints it as is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub mode: Mode,
+    pub gpus: usize,
+    pub rounds: usize,
+    pub warmup_s: f64,
+    pub duration_s: f64,
+    pub first_window_s: Option<f64>,
+    pub candidates: Vec<PlannedCandidate>,
 }
 
 fn slots_text(slots: &[Slot]) -> String {
@@ -258,23 +315,59 @@ fn slots_text(slots: &[Slot]) -> String {
     out.join(" ")
 }
 
-pub fn plan_text(mode: Mode, planned: &[PlannedCandidate]) -> String {
-    let rows = planned.iter().map(|p| {
-        vec![
-            p.label.clone(),
-            slots_text(&p.gpus),
-            p.problem.clone().unwrap_or_else(|| "ok".into()),
-        ]
+pub fn plan_text(p: &Plan) -> String {
+    let rounds = p.mode == Mode::Rounds;
+    let rows = p.candidates.iter().map(|c| {
+        let mut row = Vec::with_capacity(4);
+        if rounds {
+            row.push(c.round.to_string());
+        }
+        row.extend([
+            c.label.clone(),
+            slots_text(&c.gpus),
+            c.problem.clone().unwrap_or_else(|| "ok".into()),
+        ]);
+        row
     });
-    let mode = match mode {
-        Mode::Parallel => "parallel: candidates run side by side, each on its own GPUs",
-        Mode::Sequential => "sequential: the whole fleet restarts for each candidate",
+    let mut header = vec!["candidate", "GPUs", "preflight"];
+    if rounds {
+        header.insert(0, "round");
+    }
+    let n = p.candidates.len();
+    let mut out = match p.mode {
+        Mode::Parallel => {
+            format!("{n} candidates, parallel: candidates run side by side, each on its own GPUs\n")
+        }
+        Mode::Sequential => {
+            format!("{n} candidates, sequential: the whole fleet restarts for each candidate\n")
+        }
+        Mode::Rounds => format!(
+            "{n} candidates on {} GPUs, in {} rounds: one GPU each, side by side; a GPU a candidate frees goes to the next one at once\n",
+            p.gpus, p.rounds
+        ),
     };
-    format!(
-        "{} candidates, {mode}\n{}\n",
-        planned.len(),
-        table(&["candidate", "GPUs", "preflight"], rows)
-    )
+    if rounds {
+        out.push_str(&match p.first_window_s {
+            Some(first) => format!(
+                "successive halving: after its {} warm-up each candidate is measured for a first {}; one whose output tok/s interval (95%) lies below the leader's stops there and frees its GPU, the others run the full {} (--no-prune: all do)\n",
+                seconds(p.warmup_s),
+                seconds(first),
+                seconds(p.duration_s)
+            ),
+            None => format!(
+                "no pruning: every candidate runs the full {}\n",
+                seconds(p.duration_s)
+            ),
+        });
+    }
+    out.push_str(&table(&header, rows));
+    out.push('\n');
+    if rounds && p.rounds > 1 {
+        out.push_str(
+            "GPUs from round 2 on are those a round frees when all of it runs the full window; a candidate takes whichever GPU is freed first\n",
+        );
+    }
+    out
 }
 
 #[cfg(test)]
@@ -320,7 +413,34 @@ mod tests {
                 startup_s: Some(31.0),
                 completed_output_tok_s: 1000.0,
                 metrics_output_tok_s: Some(metrics),
+                estimate: None,
             }),
+            first_window: None,
+        }
+    }
+
+    fn spec(mode: Mode, candidates: &[Candidate], first_window_s: Option<f64>) -> SweepSpec {
+        SweepSpec {
+            profile: "blackwell".into(),
+            candidates: candidates.to_vec(),
+            mode,
+            workload: WorkloadSpec::Synthetic {
+                input_len: 1,
+                output_len: 2,
+            },
+            warmup_s: 15.0,
+            duration_s: 60.0,
+            first_window_s,
+        }
+    }
+
+    fn est(mean: f64, half: f64) -> Estimate {
+        Estimate {
+            mean,
+            low: mean - half,
+            high: mean + half,
+            samples: 15,
+            sample_s: 1.0,
         }
     }
 
@@ -335,6 +455,7 @@ mod tests {
                     reason: "local gpu1 :30001: the server process exited during startup".into(),
                     log_tail: vec!["CUDA out of memory.".into()],
                 },
+                first_window: None,
             },
             ok("no_buffer", 1180.0, 72, 1200.0),
         ];
@@ -351,19 +472,7 @@ mod tests {
             output_tokens_per_prompt: tokens,
             gpus: 8,
         };
-        let r = build(
-            "blackwell",
-            Mode::Parallel,
-            WorkloadSpec::Synthetic {
-                input_len: 1,
-                output_len: 2,
-            },
-            15.0,
-            60.0,
-            &all,
-            &trials,
-            Some(d),
-        );
+        let r = build(&spec(Mode::Parallel, &all, None), &trials, Some(d));
         assert_eq!(r.winner.as_deref(), Some("no_buffer"));
         assert_eq!(r.pending, vec!["auto".to_string()]);
         let t = text(&r);
@@ -402,23 +511,120 @@ mod tests {
     }
 
     #[test]
-    fn dry_run_lists_candidates_and_their_gpus() {
-        let p = vec![PlannedCandidate {
-            id: "x".into(),
-            label: "no_buffer".into(),
-            gpus: vec![
-                slot(0),
-                slot(2),
-                Slot {
-                    host: "b".into(),
-                    gpu: 1,
-                },
-            ],
+    fn pruned_rows_show_their_first_window_and_whom_they_lost_to() {
+        let mut eb = ok("extra_buffer", 107.0, 37, 214.0);
+        let Outcome::Ok(measured) = eb.outcome else {
+            unreachable!()
+        };
+        eb.outcome = Outcome::Pruned(rank::Pruned {
+            measured,
+            leader: cand("no_buffer").id,
+            leader_label: "no_buffer".into(),
+            leader_estimate: est(1180.0, 20.0),
+        });
+        eb.first_window = Some(rank::FirstWindow {
+            after_s: 15.0,
+            estimate: est(107.0, 9.5),
+        });
+        let all = [cand("no_buffer"), cand("extra_buffer")];
+        let d = Dataset {
+            prompts: 654_676,
+            output_tokens_per_prompt: 988.0,
+            gpus: 8,
+        };
+        let trials = [ok("no_buffer", 1180.0, 72, 2360.0), eb];
+        let r = build(&spec(Mode::Rounds, &all, Some(15.0)), &trials, Some(d));
+        assert_eq!(r.winner.as_deref(), Some("no_buffer"));
+        let t = text(&r);
+        assert!(t.contains("window"), "{t}");
+        assert!(t.contains("15s, pruned"), "{t}");
+        assert!(t.contains(" 1m "), "the winner ran the full minute: {t}");
+        assert!(
+            t.contains("pruned after a first window of 15s (output tok/s per GPU, 95% interval wholly below the leader's; `--no-prune` runs every candidate the full 1m):\n  extra_buffer: 107.0 [97.5, 116.5] vs no_buffer: 1180.0 [1160.0, 1200.0]\n"),
+            "{t}"
+        );
+        assert!(t.contains("extra_buffer: 210 h (pruned)"), "{t}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["first_window_s"], 15.0);
+        assert_eq!(json["rows"][1]["trial"]["outcome"]["state"], "pruned");
+        assert_eq!(
+            json["rows"][1]["trial"]["first_window"]["estimate"]["high"],
+            116.5
+        );
+    }
+
+    fn planned(label: &str, round: usize, gpus: Vec<Slot>) -> PlannedCandidate {
+        PlannedCandidate {
+            id: label.into(),
+            label: label.into(),
+            round,
+            gpus,
             argv: vec![],
             problem: None,
-        }];
-        let t = plan_text(Mode::Parallel, &p);
+        }
+    }
+
+    #[test]
+    fn dry_run_lists_candidates_and_their_gpus() {
+        let p = Plan {
+            mode: Mode::Parallel,
+            gpus: 3,
+            rounds: 1,
+            warmup_s: 15.0,
+            duration_s: 60.0,
+            first_window_s: None,
+            candidates: vec![planned(
+                "no_buffer",
+                1,
+                vec![
+                    slot(0),
+                    slot(2),
+                    Slot {
+                        host: "b".into(),
+                        gpu: 1,
+                    },
+                ],
+            )],
+        };
+        let t = plan_text(&p);
         assert!(t.contains("local:0,2 b:1"), "{t}");
         assert!(t.starts_with("1 candidates, parallel"), "{t}");
+        assert!(!t.contains("round"), "{t}");
+    }
+
+    #[test]
+    fn dry_run_of_rounds_shows_each_round_and_the_first_window() {
+        let mut p = Plan {
+            mode: Mode::Rounds,
+            gpus: 2,
+            rounds: 2,
+            warmup_s: 15.0,
+            duration_s: 60.0,
+            first_window_s: Some(15.0),
+            candidates: vec![
+                planned("a", 1, vec![slot(0)]),
+                planned("b", 1, vec![slot(1)]),
+                planned("c", 2, vec![slot(0)]),
+            ],
+        };
+        let t = plan_text(&p);
+        assert!(t.starts_with("3 candidates on 2 GPUs, in 2 rounds"), "{t}");
+        assert!(
+            t.contains("after its 15s warm-up each candidate is measured for a first 15s"),
+            "{t}"
+        );
+        assert!(
+            t.contains("the others run the full 1m (--no-prune: all do)"),
+            "{t}"
+        );
+        let round_2: Vec<&str> = t
+            .lines()
+            .filter(|l| l.trim_start().starts_with("2 "))
+            .collect();
+        assert_eq!(round_2.len(), 1, "{t}");
+        assert!(round_2[0].contains("local:0"), "{t}");
+        assert!(t.contains("whichever GPU is freed first"), "{t}");
+        p.first_window_s = None;
+        assert!(plan_text(&p).contains("no pruning: every candidate runs the full 1m"));
     }
 }

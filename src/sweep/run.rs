@@ -1,46 +1,24 @@
-//! Running a sweep: rounds of candidates (all at once in parallel mode, one per round in
-//! sequential mode) started through the launcher on their own GPUs, measured together, each
-//! trial recorded as it ends; then the winner started on every GPU (`--apply`) or everything
-//! the sweep started stopped.
+//! Running a sweep: the candidates start as their GPUs allow (all at once in parallel mode,
+//! one after another in sequential mode, each on the first free GPU in rounds), in batches
+//! measured together; each trial is recorded as it ends, successive halving's verdicts are
+//! given as first windows end, and freed GPUs go to the next candidates. Then the winner runs
+//! on every GPU (`--apply`) or everything the sweep started is stopped.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::Duration;
-
-use tokio::sync::mpsc::UnboundedSender;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{Assignment, Slot};
-use super::file::{FileError, Store};
-use super::load::Workload;
-use super::rank::{Outcome, Trial};
-use super::space::Candidate;
-use super::trial::{self, Group, Server, Timing};
-use crate::config::{HealthSettings, HostSpec, Profile};
-use crate::gpu;
-use crate::launch::down::{self, StopOutcome, StopState};
-use crate::launch::plan::{self, HostFacts, Instance, PlanError};
-use crate::launch::preflight::{self, PreflightFailure};
-use crate::launch::state::{self, InstanceRecord, StateError};
-use crate::launch::up::{self, LOG_TAIL_LINES, UpError, UpOptions, UpOutcome, UpState};
-use crate::remote::{RemoteError, Transport, Tunnel};
-use crate::sglang::client::{ClientError, Endpoint, HttpOptions, http_client};
-
-/// Everything a sweep runs with.
-pub struct Setup<'a> {
-    /// Each candidate with its profile (the base plus the candidate's settings).
-    pub candidates: Vec<(Candidate, Profile)>,
-    pub assignment: &'a Assignment,
-    pub hosts: &'a [(HostSpec, HostFacts)],
-    pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
-    pub run_root: &'a str,
-    pub api_key: Option<String>,
-    pub health: HealthSettings,
-    pub workload: Arc<Workload>,
-    pub timing: Timing,
-    /// SIGTERM grace when the sweep stops servers.
-    pub grace: Duration,
-}
+use super::assign::Slot;
+use super::batch::{self, BatchEnd, Msg, Screened};
+use super::file::Store;
+use super::prune::{self, Contender, Verdict};
+use super::rank::Trial;
+use super::schedule::Pool;
+use super::servers::{Running, Setup, SweepError};
+use crate::launch::plan;
+use crate::launch::up::UpOutcome;
 
 /// Progress, for the command to show.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,384 +36,130 @@ pub struct Ended {
     pub applied: Option<Vec<UpOutcome>>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum SweepError {
-    #[error(transparent)]
-    Up(#[from] UpError),
-    #[error(transparent)]
-    State(#[from] StateError),
-    #[error(transparent)]
-    Remote(#[from] RemoteError),
-    #[error(transparent)]
-    File(#[from] FileError),
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    #[error("--apply: {0}")]
-    ApplyPlan(#[from] PlanError),
-    #[error("--apply: {0}")]
-    ApplyPreflight(#[from] PreflightFailure),
+/// What the sweep's loop waits on.
+enum Job {
+    Batch(BatchEnd),
+    /// Servers stopped: their GPUs are free.
+    Stopped(Vec<Slot>),
 }
 
-/// A server the sweep started and has not stopped yet.
-struct Running {
-    candidate: usize,
-    record: InstanceRecord,
+/// The like-for-like key of a candidate's GPUs: the hosts they are on.
+fn hosts(slots: &[Slot]) -> Vec<String> {
+    let mut h: Vec<String> = slots.iter().map(|s| s.host.clone()).collect();
+    h.sort();
+    h.dedup();
+    h
 }
 
-/// The GPUs each host offers, for the assignment.
-pub fn host_gpus(hosts: &[(HostSpec, HostFacts)]) -> Vec<(String, Vec<u32>)> {
-    hosts
+/// The first-window figures already on file (a resumed sweep), to judge the rest against.
+fn board(setup: &Setup<'_>, trials: &[Trial]) -> Vec<Contender> {
+    trials
         .iter()
-        .map(|(h, f)| (h.name.clone(), plan::host_gpus(h, f)))
+        .filter_map(|t| {
+            let candidate = setup
+                .candidates
+                .iter()
+                .position(|(c, _)| c.id == t.candidate.id)?;
+            Some(Contender {
+                candidate,
+                hosts: hosts(&t.gpus),
+                estimate: t.first_window?.estimate,
+            })
+        })
         .collect()
 }
 
-/// The instances of `profile` on exactly `slots`.
-pub fn plan_on(
-    profile: &Profile,
-    hosts: &[(HostSpec, HostFacts)],
-    slots: &[Slot],
-    api_key: Option<&str>,
-    run_root: &str,
-) -> Result<Vec<Instance>, PlanError> {
-    let mut out = Vec::new();
-    for (host, facts) in hosts {
-        let gpus: Vec<u32> = slots
-            .iter()
-            .filter(|s| s.host == host.name)
-            .map(|s| s.gpu)
-            .collect();
-        if gpus.is_empty() {
-            continue;
-        }
-        let one = [(host.clone(), facts.clone())];
-        out.extend(plan::plan(profile, &one, Some(&gpus), api_key, run_root)?);
-    }
-    Ok(out)
-}
-
-pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFacts> {
-    hosts
+/// Successive halving's verdicts on `screens`; the ones with an estimate join the board.
+fn judge(board: &mut Vec<Contender>, screens: &[Screened]) -> Vec<Verdict> {
+    let contenders: Vec<Contender> = screens
         .iter()
-        .map(|(h, f)| (h.name.clone(), f.clone()))
-        .collect()
+        .filter_map(|s| {
+            Some(Contender {
+                candidate: s.candidate,
+                hosts: hosts(&s.slots),
+                estimate: s.estimate?,
+            })
+        })
+        .collect();
+    let mut decided = prune::decide(board, &contenders).into_iter();
+    let verdicts = screens
+        .iter()
+        .map(|s| match s.estimate {
+            Some(_) => decided.next().unwrap_or(Verdict::Continue),
+            None => Verdict::Continue,
+        })
+        .collect();
+    board.extend(contenders);
+    verdicts
 }
 
-impl Setup<'_> {
-    /// Starts `instances` as `fleet up` would, replacing whatever ran there: a sweep owns the
-    /// GPUs it measures on. The sweep reports its own events, so up's are dropped.
-    async fn start(
-        &self,
-        instances: &[Instance],
-        cancel: &CancellationToken,
-    ) -> Result<Vec<UpOutcome>, SweepError> {
-        // Health checks and `/server_info` reads while starting answer fast or not at all.
-        let http = http_client(HttpOptions {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(10),
-        })?;
-        let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
-        let run = up::Run {
-            transports: self.transports,
-            http: &http,
-            api_key: self.api_key.as_deref(),
-            run_root: self.run_root,
-            events: &up_events,
-            cancel,
-        };
-        let options = UpOptions {
-            replace: true,
-            keep_on_interrupt: false,
-            grace: self.grace,
-        };
-        Ok(up::up(instances, &self.health, &options, &run).await?)
+fn stop_job<'a>(
+    setup: &'a Setup<'a>,
+    running: Vec<Running>,
+    slots: Vec<Slot>,
+) -> BoxFuture<'a, Job> {
+    async move {
+        setup.stop(running).await;
+        Job::Stopped(slots)
+    }
+    .boxed()
+}
+
+/// The sweep's state between wake-ups.
+struct Sweep<'a, 's> {
+    setup: &'a Setup<'a>,
+    store: &'s mut Store,
+    events: &'a UnboundedSender<Event>,
+    /// Stops the batches on Ctrl-C, or when one of them failed.
+    abort: &'a CancellationToken,
+    pool: Pool,
+    board: Vec<Contender>,
+    jobs: FuturesUnordered<BoxFuture<'a, Job>>,
+    /// The last servers measured, kept while no candidate waits for their GPUs: `--apply`
+    /// keeps the winner's.
+    kept: Vec<Running>,
+    error: Option<SweepError>,
+}
+
+impl Sweep<'_, '_> {
+    fn fail(&mut self, e: SweepError) {
+        self.error.get_or_insert(e);
+        self.abort.cancel();
     }
 
-    /// Stops servers and waits (briefly) until their GPUs' memory is released, so that the next
-    /// round's servers find the memory they are measured with.
-    async fn stop(&self, running: Vec<Running>) {
-        let stops = running.iter().map(|r| {
-            down::stop(
-                self.transports[&r.record.host].as_ref(),
-                &r.record,
-                self.grace,
-            )
-        });
-        let outcomes = futures::future::join_all(stops).await;
-        for s in &outcomes {
-            if s.state == StopState::Failed || !s.port_closed {
-                tracing::warn!(
-                    "{} gpu{} :{}: could not stop: {}",
-                    s.host,
-                    s.gpu,
-                    s.port,
-                    s.error.as_deref().unwrap_or_default()
-                );
-            }
-        }
-        let confirms = self.hosts.iter().map(|(h, _)| {
-            let mut mine: Vec<StopOutcome> = outcomes
-                .iter()
-                .filter(|o| o.host == h.name)
-                .cloned()
-                .collect();
-            let t = self.transports[&h.name].clone();
-            let local = h.ssh.is_none() && h.container.is_none();
-            async move {
-                if !mine.is_empty() {
-                    down::confirm_gpus_released(&mut mine, || gpu::read_host(t.clone(), local))
-                        .await;
+    fn on_msg(&mut self, m: Msg) {
+        match m {
+            // Writing sweep.json (an fsync) holds up the loads that share this task for a few
+            // milliseconds; their servers stay busy meanwhile on the quarter of a batch queued
+            // there beyond the cap.
+            Msg::Trial(t) => {
+                if let Err(e) = self.store.record((*t).clone()) {
+                    self.fail(e.into());
                 }
-                mine
+                let _ = self.events.send(Event::TrialDone(t));
             }
-        });
-        for o in futures::future::join_all(confirms).await.iter().flatten() {
-            if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > down::RELEASED_MIB) {
-                tracing::warn!(
-                    "{} gpu{}: still {used} MiB in use after stopping :{}",
-                    o.host,
-                    o.gpu,
-                    o.port
-                );
+            Msg::Release { running, slots } if running.is_empty() => self.pool.free(slots),
+            Msg::Release { running, slots } => self.jobs.push(stop_job(self.setup, running, slots)),
+            Msg::Screened { screens, reply } => {
+                let _ = reply.send(judge(&mut self.board, &screens));
             }
         }
     }
 
-    /// The records of the started instances that are still running.
-    async fn records(&self, started: &[(usize, &Instance)]) -> Result<Vec<Running>, StateError> {
-        let hosts: BTreeSet<&str> = started.iter().map(|(_, i)| i.host.as_str()).collect();
-        let mut out = Vec::new();
-        for host in hosts {
-            let records =
-                state::read_records(self.transports[host].as_ref(), self.run_root).await?;
-            for (candidate, inst) in started.iter().filter(|(_, i)| i.host == host) {
-                if let Some(r) = records.iter().find(|r| r.port == inst.port) {
-                    out.push(Running {
-                        candidate: *candidate,
-                        record: r.clone(),
-                    });
+    fn on_job(&mut self, j: Job) {
+        match j {
+            Job::Stopped(slots) => self.pool.free(slots),
+            Job::Batch(end) => {
+                if let Some(e) = end.error {
+                    self.fail(e);
+                }
+                if self.abort.is_cancelled() || self.pool.waiting() > 0 {
+                    self.jobs.push(stop_job(self.setup, end.running, end.slots));
+                } else {
+                    self.kept.extend(end.running);
                 }
             }
         }
-        Ok(out)
-    }
-
-    async fn log_tail(&self, inst: &Instance) -> Vec<String> {
-        let t = self.transports[&inst.host].as_ref();
-        state::tail(t, &inst.files.log, LOG_TAIL_LINES)
-            .await
-            .map(|s| s.lines().map(str::to_string).collect())
-            .unwrap_or_default()
-    }
-
-    fn failed(&self, c: usize, reason: String, log_tail: Vec<String>) -> Trial {
-        Trial {
-            candidate: self.candidates[c].0.clone(),
-            gpus: self.assignment.gpus[c].clone(),
-            outcome: Outcome::Failed { reason, log_tail },
-        }
-    }
-
-    /// Starts, measures and records the candidates `round`; returns what it left running and
-    /// whether it was interrupted.
-    async fn round(
-        &self,
-        round: &[usize],
-        store: &mut Store,
-        events: &UnboundedSender<Event>,
-        cancel: &CancellationToken,
-    ) -> Result<(Vec<Running>, bool), SweepError> {
-        let facts = facts_by_host(self.hosts);
-        let mut planned: Vec<(usize, Vec<Instance>)> = Vec::new();
-        for &c in round {
-            let profile = &self.candidates[c].1;
-            let gpus = &self.assignment.gpus[c];
-            let checked = plan_on(
-                profile,
-                self.hosts,
-                gpus,
-                self.api_key.as_deref(),
-                self.run_root,
-            )
-            .map_err(|e| e.to_string())
-            .and_then(|i| {
-                preflight::preflight(&i, &facts)
-                    .map(|()| i)
-                    .map_err(|e| e.to_string())
-            });
-            match checked {
-                Ok(instances) => planned.push((c, instances)),
-                Err(reason) => {
-                    let t = self.failed(c, reason, Vec::new());
-                    store.record(t.clone())?;
-                    let _ = events.send(Event::TrialDone(Box::new(t)));
-                }
-            }
-        }
-        if planned.is_empty() {
-            return Ok((Vec::new(), false));
-        }
-        let all: Vec<Instance> = planned
-            .iter()
-            .flat_map(|(_, i)| i.iter().cloned())
-            .collect();
-        let owner: Vec<usize> = planned
-            .iter()
-            .flat_map(|(c, i)| std::iter::repeat_n(*c, i.len()))
-            .collect();
-        let _ = events.send(Event::Starting {
-            labels: planned
-                .iter()
-                .map(|(c, _)| self.candidates[*c].0.label())
-                .collect(),
-            servers: all.len(),
-        });
-        let outcomes = self.start(&all, cancel).await?;
-        if cancel.is_cancelled() {
-            // `up` stopped what it started; stop what was already running too.
-            let started: Vec<(usize, &Instance)> = owner.iter().copied().zip(all.iter()).collect();
-            self.stop(self.records(&started).await?).await;
-            return Ok((Vec::new(), true));
-        }
-        let started: Vec<(usize, &Instance)> = owner
-            .iter()
-            .copied()
-            .zip(all.iter())
-            .zip(&outcomes)
-            .filter(|(_, o)| o.pid.is_some())
-            .map(|(ci, _)| ci)
-            .collect();
-        let mut running = self.records(&started).await?;
-
-        // A candidate with a server that did not come up is a failed row; its others stop now.
-        let mut measured: Vec<(usize, Vec<(&Instance, &UpOutcome)>)> = Vec::new();
-        for (c, _) in &planned {
-            let mine: Vec<(&Instance, &UpOutcome)> = all
-                .iter()
-                .zip(&outcomes)
-                .zip(&owner)
-                .filter(|(_, o)| **o == *c)
-                .map(|(io, _)| io)
-                .collect();
-            let bad = mine.iter().find(|(_, o)| {
-                !matches!(o.state, UpState::Ready | UpState::AlreadyRunning)
-                    || o.info.effective_max_running_requests.is_none()
-            });
-            match bad {
-                None => measured.push((*c, mine)),
-                Some((inst, o)) => {
-                    let reason = match (&o.error, o.state) {
-                        (Some(e), _) => format!("{}: {e}", inst.label()),
-                        (None, UpState::Ready | UpState::AlreadyRunning) => format!(
-                            "{}: /server_info gave no effective max running requests",
-                            inst.label()
-                        ),
-                        (None, s) => format!("{}: {}", inst.label(), s.as_str()),
-                    };
-                    let tail = match &o.log_tail {
-                        Some(t) => t.lines().map(str::to_string).collect(),
-                        None => self.log_tail(inst).await,
-                    };
-                    let (theirs, rest): (Vec<Running>, Vec<Running>) =
-                        running.into_iter().partition(|r| r.candidate == *c);
-                    running = rest;
-                    self.stop(theirs).await;
-                    let t = self.failed(*c, reason, tail);
-                    store.record(t.clone())?;
-                    let _ = events.send(Event::TrialDone(Box::new(t)));
-                }
-            }
-        }
-        if measured.is_empty() {
-            return Ok((running, false));
-        }
-
-        let mut tunnels: Vec<Tunnel> = Vec::new();
-        let mut groups: Vec<Group> = Vec::new();
-        for (_, mine) in &measured {
-            let mut servers = Vec::new();
-            for (inst, o) in mine {
-                let tunnel = self.transports[&inst.host]
-                    .forward(&inst.address, inst.port)
-                    .await?;
-                servers.push(Server {
-                    label: inst.label(),
-                    endpoint: Endpoint {
-                        name: inst.label(),
-                        base_url: format!("http://{}", tunnel.local_addr()),
-                        api_key: self.api_key.clone(),
-                    },
-                    cap: o.info.effective_max_running_requests.unwrap_or(0) as u32,
-                    kv_tokens: o.info.max_total_num_tokens.unwrap_or(0),
-                    strategy: o.info.mamba_strategy.clone(),
-                });
-                tunnels.push(tunnel);
-            }
-            let startup = mine
-                .iter()
-                .map(|(_, o)| o.ready_after)
-                .collect::<Option<Vec<f64>>>()
-                .map(|v| v.into_iter().fold(0.0, f64::max));
-            groups.push(Group {
-                servers,
-                startup_s: startup,
-            });
-        }
-        let _ = events.send(Event::Measuring {
-            labels: measured
-                .iter()
-                .map(|(c, _)| self.candidates[*c].0.label())
-                .collect(),
-        });
-        let http = http_client(HttpOptions::default())?;
-        let results =
-            trial::measure(&groups, self.workload.clone(), http, self.timing, cancel).await;
-        for t in tunnels {
-            t.close().await;
-        }
-        let Some(results) = results else {
-            return Ok((running, true));
-        };
-        for ((c, mine), result) in measured.iter().zip(results) {
-            let outcome = match result {
-                Ok(m) => Outcome::Ok(m),
-                Err(f) => {
-                    let log_tail = match f.server {
-                        Some(i) => self.log_tail(mine[i].0).await,
-                        None => Vec::new(),
-                    };
-                    Outcome::Failed {
-                        reason: f.reason,
-                        log_tail,
-                    }
-                }
-            };
-            let t = Trial {
-                candidate: self.candidates[*c].0.clone(),
-                gpus: self.assignment.gpus[*c].clone(),
-                outcome,
-            };
-            store.record(t.clone())?;
-            let _ = events.send(Event::TrialDone(Box::new(t)));
-        }
-        Ok((running, false))
-    }
-
-    /// Starts `profile` on every GPU, keeping servers that already run it.
-    async fn apply(
-        &self,
-        profile: &Profile,
-        cancel: &CancellationToken,
-    ) -> Result<Vec<UpOutcome>, SweepError> {
-        let instances = plan::plan(
-            profile,
-            self.hosts,
-            None,
-            self.api_key.as_deref(),
-            self.run_root,
-        )?;
-        preflight::preflight(&instances, &facts_by_host(self.hosts))?;
-        self.start(&instances, cancel).await
     }
 }
 
@@ -449,39 +173,73 @@ pub async fn run(
     events: &UnboundedSender<Event>,
     cancel: &CancellationToken,
 ) -> Result<Ended, SweepError> {
-    let pending: Vec<usize> = (0..setup.candidates.len())
+    let queue = (0..setup.candidates.len())
         .filter(|&c| !store.is_done(&setup.candidates[c].0.id))
+        .map(|c| (c, setup.assignment.needs[c].clone()))
         .collect();
-    let rounds: Vec<Vec<usize>> = match setup.assignment.mode {
-        super::assign::Mode::Parallel => vec![pending],
-        super::assign::Mode::Sequential => pending.into_iter().map(|c| vec![c]).collect(),
+    let abort = cancel.child_token();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+    let mut sweep = Sweep {
+        setup,
+        events,
+        abort: &abort,
+        pool: Pool::new(queue, setup.assignment.slots.clone()),
+        board: board(setup, store.trials()),
+        store,
+        jobs: FuturesUnordered::new(),
+        kept: Vec::new(),
+        error: None,
     };
-    let mut running: Vec<Running> = Vec::new();
-    for round in rounds.iter().filter(|r| !r.is_empty()) {
-        // Sequential mode restarts the whole fleet for each candidate.
-        setup.stop(std::mem::take(&mut running)).await;
-        if cancel.is_cancelled() {
-            return Ok(Ended {
-                interrupted: true,
-                applied: None,
-            });
-        }
-        let result = setup.round(round, store, events, cancel).await;
-        let (left, interrupted) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                setup.stop(running).await;
-                return Err(e);
+    let mut aborting = false;
+    loop {
+        if !abort.is_cancelled() {
+            let members = sweep.pool.next_batch();
+            if !members.is_empty() {
+                let b = batch::run(setup, members, tx.clone(), events, &abort);
+                sweep.jobs.push(b.map(Job::Batch).boxed());
             }
-        };
-        running = left;
-        if interrupted {
-            setup.stop(running).await;
-            return Ok(Ended {
-                interrupted: true,
-                applied: None,
-            });
         }
+        if sweep.jobs.is_empty() {
+            // What a batch said as it ended (its GPUs, its last trials) still counts.
+            match rx.try_recv() {
+                Ok(m) => {
+                    sweep.on_msg(m);
+                    continue;
+                }
+                Err(_) => break,
+            }
+        }
+        enum Wake {
+            Abort,
+            Msg(Msg),
+            Job(Job),
+        }
+        let wake = tokio::select! {
+            biased;
+            _ = abort.cancelled(), if !aborting => Wake::Abort,
+            Some(m) = rx.recv() => Wake::Msg(m),
+            Some(j) = sweep.jobs.next() => Wake::Job(j),
+        };
+        match wake {
+            // The batches hear it themselves and end; nothing new starts.
+            Wake::Abort => aborting = true,
+            Wake::Msg(m) => sweep.on_msg(m),
+            Wake::Job(j) => sweep.on_job(j),
+        }
+    }
+    let Sweep {
+        kept, error, store, ..
+    } = sweep;
+    if let Some(e) = error {
+        setup.stop(kept).await;
+        return Err(e);
+    }
+    if cancel.is_cancelled() {
+        setup.stop(kept).await;
+        return Ok(Ended {
+            interrupted: true,
+            applied: None,
+        });
     }
     let best = winner(store.trials());
     let chosen = best
@@ -489,14 +247,14 @@ pub async fn run(
         .filter(|_| apply)
         .and_then(|id| setup.candidates.iter().position(|(c, _)| c.id == id));
     let Some(w) = chosen else {
-        setup.stop(running).await;
+        setup.stop(kept).await;
         return Ok(Ended {
             interrupted: false,
             applied: None,
         });
     };
     // The winner's servers stay up; `up` keeps them (same config) and fills the other GPUs.
-    let losers = running.into_iter().filter(|r| r.candidate != w).collect();
+    let losers = kept.into_iter().filter(|r| r.candidate != w).collect();
     setup.stop(losers).await;
     let profile = &setup.candidates[w].1;
     let servers =
@@ -515,50 +273,58 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::GpuSelection;
-    use crate::sglang::flags::tests::profile;
+    use crate::sweep::stats::Estimate;
 
-    fn host(name: &str, gpus: GpuSelection) -> (HostSpec, HostFacts) {
-        (
-            crate::launch::plan::tests::host(name, gpus),
-            HostFacts {
-                help: None,
-                version: None,
-                address: "127.0.0.1".into(),
-                gpus_present: vec![0, 1],
-            },
-        )
+    fn slot(host: &str, gpu: u32) -> Slot {
+        Slot {
+            host: host.into(),
+            gpu,
+        }
+    }
+
+    fn e(mean: f64) -> Estimate {
+        Estimate {
+            mean,
+            low: mean - 10.0,
+            high: mean + 10.0,
+            samples: 8,
+            sample_s: 1.0,
+        }
     }
 
     #[test]
-    fn a_candidate_runs_exactly_on_its_slots_of_every_host() {
-        let hosts = vec![
-            host("a", GpuSelection::List(vec![0, 1, 2, 3])),
-            host("b", GpuSelection::All),
+    fn screens_without_an_estimate_go_on_and_the_rest_join_the_board() {
+        let mut board = vec![Contender {
+            candidate: 0,
+            hosts: vec!["a".into()],
+            estimate: e(1000.0),
+        }];
+        let screens = [
+            Screened {
+                candidate: 1,
+                slots: vec![slot("a", 1)],
+                estimate: None,
+            },
+            Screened {
+                candidate: 2,
+                slots: vec![slot("a", 2)],
+                estimate: Some(e(100.0)),
+            },
+            Screened {
+                candidate: 3,
+                slots: vec![slot("b", 0)],
+                estimate: Some(e(100.0)),
+            },
         ];
+        let v = judge(&mut board, &screens);
+        assert_eq!(v[0], Verdict::Continue);
+        assert!(matches!(v[1], Verdict::Prune { leader: 0, .. }));
+        assert_eq!(v[2], Verdict::Continue, "nobody to compare with on host b");
+        let on_board: Vec<usize> = board.iter().map(|c| c.candidate).collect();
+        assert_eq!(on_board, vec![0, 2, 3]);
         assert_eq!(
-            host_gpus(&hosts),
-            vec![
-                ("a".to_string(), vec![0, 1, 2, 3]),
-                ("b".to_string(), vec![0, 1])
-            ]
-        );
-        let slots = [("a", 0), ("b", 1), ("a", 2)].map(|(h, gpu)| Slot {
-            host: h.into(),
-            gpu,
-        });
-        let planned = plan_on(&profile(), &hosts, &slots, None, "/tmp/fleet").unwrap();
-        let got: Vec<(String, u32, u16)> = planned
-            .iter()
-            .map(|i| (i.host.clone(), i.gpu, i.port))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("a".into(), 0, 30000),
-                ("a".into(), 2, 30002),
-                ("b".into(), 1, 30001)
-            ]
+            hosts(&[slot("b", 1), slot("a", 0), slot("b", 2)]),
+            vec!["a", "b"]
         );
     }
 }

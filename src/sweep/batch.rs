@@ -1,0 +1,441 @@
+//! One batch: the candidates that start together on their GPUs are planned and preflighted,
+//! started through the launcher, measured together (with successive halving's first window
+//! when the sweep prunes), and each trial is handed to the sweep as it ends. A candidate that
+//! no longer needs its GPUs (failed, pruned) hands them back at once, while the others go on.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::assign::Slot;
+use super::prune::Verdict;
+use super::rank::{FirstWindow, Measured, Outcome, Pruned, Trial};
+use super::run::Event;
+use super::servers::{Running, Setup, SweepError, facts_by_host, plan_on};
+use super::stats::Estimate;
+use super::trial::{self, Checkpoint, Ended, Group, Server, TrialFailure};
+use crate::launch::plan::Instance;
+use crate::launch::preflight;
+use crate::launch::up::{UpOutcome, UpState};
+use crate::remote::Tunnel;
+use crate::sglang::client::{Endpoint, HttpOptions, http_client};
+
+/// What a batch tells the sweep while it runs.
+#[derive(Debug)]
+pub enum Msg {
+    /// A finished trial: measured, pruned or failed.
+    Trial(Box<Trial>),
+    /// GPUs a candidate no longer needs, with its servers still to stop (possibly none).
+    Release {
+        running: Vec<Running>,
+        slots: Vec<Slot>,
+    },
+    /// The first window is over: the verdict on each, in order, goes back on `reply`.
+    Screened {
+        screens: Vec<Screened>,
+        reply: oneshot::Sender<Vec<Verdict>>,
+    },
+}
+
+/// A candidate's figure at its first window.
+#[derive(Debug, Clone)]
+pub struct Screened {
+    pub candidate: usize,
+    pub slots: Vec<Slot>,
+    /// `None` when the window could not tell (too few tokens) or the candidate failed.
+    pub estimate: Option<Estimate>,
+}
+
+/// What a batch leaves: the servers of its measured candidates, still running, and their GPUs.
+#[derive(Debug, Default)]
+pub struct BatchEnd {
+    pub running: Vec<Running>,
+    pub slots: Vec<Slot>,
+    pub interrupted: bool,
+    pub error: Option<SweepError>,
+}
+
+/// The candidates of a batch with the GPUs each still holds.
+struct Held {
+    members: Vec<(usize, Vec<Slot>)>,
+    running: Vec<Running>,
+}
+
+impl Held {
+    /// Hands candidate `c`'s GPUs and servers back to the sweep.
+    fn release(&mut self, c: usize, tx: &UnboundedSender<Msg>) {
+        let slots = self
+            .members
+            .iter()
+            .position(|(m, _)| *m == c)
+            .map(|i| self.members.remove(i).1)
+            .unwrap_or_default();
+        let (running, rest) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|r| r.candidate == c);
+        self.running = rest;
+        let _ = tx.send(Msg::Release { running, slots });
+    }
+
+    fn end(self, interrupted: bool, error: Option<SweepError>) -> BatchEnd {
+        BatchEnd {
+            running: self.running,
+            slots: self.members.into_iter().flat_map(|(_, s)| s).collect(),
+            interrupted,
+            error,
+        }
+    }
+}
+
+fn failed(setup: &Setup<'_>, c: usize, slots: &[Slot], reason: String, log: Vec<String>) -> Trial {
+    Trial {
+        candidate: setup.candidates[c].0.clone(),
+        gpus: slots.to_vec(),
+        outcome: Outcome::Failed {
+            reason,
+            log_tail: log,
+        },
+        first_window: None,
+    }
+}
+
+fn send_trial(tx: &UnboundedSender<Msg>, t: Trial) {
+    let _ = tx.send(Msg::Trial(Box::new(t)));
+}
+
+/// Runs one batch to its end. Whatever happens, the servers it leaves running and the GPUs
+/// they hold are in the returned [`BatchEnd`] or were handed back with [`Msg::Release`].
+pub async fn run(
+    setup: &Setup<'_>,
+    members: Vec<(usize, Vec<Slot>)>,
+    tx: UnboundedSender<Msg>,
+    events: &UnboundedSender<Event>,
+    cancel: &CancellationToken,
+) -> BatchEnd {
+    let mut held = Held {
+        members: members.clone(),
+        running: Vec::new(),
+    };
+    let facts = facts_by_host(setup.hosts);
+    let mut planned: Vec<(usize, Vec<Instance>)> = Vec::new();
+    for (c, slots) in &members {
+        let profile = &setup.candidates[*c].1;
+        let checked = plan_on(
+            profile,
+            setup.hosts,
+            slots,
+            setup.api_key.as_deref(),
+            setup.run_root,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|i| {
+            preflight::preflight(&i, &facts)
+                .map(|()| i)
+                .map_err(|e| e.to_string())
+        });
+        match checked {
+            Ok(instances) => planned.push((*c, instances)),
+            Err(reason) => {
+                send_trial(&tx, failed(setup, *c, slots, reason, Vec::new()));
+                held.release(*c, &tx);
+            }
+        }
+    }
+    if planned.is_empty() {
+        return held.end(false, None);
+    }
+    match started(setup, &planned, &mut held, &tx, events, cancel).await {
+        Ok(Some(measured)) => measure(setup, measured, held, &tx, events, cancel).await,
+        Ok(None) => held.end(cancel.is_cancelled(), None),
+        Err(e) => held.end(false, Some(e)),
+    }
+}
+
+/// A started candidate: its instances with how each came up.
+type Started = Vec<(usize, Vec<(Instance, UpOutcome)>)>;
+
+/// Starts the planned candidates; those with a server that did not come up become failed rows
+/// and hand their GPUs back. `None` when nothing is left to measure (or on Ctrl-C).
+async fn started(
+    setup: &Setup<'_>,
+    planned: &[(usize, Vec<Instance>)],
+    held: &mut Held,
+    tx: &UnboundedSender<Msg>,
+    events: &UnboundedSender<Event>,
+    cancel: &CancellationToken,
+) -> Result<Option<Started>, SweepError> {
+    let all: Vec<Instance> = planned
+        .iter()
+        .flat_map(|(_, i)| i.iter().cloned())
+        .collect();
+    let owner: Vec<usize> = planned
+        .iter()
+        .flat_map(|(c, i)| std::iter::repeat_n(*c, i.len()))
+        .collect();
+    let _ = events.send(Event::Starting {
+        labels: planned
+            .iter()
+            .map(|(c, _)| setup.candidates[*c].0.label())
+            .collect(),
+        servers: all.len(),
+    });
+    let outcomes = setup.start(&all, cancel).await?;
+    let up: Vec<(usize, &Instance)> = owner
+        .iter()
+        .copied()
+        .zip(all.iter())
+        .zip(&outcomes)
+        // On Ctrl-C `up` stopped what it started; what was already running is ours to stop.
+        .filter(|(_, o)| cancel.is_cancelled() || o.pid.is_some())
+        .map(|(ci, _)| ci)
+        .collect();
+    held.running = setup.records(&up).await?;
+    if cancel.is_cancelled() {
+        return Ok(None);
+    }
+    let mut measured: Started = Vec::new();
+    for (c, _) in planned {
+        let mine: Vec<(Instance, UpOutcome)> = all
+            .iter()
+            .zip(&outcomes)
+            .zip(&owner)
+            .filter(|(_, o)| **o == *c)
+            .map(|((i, o), _)| (i.clone(), o.clone()))
+            .collect();
+        let bad = mine.iter().find(|(_, o)| {
+            !matches!(o.state, UpState::Ready | UpState::AlreadyRunning)
+                || o.info.effective_max_running_requests.is_none()
+        });
+        let Some((inst, o)) = bad else {
+            measured.push((*c, mine));
+            continue;
+        };
+        let reason = match (&o.error, o.state) {
+            (Some(e), _) => format!("{}: {e}", inst.label()),
+            (None, UpState::Ready | UpState::AlreadyRunning) => format!(
+                "{}: /server_info gave no effective max running requests",
+                inst.label()
+            ),
+            (None, s) => format!("{}: {}", inst.label(), s.as_str()),
+        };
+        let tail = match &o.log_tail {
+            Some(t) => t.lines().map(str::to_string).collect(),
+            None => setup.log_tail(inst).await,
+        };
+        let slots = slots_of(held, *c);
+        send_trial(tx, failed(setup, *c, &slots, reason, tail));
+        held.release(*c, tx);
+    }
+    Ok((!measured.is_empty()).then_some(measured))
+}
+
+fn slots_of(held: &Held, c: usize) -> Vec<Slot> {
+    held.members
+        .iter()
+        .find(|(m, _)| *m == c)
+        .map(|(_, s)| s.clone())
+        .unwrap_or_default()
+}
+
+/// Opens a port forward to every server and describes each candidate's servers for the load.
+async fn groups(
+    setup: &Setup<'_>,
+    measured: &Started,
+    tunnels: &mut Vec<Tunnel>,
+) -> Result<Vec<Group>, SweepError> {
+    let mut groups = Vec::new();
+    for (_, mine) in measured {
+        let mut servers = Vec::new();
+        for (inst, o) in mine {
+            let tunnel = setup.transports[&inst.host]
+                .forward(&inst.address, inst.port)
+                .await?;
+            servers.push(Server {
+                label: inst.label(),
+                endpoint: Endpoint {
+                    name: inst.label(),
+                    base_url: format!("http://{}", tunnel.local_addr()),
+                    api_key: setup.api_key.clone(),
+                },
+                cap: o.info.effective_max_running_requests.unwrap_or(0) as u32,
+                kv_tokens: o.info.max_total_num_tokens.unwrap_or(0),
+                strategy: o.info.mamba_strategy.clone(),
+            });
+            tunnels.push(tunnel);
+        }
+        let startup = mine
+            .iter()
+            .map(|(_, o)| o.ready_after)
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| v.into_iter().fold(0.0, f64::max));
+        groups.push(Group {
+            servers,
+            startup_s: startup,
+        });
+    }
+    Ok(groups)
+}
+
+/// Measures the started candidates and hands over their trials.
+async fn measure(
+    setup: &Setup<'_>,
+    measured: Started,
+    mut held: Held,
+    tx: &UnboundedSender<Msg>,
+    events: &UnboundedSender<Event>,
+    cancel: &CancellationToken,
+) -> BatchEnd {
+    let mut tunnels = Vec::new();
+    let prepared = match (
+        groups(setup, &measured, &mut tunnels).await,
+        http_client(HttpOptions::default()),
+    ) {
+        (Ok(g), Ok(http)) => Ok((g, http)),
+        (Err(e), _) => Err(e),
+        (_, Err(e)) => Err(e.into()),
+    };
+    let (groups, http) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            for t in tunnels {
+                t.close().await;
+            }
+            return held.end(false, Some(e));
+        }
+    };
+    let _ = events.send(Event::Measuring {
+        labels: measured
+            .iter()
+            .map(|(c, _)| setup.candidates[*c].0.label())
+            .collect(),
+    });
+    let mut first: Vec<Option<FirstWindow>> = vec![None; measured.len()];
+    let checkpoint = match setup.first_window {
+        Some(length) => {
+            let (measured, held, first) = (&measured, &mut held, &mut first);
+            Some(Checkpoint {
+                length,
+                decide: Box::new(move |screens| {
+                    first_window(setup, measured, length, screens, held, first, tx).boxed()
+                }),
+            })
+        }
+        None => None,
+    };
+    let results = trial::measure(
+        &groups,
+        setup.workload.clone(),
+        http,
+        setup.timing,
+        checkpoint,
+        cancel,
+    )
+    .await;
+    for t in tunnels {
+        t.close().await;
+    }
+    let Some(results) = results else {
+        return held.end(true, None);
+    };
+    for (((c, mine), result), first_window) in measured.iter().zip(results).zip(first) {
+        let Ended::Measured(result) = result else {
+            continue;
+        };
+        let outcome = match *result {
+            Ok(m) => Outcome::Ok(m),
+            Err(f) => Outcome::Failed {
+                log_tail: failure_log(setup, mine, &f).await,
+                reason: f.reason,
+            },
+        };
+        let t = Trial {
+            candidate: setup.candidates[*c].0.clone(),
+            gpus: slots_of(&held, *c),
+            outcome,
+            first_window,
+        };
+        send_trial(tx, t);
+    }
+    held.end(false, None)
+}
+
+async fn failure_log(
+    setup: &Setup<'_>,
+    mine: &[(Instance, UpOutcome)],
+    f: &TrialFailure,
+) -> Vec<String> {
+    match f.server {
+        Some(i) => setup.log_tail(&mine[i].0).await,
+        None => Vec::new(),
+    }
+}
+
+/// The first window is over: asks the sweep for its verdicts, records the pruned and the failed
+/// and hands their GPUs back; says for each candidate whether it goes on.
+async fn first_window(
+    setup: &Setup<'_>,
+    measured: &Started,
+    length: Duration,
+    screens: Vec<Result<Measured, TrialFailure>>,
+    held: &mut Held,
+    first: &mut [Option<FirstWindow>],
+    tx: &UnboundedSender<Msg>,
+) -> Vec<bool> {
+    let asked: Vec<Screened> = measured
+        .iter()
+        .zip(&screens)
+        .map(|((c, _), s)| Screened {
+            candidate: *c,
+            slots: slots_of(held, *c),
+            estimate: s.as_ref().ok().and_then(|m| m.estimate),
+        })
+        .collect();
+    let (reply, verdicts) = oneshot::channel();
+    let _ = tx.send(Msg::Screened {
+        screens: asked.clone(),
+        reply,
+    });
+    // Without an answer (the sweep is ending) every candidate goes on until the load stops.
+    let verdicts = verdicts
+        .await
+        .unwrap_or_else(|_| vec![Verdict::Continue; asked.len()]);
+    let after_s = length.as_secs_f64();
+    let mut going = Vec::with_capacity(screens.len());
+    for (i, ((screen, verdict), ask)) in screens.into_iter().zip(verdicts).zip(&asked).enumerate() {
+        first[i] = ask
+            .estimate
+            .map(|estimate| FirstWindow { after_s, estimate });
+        let c = ask.candidate;
+        let outcome = match (screen, verdict) {
+            (Ok(_), Verdict::Continue) => {
+                going.push(true);
+                continue;
+            }
+            (Ok(measured), Verdict::Prune { leader, estimate }) => Outcome::Pruned(Pruned {
+                measured,
+                leader: setup.candidates[leader].0.id.clone(),
+                leader_label: setup.candidates[leader].0.label(),
+                leader_estimate: estimate,
+            }),
+            (Err(f), _) => Outcome::Failed {
+                log_tail: failure_log(setup, &measured[i].1, &f).await,
+                reason: f.reason,
+            },
+        };
+        going.push(false);
+        send_trial(
+            tx,
+            Trial {
+                candidate: setup.candidates[c].0.clone(),
+                gpus: ask.slots.clone(),
+                outcome,
+                first_window: first[i],
+            },
+        );
+        held.release(c, tx);
+    }
+    going
+}

@@ -1,0 +1,177 @@
+//! Successive halving's decision: which candidates stop after their first window, because
+//! their throughput interval lies wholly below the leader's, measured on GPUs of the same
+//! hosts; and how long that first window and its bins are. Pure.
+
+use std::time::Duration;
+
+use super::stats::Estimate;
+
+/// A candidate's first-window figure as the decision sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contender {
+    pub candidate: usize,
+    /// The hosts its GPUs are on, sorted: candidates are only compared like for like.
+    pub hosts: Vec<String>,
+    pub estimate: Estimate,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Runs the full window.
+    Continue,
+    /// Stops now: `leader` (a candidate index) is clearly ahead.
+    Prune { leader: usize, estimate: Estimate },
+}
+
+/// The verdict on each of `screened` (just through their first window), given the `board` of
+/// candidates screened before (on any earlier round, or an earlier run of a resumed sweep).
+/// The leader is the contender with the highest mean on the same hosts, among the board and
+/// the screened; a candidate stops only when its whole interval lies below the leader's, so
+/// two candidates whose intervals overlap both go on, and the best one (whose interval, at 95%,
+/// holds its true rate) is never stopped by one it is better than.
+pub fn decide(board: &[Contender], screened: &[Contender]) -> Vec<Verdict> {
+    screened
+        .iter()
+        .map(|c| {
+            let leader = board
+                .iter()
+                .chain(screened)
+                .filter(|o| o.candidate != c.candidate && o.hosts == c.hosts)
+                .max_by(|a, b| a.estimate.mean.total_cmp(&b.estimate.mean));
+            match leader {
+                Some(l) if c.estimate.clearly_below(&l.estimate) => Verdict::Prune {
+                    leader: l.candidate,
+                    estimate: l.estimate,
+                },
+                _ => Verdict::Continue,
+            }
+        })
+        .collect()
+}
+
+/// The first window of a trial of `duration`: a quarter of it.
+pub fn first_window(duration: Duration) -> Duration {
+    duration / 4
+}
+
+/// The width of the bins a window's throughput is sampled in: one second, or less for short
+/// windows, so that a first window always holds at least 8 bins.
+pub fn bin_width(duration: Duration) -> Duration {
+    (duration / 32).min(Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(mean: f64, half: f64) -> Estimate {
+        Estimate {
+            mean,
+            low: mean - half,
+            high: mean + half,
+            samples: 15,
+            sample_s: 1.0,
+        }
+    }
+
+    fn c(candidate: usize, host: &str, est: Estimate) -> Contender {
+        Contender {
+            candidate,
+            hosts: vec![host.to_string()],
+            estimate: est,
+        }
+    }
+
+    #[test]
+    fn clear_losers_stop_and_a_close_race_goes_on() {
+        let screened = [
+            c(0, "a", e(107.0, 10.0)),
+            c(1, "a", e(1180.0, 40.0)),
+            c(2, "a", e(1150.0, 40.0)),
+            c(3, "a", e(108.0, 12.0)),
+        ];
+        let v = decide(&[], &screened);
+        let leader = Verdict::Prune {
+            leader: 1,
+            estimate: e(1180.0, 40.0),
+        };
+        assert_eq!(
+            v,
+            vec![leader.clone(), Verdict::Continue, Verdict::Continue, leader]
+        );
+    }
+
+    #[test]
+    fn the_board_of_earlier_rounds_leads_and_the_leader_itself_goes_on() {
+        let board = [c(7, "a", e(1250.0, 20.0))];
+        let v = decide(
+            &board,
+            &[c(8, "a", e(1180.0, 30.0)), c(9, "a", e(1300.0, 60.0))],
+        );
+        assert_eq!(
+            v[0],
+            Verdict::Prune {
+                leader: 9,
+                estimate: e(1300.0, 60.0)
+            },
+            "the best mean leads, also from the same round"
+        );
+        assert_eq!(v[1], Verdict::Continue);
+        // Against the board alone: 1180 +- 30 lies below 1250 +- 20.
+        let v = decide(&board, &[c(8, "a", e(1180.0, 30.0))]);
+        assert!(matches!(v[0], Verdict::Prune { leader: 7, .. }));
+        // A lone candidate has no one to lose to.
+        assert_eq!(
+            decide(&[], &[c(0, "a", e(1.0, 0.1))]),
+            vec![Verdict::Continue]
+        );
+    }
+
+    #[test]
+    fn candidates_are_only_compared_on_the_same_hosts() {
+        let v = decide(
+            &[c(0, "fast-gpus", e(5000.0, 10.0))],
+            &[c(1, "slow-gpus", e(100.0, 10.0))],
+        );
+        assert_eq!(v, vec![Verdict::Continue]);
+    }
+
+    #[test]
+    fn the_true_best_survives_whatever_the_draw_when_intervals_cover_it() {
+        // Every interval holds its candidate's true rate (what a 95% interval does 95% of the
+        // time); whatever the leader drew, the best candidate's interval reaches its true rate,
+        // which no other interval lies wholly above.
+        let truth = [1000.0, 1040.0, 700.0, 1030.0];
+        for shift in [-0.9, -0.5, 0.0, 0.5, 0.9] {
+            for half in [5.0, 30.0, 100.0] {
+                let screened: Vec<Contender> = truth
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| {
+                        // Alternate the direction so that the best is drawn low when others
+                        // are drawn high.
+                        let s = if i == 1 { -shift } else { shift };
+                        c(i, "a", e(t + s * half, half))
+                    })
+                    .collect();
+                let v = decide(&[], &screened);
+                assert_eq!(v[1], Verdict::Continue, "shift {shift} half {half}");
+            }
+        }
+    }
+
+    #[test]
+    fn windows_and_bins() {
+        assert_eq!(
+            first_window(Duration::from_secs(60)),
+            Duration::from_secs(15)
+        );
+        assert_eq!(bin_width(Duration::from_secs(60)), Duration::from_secs(1));
+        assert_eq!(
+            bin_width(Duration::from_secs(4)),
+            Duration::from_millis(125)
+        );
+        let d = Duration::from_secs(10);
+        assert_eq!(first_window(d).as_nanos() / bin_width(d).as_nanos(), 8);
+    }
+}

@@ -1,0 +1,156 @@
+//! Which candidates start next, on which GPUs: a queue of candidates in order and the GPUs that
+//! are free. A candidate needs either exactly its assigned GPUs (parallel and sequential
+//! modes) or any one GPU (rounds). The `--dry-run` plan of rounds is the same schedule played
+//! out as if every candidate of a round ended at once. Pure.
+
+use std::collections::VecDeque;
+
+use super::assign::{Need, Slot};
+
+/// The candidates still to start and the GPUs free to start them on.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    queue: VecDeque<(usize, Need)>,
+    /// In the inventory's order, so that a freed GPU is taken lowest first.
+    free: Vec<Slot>,
+    order: Vec<Slot>,
+}
+
+impl Pool {
+    /// `queue`: candidate indices with what each needs, in the order they run; `slots`: every
+    /// GPU of the sweep, all free.
+    pub fn new(queue: Vec<(usize, Need)>, slots: Vec<Slot>) -> Pool {
+        Pool {
+            queue: queue.into(),
+            free: slots.clone(),
+            order: slots,
+        }
+    }
+
+    /// The candidates that can start now, with their GPUs, taken from the queue in order: the
+    /// queue is never overtaken, so a candidate waiting for its GPUs holds back the ones after
+    /// it (sequential mode runs in order).
+    pub fn next_batch(&mut self) -> Vec<(usize, Vec<Slot>)> {
+        let mut batch = Vec::new();
+        while let Some((_, need)) = self.queue.front() {
+            let slots = match need {
+                Need::Gpus(gpus) if gpus.iter().all(|g| self.free.contains(g)) => gpus.clone(),
+                Need::AnyGpu if !self.free.is_empty() => vec![self.free[0].clone()],
+                _ => break,
+            };
+            self.free.retain(|f| !slots.contains(f));
+            let (c, _) = self.queue.pop_front().expect("the front exists");
+            batch.push((c, slots));
+        }
+        batch
+    }
+
+    /// GPUs given back (their servers stopped).
+    pub fn free(&mut self, slots: impl IntoIterator<Item = Slot>) {
+        for s in slots {
+            if !self.free.contains(&s) {
+                self.free.push(s);
+            }
+        }
+        let order = &self.order;
+        self.free
+            .sort_by_key(|s| order.iter().position(|o| o == s).unwrap_or(usize::MAX));
+    }
+
+    /// Candidates not started yet.
+    pub fn waiting(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+/// The rounds the candidates run in when every candidate of a round ends at the same time:
+/// what `--dry-run` shows. With pruning, a later candidate takes the first GPU an earlier one
+/// frees instead, and starts as soon as it is free.
+pub fn rounds(queue: Vec<(usize, Need)>, slots: Vec<Slot>) -> Vec<Vec<(usize, Vec<Slot>)>> {
+    let mut pool = Pool::new(queue, slots);
+    let mut out: Vec<Vec<(usize, Vec<Slot>)>> = Vec::new();
+    loop {
+        let batch = pool.next_batch();
+        if batch.is_empty() {
+            return out;
+        }
+        pool.free(batch.iter().flat_map(|(_, s)| s.iter().cloned()));
+        out.push(batch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(n: u32) -> Vec<Slot> {
+        (0..n)
+            .map(|gpu| Slot {
+                host: "local".into(),
+                gpu,
+            })
+            .collect()
+    }
+
+    fn gpus(batch: &[(usize, Vec<Slot>)]) -> Vec<(usize, Vec<u32>)> {
+        batch
+            .iter()
+            .map(|(c, s)| (*c, s.iter().map(|s| s.gpu).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn twelve_candidates_on_eight_gpus_run_in_two_rounds_one_gpu_each() {
+        let queue = (0..12).map(|c| (c, Need::AnyGpu)).collect();
+        let r = rounds(queue, slots(8));
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            gpus(&r[0]),
+            (0..8).map(|c| (c, vec![c as u32])).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            gpus(&r[1]),
+            vec![(8, vec![0]), (9, vec![1]), (10, vec![2]), (11, vec![3])]
+        );
+        let queue = (0..18).map(|c| (c, Need::AnyGpu)).collect();
+        let sizes: Vec<usize> = rounds(queue, slots(8)).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![8, 8, 2]);
+    }
+
+    #[test]
+    fn a_freed_gpu_goes_to_the_next_candidate_at_once() {
+        let queue = (0..5).map(|c| (c, Need::AnyGpu)).collect();
+        let mut pool = Pool::new(queue, slots(3));
+        assert_eq!(pool.next_batch().len(), 3);
+        assert!(pool.next_batch().is_empty(), "nothing is free");
+        // Candidate 1 (GPU 1) was pruned: candidate 3 takes its GPU while 0 and 2 go on.
+        pool.free([slots(3)[1].clone()]);
+        assert_eq!(gpus(&pool.next_batch()), vec![(3, vec![1])]);
+        // The lowest free GPU goes first, whatever order they were freed in.
+        pool.free([slots(3)[2].clone(), slots(3)[0].clone()]);
+        assert_eq!(gpus(&pool.next_batch()), vec![(4, vec![0])]);
+        assert_eq!(pool.waiting(), 0);
+    }
+
+    #[test]
+    fn exact_needs_wait_in_order() {
+        let all = slots(4);
+        // Sequential: each candidate needs every GPU.
+        let queue = (0..3).map(|c| (c, Need::Gpus(all.clone()))).collect();
+        let mut pool = Pool::new(queue, all.clone());
+        assert_eq!(gpus(&pool.next_batch()), vec![(0, vec![0, 1, 2, 3])]);
+        pool.free(all[..2].iter().cloned());
+        assert!(
+            pool.next_batch().is_empty(),
+            "candidate 1 waits for all four"
+        );
+        pool.free(all[2..].iter().cloned());
+        assert_eq!(pool.next_batch()[0].0, 1);
+        // Parallel: disjoint GPUs, one batch.
+        let queue = vec![
+            (0, Need::Gpus(vec![all[0].clone(), all[2].clone()])),
+            (1, Need::Gpus(vec![all[1].clone(), all[3].clone()])),
+        ];
+        assert_eq!(rounds(queue, all).len(), 1);
+    }
+}
