@@ -249,8 +249,13 @@ fn a_flag_value_preflight_rejects_is_a_failed_row_and_nothing_of_it_starts() {
     assert!(reason.starts_with("preflight:"), "{reason}");
     assert!(reason.contains("flashinfr"), "{reason}");
     assert_eq!(r["winner"], "attention_backend=flashinfer");
-    // Its GPU never ran a server: only the good candidate's run directory exists.
-    let dirs = std::fs::read_dir(f.local.run_dir()).unwrap().count();
+    // Its GPU never ran a server: only the good candidate's run directory exists (beside
+    // `up`'s lock files).
+    let dirs = std::fs::read_dir(f.local.run_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .count();
     assert_eq!(dirs, 1);
 }
 
@@ -424,6 +429,7 @@ fn a_sweep_through_ssh_and_pct() {
     let servers: Vec<_> = std::fs::read_dir(&run_dir)
         .unwrap_or_else(|e| panic!("{}: {e}", run_dir.display()))
         .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .map(|e| e.path())
         .collect();
     assert!(
