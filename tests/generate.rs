@@ -476,6 +476,22 @@ fn bad_arguments_are_usage_errors() {
 
 #[test]
 fn ctrl_c_finishes_in_flight_writes_everything_and_exits_130() {
+    interrupted_then_resumed(libc::SIGINT, 130);
+}
+
+/// systemd stopping a unit, `kill`: the same wind-down as Ctrl-C.
+#[test]
+fn sigterm_finishes_in_flight_writes_everything_and_exits_143() {
+    interrupted_then_resumed(libc::SIGTERM, 143);
+}
+
+/// A closed terminal, `tmux kill-session`.
+#[test]
+fn sighup_finishes_in_flight_writes_everything_and_exits_129() {
+    interrupted_then_resumed(libc::SIGHUP, 129);
+}
+
+fn interrupted_then_resumed(signal: i32, code: i32) {
     let stub = start_stub(StubSpec {
         latency: Duration::from_millis(300),
         cap: 4,
@@ -494,10 +510,10 @@ fn ctrl_c_finishes_in_flight_writes_everything_and_exits_130() {
         .requests
         .load(std::sync::atomic::Ordering::SeqCst);
     // SAFETY: signalling the child this test spawned, by its pid.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
     let o = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{stderr}");
+    assert_eq!(o.status.code(), Some(code), "{stderr}");
     assert!(stderr.contains("--resume"), "{stderr}");
     let p = progress(&out);
     assert_eq!(p["status"], "interrupted");
@@ -524,6 +540,36 @@ fn ctrl_c_finishes_in_flight_writes_everything_and_exits_130() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_exactly_once(&out, 200);
+}
+
+/// `fleet generate ... 2>&1 | head -2`: the reader leaves after two lines, and the job goes on
+/// to the end with every prompt written once.
+#[test]
+fn a_closed_output_pipe_does_not_stop_the_job() {
+    use std::io::BufRead;
+    let stub = start_stub(StubSpec {
+        latency: Duration::from_millis(20),
+        cap: 8,
+        ..StubSpec::default()
+    });
+    let (_tmp, prompts, out) = prompts_and_out(300);
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = generate(&out, &prompts, &[&stub.url])
+        .args(["-v", "--concurrency", "8"])
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let mut head = std::io::BufReader::new(reader);
+    for _ in 0..2 {
+        let mut line = String::new();
+        assert!(head.read_line(&mut line).unwrap() > 0, "fewer than 2 lines");
+    }
+    drop(head);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the job ended with {status}");
+    assert_eq!(progress(&out)["status"], "done");
+    assert_exactly_once(&out, 300);
 }
 
 #[test]
