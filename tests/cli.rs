@@ -36,6 +36,20 @@ fn a_bad_flag_or_shell_is_a_usage_error_with_exit_2() {
     );
 }
 
+/// An error names its cause once, even where the message already quotes it.
+#[test]
+fn an_error_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().to_str().unwrap();
+    let out = fleet(&["--config", config, "status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        format!("error: cannot read {config}: Is a directory (os error 21)")
+    );
+}
+
 /// Every argument of every subcommand, at every depth, says what it is for in `--help`.
 #[test]
 fn every_flag_and_argument_of_every_subcommand_has_a_help_line() {

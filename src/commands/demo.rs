@@ -311,8 +311,9 @@ async fn cleanup(ctx: &Ctx, stage: &Stage) {
     let fresh = Ctx::new((*ctx.global).clone());
     if let Err(e) = run_fleet(&fresh, &quiet, &args_of(&["down", "--grace", "5s"])).await {
         tracing::error!(
-            "could not stop the demo's servers: {e:#}; run `fleet --config {0}/fleet.yaml down` with FLEET_RUN_DIR={0}/run",
-            stage.dir.display()
+            "could not stop the demo's servers: {why}; run `fleet --config {dir}/fleet.yaml down` with FLEET_RUN_DIR={dir}/run",
+            why = super::describe(&e),
+            dir = stage.dir.display(),
         );
     }
 }

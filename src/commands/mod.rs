@@ -269,7 +269,7 @@ pub fn exit_code(ctx: &Ctx, result: anyhow::Result<Outcome>) -> u8 {
         Ok(Outcome::Partial) => code::PARTIAL,
         Ok(Outcome::Interrupted) => ctx.interrupted_code(),
         Err(e) => {
-            output::eoutln!("error: {e:#}");
+            output::eoutln!("error: {}", describe(&e));
             if ctx.cancel.is_cancelled() {
                 ctx.interrupted_code()
             } else if is_usage(&e) {
@@ -279,6 +279,26 @@ pub fn exit_code(ctx: &Ctx, result: anyhow::Result<Outcome>) -> u8 {
             }
         }
     }
+}
+
+/// An error and its causes on one line, as `{:#}` writes them, less each cause that the message
+/// before it already quotes: many messages name their source (`cannot read X: {source}`) so that
+/// they read whole in a log line, and the chain would say it twice.
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if !last.is_empty() && last.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+        last = said;
+    }
+    text
 }
 
 fn is_usage(e: &anyhow::Error) -> bool {
@@ -303,6 +323,21 @@ mod tests {
         assert!(usage.inner().is::<Outer>(), "the typed error is kept");
         let plain: anyhow::Error = UsageError::new("no such host".to_string()).into();
         assert_eq!(format!("{plain:#}"), "no such host");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read fleet.yaml: {0}")]
+    struct Quoting(#[source] Outer);
+
+    #[test]
+    fn a_cause_the_message_already_quotes_is_not_said_twice() {
+        let e: anyhow::Error = Quoting(Outer(std::io::Error::other("disk on fire"))).into();
+        assert_eq!(
+            describe(&e),
+            "cannot read fleet.yaml: bad profile: disk on fire"
+        );
+        let e = anyhow::Error::new(Outer(std::io::Error::other("disk on fire"))).context("up");
+        assert_eq!(describe(&e), "up: bad profile: disk on fire");
     }
 
     #[test]
