@@ -145,15 +145,12 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let earlier = jobs::list(t.as_ref(), &run_root).await?;
     let same_out = earlier.iter().find(|v| v.record.out == out);
     if let Some(v) = same_out.filter(|v| v.alive) {
-        return Err(UsageError::new(
-            JobError::AlreadyRunning {
-                host: host.clone(),
-                id: v.record.id.clone(),
-                pid: v.record.pid,
-                out: out.clone(),
-            }
-            .to_string(),
-        )
+        return Err(UsageError::new(JobError::AlreadyRunning {
+            host: host.clone(),
+            id: v.record.id.clone(),
+            pid: v.record.pid,
+            out: out.clone(),
+        })
         .into());
     }
     // A resumed job keeps its id and directory.
