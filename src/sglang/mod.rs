@@ -5,4 +5,5 @@ pub mod client;
 pub mod flags;
 pub mod help;
 pub mod metrics;
+pub mod overflow;
 pub mod stream;

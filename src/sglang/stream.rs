@@ -6,9 +6,8 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::client::{
-    Api, ClientError, CompletionRequest, SglangClient, completion_error, parse_overflow,
-};
+use super::client::{Api, ClientError, CompletionRequest, SglangClient, completion_error};
+use super::overflow::parse_overflow;
 
 /// How a streamed request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

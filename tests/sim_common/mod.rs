@@ -171,4 +171,3 @@ pub fn sse_events(body: &str) -> Vec<String> {
         })
         .collect()
 }
-

@@ -10,7 +10,8 @@ use crate::generate::Event;
 use crate::generate::input::{Id, Line};
 use crate::generate::journal::{self, CompletionRecord, Entry, FailureReason, FailureRecord};
 use crate::generate::progress;
-use crate::sglang::client::{Api, ClientError, CompletionRequest, Prompt, Remedy};
+use crate::sglang::client::{Api, ClientError, CompletionRequest, Prompt};
+use crate::sglang::overflow::Remedy;
 
 /// A prompt whose connection drops this often is failed: it may be what crashes servers.
 pub(super) const MAX_REDISPATCHES: u32 = 8;

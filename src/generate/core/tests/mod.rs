@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::generate::input::{Ids, parse_line};
-use crate::sglang::client::{Overflow, Prompt};
+use crate::sglang::client::Prompt;
+use crate::sglang::overflow::Overflow;
 
 const SEC: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
