@@ -17,11 +17,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::generate::write_lines;
-use common::local_fleet::SIM;
 use common::world::World;
 use serde_json::{Value, json};
 
-const SCALE: &str = "20";
+const SCALE: u32 = 20;
 
 /// One server as the bench reads it, beside fleet.
 struct Server {
@@ -96,26 +95,12 @@ struct Fleet {
 impl Fleet {
     fn up(hosts: usize, gpus: u32) -> Fleet {
         let world = World::new(hosts);
-        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
-        world.inventory(&format!("[{}]", list.join(", ")));
-        let port_base = common::free_port_base(gpus as u16);
-        std::fs::create_dir_all(world.home.path().join("profiles")).unwrap();
-        std::fs::write(
-            world.home.path().join("profiles/sim.yaml"),
-            format!(
-                "model: /models/test\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  \
-                 mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  \
-                 SGLANG_SIM_TIME_SCALE: \"{SCALE}\"\n"
-            ),
-        )
-        .unwrap();
+        world.up_sims(gpus as u16, &[], SCALE);
         let mut f = Fleet {
             world,
             dir: tempfile::tempdir().unwrap(),
             servers: Vec::new(),
         };
-        let o = f.fleet(&["up", "--profile", "sim"]);
-        assert!(o.status.success(), "up: {}", text(&o.stderr));
         let rows: Value = serde_json::from_slice(&f.fleet(&["status", "--json"]).stdout).unwrap();
         f.servers = rows
             .as_array()
@@ -145,16 +130,7 @@ impl Fleet {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_fleet"));
-        c.env("HOME", self.world.home.path())
-            .env_remove("SSH_AUTH_SOCK")
-            .env_remove("FLEET_CONFIG")
-            .env_remove("FLEET_LOG")
-            .env_remove("FLEET_RUN_DIR")
-            .current_dir(self.world.home.path())
-            .args(args)
-            .stdin(Stdio::null());
-        c
+        self.world.fleet(args)
     }
 
     fn fleet(&self, args: &[&str]) -> Output {

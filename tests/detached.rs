@@ -6,11 +6,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::generate::{assert_exactly_once, write_prompts};
-use common::local_fleet::SIM;
 use common::world::World;
 use serde_json::Value;
 
@@ -22,39 +21,15 @@ struct Fleet {
 impl Fleet {
     fn up() -> Fleet {
         let world = World::new(1);
-        world.inventory("[0, 1]");
-        let port_base = common::free_port_base(2);
-        std::fs::create_dir_all(world.home.path().join("profiles")).unwrap();
-        std::fs::write(
-            world.home.path().join("profiles/sim.yaml"),
-            format!(
-                "model: /models/test\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  \
-                 mamba_strategy: no_buffer\n  max_running_requests: 16\nenv:\n  \
-                 SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_TIME_SCALE: \"10\"\n"
-            ),
-        )
-        .unwrap();
-        let f = Fleet {
+        world.up_sims(2, &["max_running_requests: 16"], 10);
+        Fleet {
             world,
             dir: tempfile::tempdir().unwrap(),
-        };
-        let o = f.fleet(&["up", "--profile", "sim"]);
-        assert!(o.status.success(), "up: {}", text(&o.stderr));
-        f
+        }
     }
 
     fn fleet(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_fleet"))
-            .env("HOME", self.world.home.path())
-            .env_remove("SSH_AUTH_SOCK")
-            .env_remove("FLEET_CONFIG")
-            .env_remove("FLEET_LOG")
-            .env_remove("FLEET_RUN_DIR")
-            .current_dir(self.world.home.path())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        self.world.fleet(args).output().unwrap()
     }
 
     fn json(&self, args: &[&str]) -> (Option<i32>, Value, String) {

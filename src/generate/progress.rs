@@ -33,6 +33,17 @@ impl Status {
 }
 
 /// The document written to `DIR/progress.json`.
+/// What earlier runs of a resumed job already wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Baseline {
+    /// Prompt lines in the input (up to `--limit`).
+    pub total: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub total: u64,
@@ -82,7 +93,7 @@ pub struct InstanceProgress {
 
 impl Progress {
     /// What an output directory shows before any request of this run went out.
-    pub fn before_start(b: &super::core::Baseline, status: Status) -> Self {
+    pub fn before_start(b: &Baseline, status: Status) -> Self {
         Progress {
             total: b.total,
             completed: b.completed,

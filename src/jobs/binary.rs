@@ -4,7 +4,8 @@
 //! on the target.
 
 use super::{JobError, transfer};
-use crate::remote::Transport;
+use crate::launch::state::run_ok;
+use crate::remote::{Transport, argv};
 
 /// `fleet --version` of this build.
 pub fn our_version() -> String {
@@ -60,11 +61,10 @@ pub fn choose(
 /// The `fleet` a job in `job_dir` runs on `t`: `fleet` (on PATH) or `job_dir/fleet`, uploaded
 /// and checked to run.
 pub async fn fleet_on(t: &dyn Transport, job_dir: &str) -> Result<String, JobError> {
-    let argv = |parts: &[&str]| parts.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let probe = r#"command -v fleet >/dev/null 2>&1 && fleet --version 2>/dev/null; true"#;
     let found = t.run(&argv(&["sh", "-c", probe])).await?.stdout_lossy();
     let found = found.lines().next().filter(|l| !l.trim().is_empty());
-    let platform = super::ops::run_ok(t, &argv(&["uname", "-sm"])).await?;
+    let platform = run_ok(t, &argv(&["uname", "-sm"])).await?;
     let ours = our_version();
     match choose(found, &platform, &ours, &our_platform()) {
         BinaryChoice::OnPath => Ok("fleet".to_string()),
@@ -80,7 +80,7 @@ pub async fn fleet_on(t: &dyn Transport, job_dir: &str) -> Result<String, JobErr
             })?;
             let remote = format!("{job_dir}/fleet");
             transfer::upload(t, &exe, &remote).await?;
-            super::ops::run_ok(t, &argv(&["chmod", "0755", "--", &remote])).await?;
+            run_ok(t, &argv(&["chmod", "0755", "--", &remote])).await?;
             let out = t.run(&argv(&[&remote, "--version"])).await?;
             let said = out.stdout_lossy();
             if out.success() && said.trim() == ours {

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{JobError, JobRecord, JobView};
 use crate::generate::progress::{PROGRESS_FILE, Progress, Status};
-use crate::launch::state::{self, StateError};
-use crate::remote::{Detached, Transport, mask};
+use crate::launch::state::{self, StateError, run_ok};
+use crate::remote::{Detached, Transport, argv};
 
 /// Jobs live under the run root, beside the servers' records.
 pub const JOBS_DIR: &str = "jobs";
@@ -17,25 +17,6 @@ const LOG: &str = "job.log";
 const PIDFILE: &str = "job.pid";
 /// Lines of a dead job's log shown with it.
 const LOG_TAIL: usize = 20;
-
-fn argv(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|s| s.to_string()).collect()
-}
-
-/// Runs an argv on the target and insists on success.
-pub(super) async fn run_ok(t: &dyn Transport, argv: &[String]) -> Result<String, JobError> {
-    let out = t.run(argv).await?;
-    if out.success() {
-        Ok(out.stdout_lossy())
-    } else {
-        Err(StateError::Command {
-            host: t.host().to_string(),
-            command: mask(&argv.join(" ")),
-            stderr: out.stderr_lossy().trim().to_string(),
-        }
-        .into())
-    }
-}
 
 pub fn job_dir(run_root: &str, id: &str) -> String {
     format!("{run_root}/{JOBS_DIR}/{id}")

@@ -10,7 +10,8 @@ use sha2::{Digest, Sha256};
 
 use super::JobError;
 use crate::backoff::Backoff;
-use crate::remote::{RemoteError, Transport};
+use crate::launch::state::run_ok;
+use crate::remote::{RemoteError, Transport, argv};
 
 /// Bytes per command: large enough that a 100 MB file takes ~25 round trips, small enough that
 /// a cut costs little.
@@ -19,10 +20,6 @@ const CHUNK: u64 = 4 * 1024 * 1024;
 /// Tries of one chunk through an outage (a reconnect takes seconds).
 const TRIES: u32 = 12;
 const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
-
-fn argv(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|s| s.to_string()).collect()
-}
 
 /// The size of a file on the target, `None` when there is none.
 pub async fn remote_size(t: &dyn Transport, path: &str) -> Result<Option<u64>, RemoteError> {
@@ -96,11 +93,11 @@ pub async fn upload(t: &dyn Transport, local: &Path, remote: &str) -> Result<u64
             .map_err(io)?
     };
     let dir = remote.rsplit_once('/').map_or(".", |(d, _)| d);
-    super::ops::run_ok(t, &argv(&["mkdir", "-p", "--", dir])).await?;
+    run_ok(t, &argv(&["mkdir", "-p", "--", dir])).await?;
     let mut sent = 0;
     for fresh_start in [false, true] {
         if fresh_start {
-            super::ops::run_ok(t, &argv(&["rm", "-f", "--", remote])).await?;
+            run_ok(t, &argv(&["rm", "-f", "--", remote])).await?;
         }
         loop {
             let have = through_outages(t, || async {

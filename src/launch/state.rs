@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::remote::{RemoteError, Transport};
+use crate::remote::{RemoteError, Transport, argv, mask};
 use crate::sglang::client::Endpoint;
 
 /// `instance.json`: written by `up` once the server is started; read by status, down and logs.
@@ -157,22 +157,18 @@ pub enum StateError {
     },
 }
 
-/// Runs an argv and insists on success.
-async fn run_ok(t: &dyn Transport, argv: &[String]) -> Result<String, StateError> {
+/// Runs an argv and insists on success; the failure names the command, secrets masked.
+pub(crate) async fn run_ok(t: &dyn Transport, argv: &[String]) -> Result<String, StateError> {
     let out = t.run(argv).await?;
     if out.success() {
         Ok(out.stdout_lossy())
     } else {
         Err(StateError::Command {
             host: t.host().to_string(),
-            command: argv.join(" "),
+            command: mask(&argv.join(" ")),
             stderr: out.stderr_lossy().trim().to_string(),
         })
     }
-}
-
-fn argv(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|s| s.to_string()).collect()
 }
 
 /// What a stopped instance's `instance.json` becomes, beside its log: `fleet logs` still finds

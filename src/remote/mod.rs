@@ -36,6 +36,11 @@ pub use ssh::SshTransport;
 pub use ssh_config::directives;
 pub use ssh_config::{Origin as SshConfigOrigin, SshConfigError};
 
+/// An argv for [`Transport::run`] from string slices.
+pub fn argv(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
 /// What a finished command left behind. Each stream was read until its channel closed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommandOutput {

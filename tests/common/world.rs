@@ -4,6 +4,7 @@
 //! the inventory's `address:`), and one HOME whose `~/.ssh/config` names them all.
 
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 use super::{Sshd, TestHome};
 
@@ -58,6 +59,47 @@ impl World {
             ));
         }
         self.home.write_inventory(&yaml)
+    }
+
+    /// The real `fleet` as this world's user: its HOME (so its `~/.ssh`) and working
+    /// directory, no SSH agent and none of the caller's `FLEET_*` settings, stdin closed.
+    pub fn fleet(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fleet"));
+        c.env("HOME", self.home.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("FLEET_CONFIG")
+            .env_remove("FLEET_LOG")
+            .env_remove("FLEET_RUN_DIR")
+            .current_dir(self.home.path())
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `fleet up` of a no_buffer sim profile (`profiles/sim.yaml`, `server` lines added under
+    /// its `server:`) on GPUs `0..gpus` of every host, its time sped up `time_scale` times.
+    pub fn up_sims(&self, gpus: u16, server: &[&str], time_scale: u32) {
+        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
+        self.inventory(&format!("[{}]", list.join(", ")));
+        let port_base = super::free_port_base(gpus);
+        let extra: String = server.iter().map(|l| format!("  {l}\n")).collect();
+        std::fs::create_dir_all(self.home.path().join("profiles")).unwrap();
+        std::fs::write(
+            self.home.path().join("profiles/sim.yaml"),
+            format!(
+                "model: /models/test\nlauncher: [{}]\nport_base: {port_base}\nserver:\n  \
+                 mamba_strategy: no_buffer\n{extra}env:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  \
+                 SGLANG_SIM_TIME_SCALE: \"{time_scale}\"\n",
+                super::local_fleet::SIM
+            ),
+        )
+        .unwrap();
+        let o = self.fleet(&["up", "--profile", "sim"]).output().unwrap();
+        assert!(
+            o.status.success(),
+            "up: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 
     /// Where `path` (under `/tmp` inside host i's container) is seen from here.

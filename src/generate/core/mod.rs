@@ -25,6 +25,7 @@ use rand::rngs::SmallRng;
 use super::concurrency::ConcurrencyMode;
 use super::input::{Id, Line};
 use super::journal::Entry;
+pub use super::progress::Baseline;
 use super::progress::{Progress, RateWindow, Status};
 use super::upload::UploadEvent;
 use super::watchdog::{Cause, Finding};
@@ -79,17 +80,6 @@ impl CoreConfig {
             seed,
         }
     }
-}
-
-/// What earlier runs of a resumed job already wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Baseline {
-    /// Prompt lines in the input (up to `--limit`).
-    pub total: u64,
-    pub completed: u64,
-    pub failed: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
 }
 
 /// A server as the shell found it before the run: its `/server_info`, or why it did not answer.
