@@ -5,8 +5,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::generate::{assert_exactly_once, write_prompts};
@@ -140,9 +141,25 @@ fn a_detached_job_outlives_every_connection_and_fetch_gives_every_prompt_once() 
             .unwrap()
             .starts_with("/tmp/fleet/jobs/")
     );
-    // Every SSH connection cut: the job runs on, beside its servers.
+    // Every SSH connection cut, with one surely open (a command still running on the host):
+    // the job runs on, beside its servers.
     f.wait_completed(&job, 100);
+    let mut follower = f
+        .world
+        .fleet(&["exec", "--", "sh", "-c", "echo connected; sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // After the host's `== ct200 ==` header.
+    let connected = BufReader::new(follower.stdout.as_mut().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l == "connected");
+    assert!(connected, "the command on the host never started");
     assert!(f.world.hosts[0].sshd.kill_sessions() > 0);
+    let _ = follower.kill();
+    let _ = follower.wait();
     let done = f.wait_status(&job, "done");
     assert_eq!(
         (done["completed"].as_u64(), done["failed"].as_u64()),
