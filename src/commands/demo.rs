@@ -272,6 +272,9 @@ async fn run_fleet(
         .env_remove("FLEET_CONFIG")
         .env_remove("FLEET_PROFILES_DIR")
         .stdin(Stdio::null())
+        // Its own process group: a terminal's Ctrl-C reaches only us, and the one signal we pass
+        // on is the child's first, so it winds down instead of aborting.
+        .process_group(0)
         .stdout(if stage.json {
             Stdio::piped()
         } else {
@@ -285,7 +288,7 @@ async fn run_fleet(
     let out = tokio::select! {
         out = &mut waiting => out?,
         _ = ctx.cancel.cancelled() => {
-            // A terminal's Ctrl-C reached the child too; a signal sent to us alone is passed on.
+            // The child has a process group of its own: pass the signal on.
             let signal = ctx.interrupted_by().unwrap_or(Interrupt::Int).signal();
             if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
                 // SAFETY: kill(2) on our own child's pid with a valid signal number.

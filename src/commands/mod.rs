@@ -163,7 +163,7 @@ impl Ctx {
             };
             let _ = interrupt.set(first);
             tracing::warn!(
-                "interrupted ({}): finishing up (Ctrl-C again to abort at once)",
+                "interrupted ({}): finishing up (a second signal aborts at once)",
                 first.name()
             );
             cancel.cancel();

@@ -19,11 +19,6 @@ pub fn stderr(bytes: &[u8]) -> bool {
     write(&mut io::stderr().lock(), &STDERR_CLOSED, bytes)
 }
 
-/// Nobody reads stdout any more: a command that only prints can stop.
-pub fn stdout_closed() -> bool {
-    STDOUT_CLOSED.load(Ordering::Relaxed)
-}
-
 fn write(stream: &mut impl Write, closed: &AtomicBool, bytes: &[u8]) -> bool {
     if closed.load(Ordering::Relaxed) {
         return false;

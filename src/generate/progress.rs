@@ -32,7 +32,6 @@ impl Status {
     }
 }
 
-/// The document written to `DIR/progress.json`.
 /// What earlier runs of a resumed job already wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Baseline {
@@ -44,6 +43,7 @@ pub struct Baseline {
     pub output_tokens: u64,
 }
 
+/// The document written to `DIR/progress.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub total: u64,

@@ -54,7 +54,6 @@ pub struct Screened {
 pub struct BatchEnd {
     pub running: Vec<Running>,
     pub slots: Vec<Slot>,
-    pub interrupted: bool,
     pub error: Option<SweepError>,
 }
 
@@ -80,11 +79,10 @@ impl Held {
         let _ = tx.send(Msg::Release { running, slots });
     }
 
-    fn end(self, interrupted: bool, error: Option<SweepError>) -> BatchEnd {
+    fn end(self, error: Option<SweepError>) -> BatchEnd {
         BatchEnd {
             running: self.running,
             slots: self.members.into_iter().flat_map(|(_, s)| s).collect(),
-            interrupted,
             error,
         }
     }
@@ -145,12 +143,12 @@ pub async fn run(
         }
     }
     if planned.is_empty() {
-        return held.end(false, None);
+        return held.end(None);
     }
     match started(setup, &planned, &mut held, &tx, events, cancel).await {
         Ok(Some(measured)) => measure(setup, measured, held, &tx, events, cancel).await,
-        Ok(None) => held.end(cancel.is_cancelled(), None),
-        Err(e) => held.end(false, Some(e)),
+        Ok(None) => held.end(None),
+        Err(e) => held.end(Some(e)),
     }
 }
 
@@ -303,7 +301,7 @@ async fn measure(
             for t in tunnels {
                 t.close().await;
             }
-            return held.end(false, Some(e));
+            return held.end(Some(e));
         }
     };
     let _ = events.send(Event::Measuring {
@@ -338,7 +336,7 @@ async fn measure(
         t.close().await;
     }
     let Some(results) = results else {
-        return held.end(true, None);
+        return held.end(None);
     };
     for (((c, mine), result), first_window) in measured.iter().zip(results).zip(first) {
         let Ended::Measured(result) = result else {
@@ -359,7 +357,7 @@ async fn measure(
         };
         send_trial(tx, t);
     }
-    held.end(false, None)
+    held.end(None)
 }
 
 async fn failure_log(

@@ -21,7 +21,7 @@ use crate::launch::preflight::{self, PreflightFailure};
 use crate::launch::state::{self, InstanceRecord, StateError};
 use crate::launch::up::{self, LOG_TAIL_LINES, UpError, UpOptions, UpOutcome};
 use crate::remote::{RemoteError, Transport};
-use crate::sglang::client::{ClientError, HttpOptions, http_client};
+use crate::sglang::client::{ClientError, http_client};
 
 /// Everything a sweep runs with.
 pub struct Setup<'a> {
@@ -64,15 +64,6 @@ pub enum SweepError {
 pub struct Running {
     pub candidate: usize,
     pub record: InstanceRecord,
-}
-
-impl Running {
-    pub fn slot(&self) -> Slot {
-        Slot {
-            host: self.record.host.clone(),
-            gpu: self.record.gpu,
-        }
-    }
 }
 
 /// The GPUs each host offers, for the assignment.
@@ -122,11 +113,7 @@ impl Setup<'_> {
         instances: &[Instance],
         cancel: &CancellationToken,
     ) -> Result<Vec<UpOutcome>, SweepError> {
-        // Health checks and `/server_info` reads while starting answer fast or not at all.
-        let http = http_client(HttpOptions {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(10),
-        })?;
+        let http = http_client(crate::launch::PROBE_HTTP)?;
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
         let run = up::Run {
             transports: self.transports,
@@ -173,7 +160,7 @@ impl Setup<'_> {
                 .cloned()
                 .collect();
             let t = self.transports[&h.name].clone();
-            let local = h.ssh.is_none() && h.container.is_none();
+            let local = h.is_local();
             async move {
                 if !mine.is_empty() {
                     down::confirm_gpus_released(&mut mine, || gpu::read_host(t.clone(), local))

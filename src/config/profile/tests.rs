@@ -1,3 +1,6 @@
+//! Profiles as users write them: loading, `extends`, the schema's checks with their locations,
+//! `--set` overrides and `profile show`'s YAML.
+
 use super::*;
 use crate::config::{Expected, MambaStrategy, ServerSettings};
 use std::io::Write;
