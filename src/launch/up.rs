@@ -511,6 +511,22 @@ async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord,
             pidfile: instance.files.pidfile.clone(),
         })
         .await?;
+    match record_started(t, instance, pid).await {
+        Ok(record) => Ok(record),
+        Err(e) => {
+            // Unrecorded, nothing would ever stop it (`down` goes by the records): the group
+            // `setsid` made goes now, while its pid is surely the one just started.
+            let _ = state::signal_group(t, pid, "KILL").await;
+            Err(e)
+        }
+    }
+}
+
+async fn record_started(
+    t: &dyn Transport,
+    instance: &Instance,
+    pid: u32,
+) -> Result<InstanceRecord, StateError> {
     // A process that died at once has no stat; record start time 0 so it reads as dead.
     let start_ticks = state::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
     let record = InstanceRecord {

@@ -14,7 +14,7 @@ use super::assign::Slot;
 use super::batch::{self, BatchEnd, Msg, Screened};
 use super::file::Store;
 use super::prune::{self, Contender, Verdict};
-use super::rank::Trial;
+use super::rank::{Outcome, Trial};
 use super::schedule::Pool;
 use super::servers::{Running, Setup, SweepError};
 use crate::launch::plan;
@@ -51,10 +51,12 @@ fn hosts(slots: &[Slot]) -> Vec<String> {
     h
 }
 
-/// The first-window figures already on file (a resumed sweep), to judge the rest against.
+/// The first-window figures already on file (a resumed sweep), to judge the rest against: a
+/// candidate that failed after its first window leads nobody.
 fn board(setup: &Setup<'_>, trials: &[Trial]) -> Vec<Contender> {
     trials
         .iter()
+        .filter(|t| !matches!(t.outcome, Outcome::Failed { .. }))
         .filter_map(|t| {
             let candidate = setup
                 .candidates
@@ -133,6 +135,12 @@ impl Sweep<'_, '_> {
             // milliseconds; their servers stay busy meanwhile on the quarter of a batch queued
             // there beyond the cap.
             Msg::Trial(t) => {
+                // A leader that failed later (out of memory in its full window) prunes no more.
+                if matches!(t.outcome, Outcome::Failed { .. }) {
+                    let id = &t.candidate.id;
+                    let failed = self.setup.candidates.iter().position(|(c, _)| &c.id == id);
+                    self.board.retain(|c| Some(c.candidate) != failed);
+                }
                 if let Err(e) = self.store.record((*t).clone()) {
                     self.fail(e.into());
                 }

@@ -47,21 +47,28 @@ pub fn estimate(samples: &[f64], sample_s: f64) -> Option<Estimate> {
     }
     let mean = samples.iter().sum::<f64>() / n as f64;
     let ss: f64 = samples.iter().map(|x| (x - mean).powi(2)).sum();
-    let half = if ss == 0.0 {
+    let rho = if ss == 0.0 {
         0.0
     } else {
         let lagged: f64 = samples
             .windows(2)
             .map(|w| (w[0] - mean) * (w[1] - mean))
             .sum();
-        let rho = (lagged / ss).clamp(0.0, MAX_RHO);
-        let n_eff = n as f64 * (1.0 - rho) / (1.0 + rho);
-        if n_eff < 2.0 {
-            return None;
-        }
-        let variance = ss / (n - 1) as f64;
-        t_975(n_eff - 1.0) * (variance / n_eff).sqrt()
+        (lagged / ss).clamp(0.0, MAX_RHO)
     };
+    let n_eff = n as f64 * (1.0 - rho) / (1.0 + rho);
+    if n_eff < 2.0 {
+        return None;
+    }
+    // A window that happens to be flat (every bin alike) says little about its spread: its
+    // tokens are counted as a Poisson count varies, never with a zero-width interval that would
+    // call a difference of one token clear.
+    let variance = if ss == 0.0 {
+        mean / sample_s
+    } else {
+        ss / (n - 1) as f64
+    };
+    let half = t_975(n_eff - 1.0) * (variance / n_eff).sqrt();
     Some(Estimate {
         mean,
         low: mean - half,
@@ -131,11 +138,19 @@ mod tests {
     }
 
     #[test]
-    fn too_few_or_empty_bins_are_no_estimate_and_a_flat_window_is_exact() {
+    fn too_few_or_empty_bins_are_no_estimate_and_a_flat_window_counts_its_tokens() {
         assert_eq!(estimate(&[5.0, 6.0], 1.0), None);
         assert_eq!(estimate(&[0.0; 8], 1.0), None);
-        let flat = estimate(&[7.0; 4], 1.0).unwrap();
-        assert_eq!((flat.low, flat.mean, flat.high), (7.0, 7.0, 7.0));
+        // 1000 tokens in each of 8 one-second bins: a Poisson count's spread, sqrt(1000) per
+        // bin, so a flat 1001 is not clearly above it.
+        let flat = estimate(&[1000.0; 8], 1.0).unwrap();
+        let half = 2.365 * (1000.0_f64 / 8.0).sqrt();
+        assert!(
+            close(flat.low, 1000.0 - half) && close(flat.high, 1000.0 + half),
+            "{flat:?}"
+        );
+        let next = estimate(&[1001.0; 8], 1.0).unwrap();
+        assert!(!flat.clearly_below(&next));
     }
 
     #[test]

@@ -231,7 +231,7 @@ pub async fn measure(
         }));
         let token = group_stops[g].clone();
         async move {
-            let ended = drive::drive(
+            drive::drive(
                 &mut core,
                 Clock { start },
                 &driver,
@@ -240,10 +240,8 @@ pub async fn measure(
                 &token,
                 |_| Ok(()),
             )
-            .await;
-            if let Err(e) = ended {
-                tracing::error!("the sweep's load failed: {e}");
-            }
+            .await
+            .map(|_| ())
         }
     });
     let snapshot = |g: usize| -> Vec<Stats> {
@@ -300,7 +298,7 @@ pub async fn measure(
         stop.cancel();
         counters
     };
-    let (_, counters) = tokio::join!(futures::future::join_all(loads), controller);
+    let (loaded, counters) = tokio::join!(futures::future::join_all(loads), controller);
     let (before, after, going) = counters?;
     let mut healths =
         futures::future::join_all(clients.iter().zip(&going).map(|(c, go)| async move {
@@ -330,7 +328,14 @@ pub async fn measure(
                 (s, reading)
             })
             .collect();
-        let result = summarize(group, per_server, timing.duration, bin);
+        // A load that broke off measured less than its window: a failed trial, never a figure.
+        let result = match &loaded[g] {
+            Err(e) => Err(TrialFailure {
+                reason: format!("the load failed: {e}"),
+                server: None,
+            }),
+            Ok(()) => summarize(group, per_server, timing.duration, bin),
+        };
         out.push(Ended::Measured(Box::new(result)));
     }
     Some(out)
