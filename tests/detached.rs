@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -144,22 +143,28 @@ fn a_detached_job_outlives_every_connection_and_fetch_gives_every_prompt_once() 
     // Every SSH connection cut, with one surely open (a command still running on the host):
     // the job runs on, beside its servers.
     f.wait_completed(&job, 100);
-    let mut follower = f
+    let mut holder = f
         .world
-        .fleet(&["exec", "--", "sh", "-c", "echo connected; sleep 60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .fleet(&["exec", "--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // After the host's `== ct200 ==` header.
-    let connected = BufReader::new(follower.stdout.as_mut().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .any(|l| l == "connected");
-    assert!(connected, "the command on the host never started");
-    assert!(f.world.hosts[0].sshd.kill_sessions() > 0);
-    let _ = follower.kill();
-    let _ = follower.wait();
+    let t0 = Instant::now();
+    while f.world.hosts[0].sshd.kill_sessions() == 0 {
+        if let Some(status) = holder.try_wait().unwrap() {
+            let mut why = String::new();
+            let _ = std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut why);
+            panic!("fleet exec ended before its connection was cut ({status}): {why}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "fleet exec never connected"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
     let done = f.wait_status(&job, "done");
     assert_eq!(
         (done["completed"].as_u64(), done["failed"].as_u64()),

@@ -28,6 +28,22 @@ pub fn fixtures_bin() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bin")
 }
 
+/// The host paths a container sees at the same place (as a Proxmox mount point `mpN` binds a
+/// host directory in): this checkout, holding the fakes, and the built binaries, such as the
+/// sim a profile launches. Only what lies under /tmp needs it, since a container's /tmp is its
+/// own; a checkout elsewhere is seen anyway. Colon separated, no path inside another.
+pub fn shared_into_containers() -> String {
+    let bins = Path::new(env!("CARGO_BIN_EXE_fleet"))
+        .parent()
+        .expect("the binaries' directory")
+        .to_path_buf();
+    let mut paths = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")), bins];
+    paths.sort();
+    paths.dedup_by(|inner, outer| inner.starts_with(&*outer));
+    let shared: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    shared.join(":")
+}
+
 /// A file name unique to this test process and call, for marker files in /tmp.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -71,9 +71,10 @@ impl Sshd {
         let containers = dir.path().join("containers");
         std::fs::create_dir_all(&containers).expect("containers dir");
         let mut set_env = format!(
-            "HOME={} FAKE_PCT_ROOT={} PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME={} FAKE_PCT_ROOT={} FAKE_PCT_SHARED={} PATH={}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             remote_home.display(),
             containers.display(),
+            super::shared_into_containers(),
             fixtures_bin().display()
         );
         for (k, v) in env {
