@@ -7,7 +7,7 @@ mod common;
 mod sweep_common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use sweep_common::{Fleet, SHORT_TRIALS, row, serial, short, tok_per_gpu};
@@ -279,18 +279,7 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let done = std::fs::read_to_string(f.path().join("sweep.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .map_or(0, |v| v["trials"].as_array().map_or(0, Vec::len));
-        if done >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no trial finished in time");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    f.wait_trials(1);
     // Mid-sweep: the second candidate is starting or being measured.
     std::thread::sleep(Duration::from_millis(1500));
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

@@ -7,7 +7,6 @@ mod common;
 mod sweep_common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sweep_common::{Fleet, row, serial, tok_per_gpu};
@@ -247,21 +246,7 @@ fn an_interrupted_multi_round_sweep_resumes_with_only_the_missing_candidates() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let done = std::fs::read_to_string(f.path().join("sweep.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .map_or(0, |v| v["trials"].as_array().map_or(0, Vec::len));
-        if done >= 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "two trials did not finish in time"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    f.wait_trials(2);
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -65,13 +65,7 @@ mod tests {
     use super::*;
 
     fn e(mean: f64, half: f64) -> Estimate {
-        Estimate {
-            mean,
-            low: mean - half,
-            high: mean + half,
-            samples: 15,
-            sample_s: 1.0,
-        }
+        Estimate::around(mean, half)
     }
 
     fn c(candidate: usize, host: &str, est: Estimate) -> Contender {

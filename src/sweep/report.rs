@@ -435,13 +435,7 @@ mod tests {
     }
 
     fn est(mean: f64, half: f64) -> Estimate {
-        Estimate {
-            mean,
-            low: mean - half,
-            high: mean + half,
-            samples: 15,
-            sample_s: 1.0,
-        }
+        Estimate::around(mean, half)
     }
 
     #[test]

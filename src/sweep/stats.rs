@@ -16,6 +16,18 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// `mean ± half` over 15 one-second bins: the estimates the pruning tests reason about.
+    #[cfg(test)]
+    pub fn around(mean: f64, half: f64) -> Estimate {
+        Estimate {
+            mean,
+            low: mean - half,
+            high: mean + half,
+            samples: 15,
+            sample_s: 1.0,
+        }
+    }
+
     /// This interval lies wholly below `other`'s.
     pub fn clearly_below(&self, other: &Estimate) -> bool {
         self.high < other.low

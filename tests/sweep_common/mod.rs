@@ -166,6 +166,25 @@ impl Fleet {
         serde_json::from_str(&std::fs::read_to_string(self.path().join("sweep.json")).unwrap())
             .unwrap()
     }
+
+    /// Waits until a running sweep has written `n` trials to sweep.json (within 60 s).
+    pub fn wait_trials(&self, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let done = std::fs::read_to_string(self.path().join("sweep.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .map_or(0, |v| v["trials"].as_array().map_or(0, Vec::len));
+            if done >= n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} trial(s) did not finish in time"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
 }
 
 /// GET over plain HTTP/1.0 from a server on loopback, returning the body.
