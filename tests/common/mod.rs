@@ -11,6 +11,7 @@
 pub mod generate;
 pub mod local_fleet;
 pub mod netns;
+pub mod real;
 pub mod sshd;
 pub mod world;
 
