@@ -3,6 +3,10 @@
 //! Data flows one way: arguments → validated [`config`] → pure plan → async execution through
 //! [`remote`] transports and HTTP → typed results → [`report`] (tables, JSON, progress).
 //! [`sim`] is the `sglang-sim` stand-in server, a separate program that shares only the crate.
+//!
+//! Nothing in the library prints: commands write through [`commands::output`], the one writer
+//! that knows a closed pipe, and the sim (a program of its own) prints as SGLang does.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod backoff;
 pub mod cli;
@@ -16,5 +20,6 @@ pub mod launch;
 pub mod remote;
 pub mod report;
 pub mod sglang;
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 pub mod sim;
 pub mod sweep;
