@@ -70,7 +70,7 @@ fn hard_limit() -> u64 {
         "this test needs a hard open-file limit of 2048 or more, not {}",
         lim.rlim_max
     );
-    lim.rlim_max as u64
+    lim.rlim_max
 }
 
 fn assert_clean(stderr: &str) {

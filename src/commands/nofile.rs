@@ -30,7 +30,7 @@ pub fn raise() -> Option<u64> {
             );
         }
     }
-    Some(lim.rlim_cur as u64)
+    Some(lim.rlim_cur)
 }
 
 /// The soft `RLIMIT_NOFILE` now.
@@ -40,7 +40,7 @@ pub fn soft_limit() -> Option<u64> {
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes only the struct passed.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur as u64)
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
 }
 
 /// How many descriptors the process has open now (`/proc/self/fd`), when it can be read.

@@ -102,7 +102,7 @@ fn the_file_budget_holds_auto_and_says_so_once() {
     assert_eq!((h.out_on(0), h.out_on(1)), (50, 50));
     for s in 1..=5 {
         h.at(s * SEC);
-        h.probe(0, Harness::metrics(50.0, 0.0, f64::from(s as u32)));
+        h.probe(0, Harness::metrics(50.0, 0.0, f64::from(s)));
         h.fill(&mut next, 10_000);
     }
     assert_eq!(h.out.len(), 100, "never past the budget");
@@ -132,7 +132,7 @@ fn low_running(mode: ConcurrencyMode) -> Harness {
     let mut next = 0;
     h.fill(&mut next, 100_000);
     for s in 0..=90u32 {
-        h.at(u64::from(s) * SEC);
+        h.at(s * SEC);
         let running = 16.0 + f64::from(s % 3);
         h.probe(0, Harness::metrics(running, 0.0, 200.0 + f64::from(s)));
     }
