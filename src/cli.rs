@@ -259,7 +259,8 @@ pub struct GenerateArgs {
     /// Output directory for shards, failed.jsonl and progress.json.
     #[arg(long)]
     pub out: PathBuf,
-    /// Server base URLs to use instead of the instances fleet started (repeatable).
+    /// Server base URLs to use instead of the instances fleet started (repeatable);
+    /// `NAME=http://HOST:PORT` names the server in completions and progress.
     #[arg(long)]
     pub url: Vec<String>,
     /// Profile whose `expected:` numbers the watchdog compares against.

@@ -19,6 +19,9 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     commands::init_logging(&cli.global);
+    // Every request a job has in flight holds a socket: the soft default (often 1024) is no
+    // limit to work within when the hard one allows more.
+    commands::nofile::raise();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::GenerateArgs;
 use crate::config::{self, Profile};
+use crate::generate::concurrency::FileBudget;
 use crate::generate::input::InputError;
 use crate::generate::journal::JournalError;
 use crate::generate::lock::LockError;
@@ -19,6 +20,7 @@ use crate::generate::{
 };
 use crate::sglang::client::Api;
 
+use super::nofile;
 use super::output::{eoutln, outln};
 use super::{Ctx, Outcome, UsageError};
 
@@ -57,6 +59,17 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         Some(f) => f.targets(),
         None => endpoints_from(args, profile.as_ref())?.into(),
     };
+    // Through fleet's own forwards a request holds two descriptors: the client's socket and
+    // the one the forward accepts.
+    let fds_per_request = if fleet.is_some() { 2 } else { 1 };
+    config.files = nofile::soft_limit().map(|limit| {
+        FileBudget::new(
+            limit,
+            nofile::open_now().unwrap_or(0),
+            targets.endpoints.len(),
+            fds_per_request,
+        )
+    });
     let json = ctx.global.json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
     let result = generate::run(config, targets, |e| view.show(e), ctx.cancel.clone()).await;
@@ -228,7 +241,14 @@ fn endpoints_from(args: &GenerateArgs, profile: Option<&Profile>) -> anyhow::Res
     let api_key = std::env::var(key_var).ok().filter(|k| !k.is_empty());
     args.url
         .iter()
-        .map(|u| {
+        .map(|given| {
+            // `NAME=URL` names the server as a job on `fleet up` instances does (`host:gpuN`):
+            // a detached job is given its servers this way.
+            let (name, u) = match given.split_once("=http://") {
+                Some((name, rest)) if !name.is_empty() => (Some(name), format!("http://{rest}")),
+                _ => (None, given.clone()),
+            };
+            let u = &u;
             if !u.starts_with("http://") {
                 return Err(UsageError::new(format!(
                     "--url {u:?}: expected http://HOST:PORT (servers are reached over plain HTTP, \
@@ -237,6 +257,9 @@ fn endpoints_from(args: &GenerateArgs, profile: Option<&Profile>) -> anyhow::Res
                 .into());
             }
             let mut e = Endpoint::from_url(u);
+            if let Some(name) = name {
+                e.name = name.to_string();
+            }
             e.api_key = api_key.clone();
             Ok(e)
         })
@@ -370,6 +393,21 @@ impl View {
             }
             Event::Stopping { reason, in_flight } => self.say(&format!(
                 "stopping ({reason}): waiting for {in_flight} requests in flight"
+            )),
+            Event::FileBudget {
+                open_files_limit,
+                max_in_flight,
+                wanted,
+                per_server,
+            } => self.say(&format!(
+                "note: the open-file limit ({open_files_limit}) leaves room for {max_in_flight} \
+                 requests in flight over all servers: {per_server} per server where \
+                 --concurrency wants {wanted}; raise the hard limit (`ulimit -Hn`, or \
+                 LimitNOFILE= in a unit) to send more"
+            )),
+            Event::OutOfFiles { error } => self.say(&format!(
+                "warning: fleet ran out of open files ({error}); the requests wait and go \
+                 again, and no server is taken out for it"
             )),
             Event::Progress(p) => self.progress(&p),
             Event::Upload(e) => self.upload(e),

@@ -197,7 +197,9 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             .get(&host)
             .map(|rs| {
                 rs.iter()
-                    .map(|r| format!("http://{}:{}", r.address, r.port))
+                    // Named as a local job names them, so completions say `host:gpuN` in
+                    // both.
+                    .map(|r| format!("{}:gpu{}=http://{}:{}", r.host, r.gpu, r.address, r.port))
                     .collect()
             })
             .unwrap_or_default()

@@ -18,6 +18,7 @@ pub mod gpus;
 pub mod instances;
 pub mod jobs;
 pub mod logs;
+pub mod nofile;
 pub mod output;
 pub mod profile;
 pub mod progress;

@@ -82,6 +82,8 @@ pub struct GenerateConfig {
     pub http: HttpOptions,
     pub sync: journal::SyncPolicy,
     pub timing: Timing,
+    /// The requests the open-file limit leaves room for (`None`: not bounded).
+    pub files: Option<concurrency::FileBudget>,
     /// Where finished shards are uploaded (`--upload`).
     pub upload: Option<upload::Destination>,
     pub upload_retry: upload::RetryPolicy,
@@ -110,6 +112,7 @@ impl GenerateConfig {
             http: HttpOptions::default(),
             sync: journal::SyncPolicy::default(),
             timing: Timing::default(),
+            files: None,
             upload: None,
             upload_retry: upload::RetryPolicy::default(),
         }
@@ -206,6 +209,19 @@ pub enum Event {
     Stopping {
         reason: String,
         in_flight: u64,
+    },
+    /// The open-file limit holds the in-flight limit below what the concurrency mode wants.
+    FileBudget {
+        open_files_limit: u64,
+        /// Over all servers.
+        max_in_flight: u32,
+        /// Per server: what the mode wants, and what it gets.
+        wanted: u32,
+        per_server: u32,
+    },
+    /// fleet ran out of open files opening a connection: the request waits and goes again.
+    OutOfFiles {
+        error: String,
     },
 }
 

@@ -13,12 +13,18 @@ pub struct Signals {
     pub running: f64,
     /// Share of readings with an empty server queue.
     pub queue_empty_share: f64,
-    /// Mean effective max running requests per instance, when servers report it.
+    /// Mean requests a server really runs at once: its effective max running requests, or what
+    /// its KV pool holds at the observed request size when that is less (a dense model's cap
+    /// is SGLang's general request cap, thousands, whatever its pool holds).
     pub cap: Option<f64>,
     /// Mean in-flight limit fleet allowed per instance.
     pub client_limit: f64,
     /// How many requests fit the KV cache at the observed mean sequence length.
     pub kv_fit: Option<f64>,
+    /// `--concurrency auto` is on: fleet already follows the servers.
+    pub auto: bool,
+    /// The open-file limit holds fleet's in-flight limit below what the servers take.
+    pub held_by_files: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -34,8 +40,33 @@ pub enum Cause {
         running: f64,
         cap: f64,
         client_limit: f64,
+        /// What holds the client back, and so what to do about it.
+        by: ClientBound,
     },
     Unknown,
+}
+
+/// What keeps fleet's in-flight limit low.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientBound {
+    /// A fixed `--concurrency`: `auto` would follow the servers.
+    FixedConcurrency,
+    /// The process's open-file limit leaves no room for more sockets.
+    OpenFiles,
+}
+
+impl Cause {
+    /// Whether two findings say the same thing: the numbers in a cause move with every
+    /// reading, and a warning is said again only when what it says changes.
+    pub fn same_finding(&self, other: &Cause) -> bool {
+        match (self, other) {
+            (Cause::ServerCap { .. }, Cause::ServerCap { .. }) => true,
+            (Cause::ClientLimited { by: a, .. }, Cause::ClientLimited { by: b, .. }) => a == b,
+            (Cause::Unknown, Cause::Unknown) => true,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -73,9 +104,20 @@ impl Finding {
                 running,
                 cap,
                 client_limit,
+                by: ClientBound::FixedConcurrency,
             } => format!(
                 "running {running:.0}/instance with an empty queue while the server takes {cap:.0}: \
                  the client is too slow (in-flight limit {client_limit:.0}); use --concurrency auto"
+            ),
+            Cause::ClientLimited {
+                running,
+                cap,
+                client_limit,
+                by: ClientBound::OpenFiles,
+            } => format!(
+                "running {running:.0}/instance with an empty queue while the server takes {cap:.0}: \
+                 fleet's in-flight limit ({client_limit:.0}) is held by the open-file limit; \
+                 raise the hard limit (`ulimit -Hn`, or LimitNOFILE= in a unit) and run again"
             ),
             Cause::Unknown => {
                 "cause unknown: check `fleet status` for server load and GPU use".to_string()
@@ -92,6 +134,8 @@ fn cause_of(s: &Signals, expected_cap: Option<f64>) -> Cause {
     let Some(cap) = s.cap else {
         return Cause::Unknown;
     };
+    // What the servers really run: a cap above what the KV pool holds is never reached.
+    let runs = s.kv_fit.map_or(cap, |k| cap.min(k));
     let pinned = s.running >= 0.9 * cap && s.queue_empty_share < 0.5;
     let room = [expected_cap, s.kv_fit]
         .into_iter()
@@ -103,11 +147,19 @@ fn cause_of(s: &Signals, expected_cap: Option<f64>) -> Cause {
             cap,
         };
     }
-    if s.queue_empty_share > 0.9 && s.running < 0.9 * cap {
+    if s.queue_empty_share > 0.9 && s.running < 0.9 * runs {
+        // Under auto, only the open-file limit holds fleet back; otherwise auto is still
+        // finding the level, and there is nothing to advise.
+        let by = match (s.auto, s.held_by_files) {
+            (_, true) => ClientBound::OpenFiles,
+            (false, false) => ClientBound::FixedConcurrency,
+            (true, false) => return Cause::Unknown,
+        };
         return Cause::ClientLimited {
             running: s.running,
-            cap,
+            cap: runs,
             client_limit: s.client_limit,
+            by,
         };
     }
     Cause::Unknown
@@ -168,6 +220,8 @@ mod tests {
             cap: Some(37.0),
             client_limit: 32.0,
             kv_fit: None,
+            auto: false,
+            held_by_files: false,
         };
         let f = assess(107.0, Some(&expected(1180.0, 72)), &s).unwrap();
         assert!(f.fraction < 0.1);
@@ -194,6 +248,8 @@ mod tests {
             cap: Some(72.0),
             client_limit: 48.0,
             kv_fit: None,
+            auto: false,
+            held_by_files: false,
         };
         assert!(assess(700.0, None, &s).is_none(), "48/72 is above half");
         let s = Signals {
@@ -214,6 +270,8 @@ mod tests {
             cap: Some(37.0),
             client_limit: 41.0,
             kv_fit: Some(120.0),
+            auto: false,
+            held_by_files: false,
         };
         let f = assess(107.0, None, &s).unwrap();
         assert!((f.fraction - 37.0 / 120.0).abs() < 1e-9);
@@ -227,8 +285,52 @@ mod tests {
             cap: Some(72.0),
             client_limit: 81.0,
             kv_fit: Some(80.0),
+            auto: false,
+            held_by_files: false,
         };
         assert!(assess(1150.0, Some(&expected(1180.0, 72)), &s).is_none());
         assert!(assess(1150.0, None, &s).is_none());
+    }
+
+    /// The issue's dense model: cap 4096, ~300 fit the pool, fleet at auto ran ~300.
+    fn dense(running: f64, auto: bool, held_by_files: bool) -> Signals {
+        Signals {
+            running,
+            queue_empty_share: 1.0,
+            cap: Some(4096.0),
+            client_limit: running + 40.0,
+            kv_fit: Some(315.0),
+            auto,
+            held_by_files,
+        }
+    }
+
+    #[test]
+    fn a_dense_server_full_by_its_kv_pool_is_not_called_client_limited() {
+        // 300 running of 4096 is 7% of the cap, but all the pool holds.
+        assert!(assess(2500.0, None, &dense(300.0, true, false)).is_none());
+        assert!(assess(2500.0, None, &dense(300.0, false, false)).is_none());
+    }
+
+    #[test]
+    fn auto_is_never_advised_to_a_run_that_uses_it() {
+        assert!(assess(250.0, None, &dense(100.0, true, false)).is_none());
+        let fixed = assess(250.0, None, &dense(100.0, false, false)).unwrap();
+        assert!(fixed.message().contains("use --concurrency auto"));
+        let files = assess(250.0, None, &dense(100.0, true, true)).unwrap();
+        let msg = files.message();
+        assert!(!msg.contains("--concurrency auto"), "{msg}");
+        assert!(msg.contains("open-file limit"), "{msg}");
+        assert!((files.fraction - 100.0 / 315.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_finding_with_new_numbers_is_the_same_finding() {
+        let a = assess(250.0, None, &dense(100.0, false, false)).unwrap();
+        let b = assess(260.0, None, &dense(101.0, false, false)).unwrap();
+        assert_ne!(a.cause, b.cause);
+        assert!(a.cause.same_finding(&b.cause));
+        let c = assess(250.0, None, &dense(100.0, true, true)).unwrap();
+        assert!(!a.cause.same_finding(&c.cause));
     }
 }

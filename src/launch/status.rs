@@ -18,7 +18,9 @@ pub struct InstanceStatus {
     pub pid: u32,
     pub profile: String,
     pub liveness: Liveness,
-    /// `ready`, `loading` (starting, or its port not open yet), `unreachable`, `dead` or `gone`.
+    /// `ready`, `loading` (starting, or its port not open yet), `unreachable`, `failing` (the
+    /// launcher is gone but its workers still run: SGLang tearing itself down), `dead` or
+    /// `gone`.
     pub state: &'static str,
     /// `/health`'s status code; `None` when dead or unreachable.
     pub health: Option<u16>,
@@ -45,15 +47,24 @@ pub fn attach_gpus(statuses: &mut [InstanceStatus], host: &str, readings: &[GpuR
 }
 
 impl InstanceStatus {
-    /// `ready`, `loading`, `unreachable`, `dead` or `gone` (pid reused).
+    /// `ready`, `loading`, `unreachable`, `failing`, `dead` or `gone` (pid reused).
     pub fn state(&self) -> &'static str {
         self.state
     }
 }
 
-/// What `liveness` and the port's answer add up to.
-fn state_of(liveness: Liveness, health: Option<u16>, port_closed: bool) -> &'static str {
+/// What `liveness` and the port's answer add up to. `workers_alive`: members of the
+/// launcher's process group still run.
+fn state_of(
+    liveness: Liveness,
+    health: Option<u16>,
+    port_closed: bool,
+    workers_alive: bool,
+) -> &'static str {
     match (liveness, health) {
+        // After a scheduler crash SGLang's processes go down over some seconds: until the last
+        // one has, the server is failing, not dead.
+        (Liveness::Dead, _) if workers_alive => "failing",
         (Liveness::Dead, _) => "dead",
         (Liveness::Reused, _) => "gone",
         (Liveness::Running, Some(200)) => "ready",
@@ -76,7 +87,15 @@ pub async fn host_status(
     let table = state::proc_table(t).await?;
     let looks = records.iter().map(|r| {
         let liveness = table.liveness(r.pid, r.start_ticks);
-        instance_status(t, r, liveness, http, dead_log_tails, now_unix)
+        let workers_alive = liveness == Liveness::Dead && !table.group(r.pid).is_empty();
+        instance_status(
+            t,
+            r,
+            (liveness, workers_alive),
+            http,
+            dead_log_tails,
+            now_unix,
+        )
     });
     Ok(futures::future::join_all(looks).await)
 }
@@ -84,7 +103,7 @@ pub async fn host_status(
 async fn instance_status(
     t: &dyn Transport,
     r: &InstanceRecord,
-    liveness: Liveness,
+    (liveness, workers_alive): (Liveness, bool),
     http: &reqwest::Client,
     dead_log_tails: bool,
     now_unix: u64,
@@ -96,7 +115,7 @@ async fn instance_status(
         pid: r.pid,
         profile: r.profile.clone(),
         liveness,
-        state: state_of(liveness, None, false),
+        state: state_of(liveness, None, false, workers_alive),
         health: None,
         port_closed: false,
         mamba_strategy: None,
@@ -123,13 +142,57 @@ async fn instance_status(
                 Err(e) => status.port_closed = e.is_unreachable(),
             }
             if status.health == Some(200) {
-                status.load = load.ok();
+                status.load = load.ok().map(idle_throughput);
                 status.mamba_strategy = info.ok().and_then(|i| i.mamba_strategy);
             }
-            status.state = state_of(liveness, status.health, status.port_closed);
+            status.state = state_of(liveness, status.health, status.port_closed, false);
             tunnel.close().await;
         }
         Err(e) => tracing::warn!("{e}"),
     }
     status
+}
+
+/// SGLang refreshes `gen_throughput` only while it decodes (`metrics_reporter.py`): an idle
+/// server keeps showing its last busy rate. Nothing running and nothing queued generates
+/// nothing.
+fn idle_throughput(mut m: Metrics) -> Metrics {
+    let idle = m.num_running_reqs == Some(0.0) && m.num_queue_reqs.is_none_or(|q| q == 0.0);
+    if idle && m.gen_throughput.is_some() {
+        m.gen_throughput = Some(0.0);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_launcher_gone_with_its_workers_still_up_is_failing_not_dead() {
+        assert_eq!(state_of(Liveness::Dead, None, false, true), "failing");
+        assert_eq!(state_of(Liveness::Dead, None, false, false), "dead");
+        assert_eq!(
+            state_of(Liveness::Running, Some(200), false, false),
+            "ready"
+        );
+        assert_eq!(state_of(Liveness::Running, None, true, false), "loading");
+    }
+
+    #[test]
+    fn an_idle_server_generates_nothing_whatever_its_stale_gauge_says() {
+        let stale = Metrics {
+            num_running_reqs: Some(0.0),
+            num_queue_reqs: Some(0.0),
+            gen_throughput: Some(2480.3),
+            ..Metrics::default()
+        };
+        assert_eq!(idle_throughput(stale).gen_throughput, Some(0.0));
+        let busy = Metrics {
+            num_running_reqs: Some(8.0),
+            gen_throughput: Some(2480.3),
+            ..Metrics::default()
+        };
+        assert_eq!(idle_throughput(busy).gen_throughput, Some(2480.3));
+    }
 }

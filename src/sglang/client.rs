@@ -59,6 +59,10 @@ pub enum ClientError {
     ContextOverflow { url: String, overflow: Overflow },
     #[error("{url}: unexpected response: {reason}")]
     Decode { url: String, reason: String },
+    /// fleet itself ran out of file descriptors (EMFILE/ENFILE) opening the connection: no
+    /// fault of the server, which must not be taken out for it.
+    #[error("{url}: fleet has too many open files: {reason}")]
+    OutOfFiles { url: String, reason: String },
 }
 
 impl ClientError {
@@ -67,12 +71,18 @@ impl ClientError {
         match self {
             ClientError::Connect { .. }
             | ClientError::Timeout { .. }
-            | ClientError::Transport { .. } => true,
+            | ClientError::Transport { .. }
+            | ClientError::OutOfFiles { .. } => true,
             ClientError::Status { status, .. } => *status >= 500 || *status == 429,
             ClientError::Build(_)
             | ClientError::ContextOverflow { .. }
             | ClientError::Decode { .. } => false,
         }
+    }
+
+    /// fleet's own open-file limit, not the server, failed the request.
+    pub fn is_local(&self) -> bool {
+        matches!(self, ClientError::OutOfFiles { .. })
     }
 
     /// The server could not be reached at all (as opposed to answering badly).
@@ -91,10 +101,18 @@ impl ClientError {
         // reqwest's own message repeats the URL; the innermost cause says what happened
         // ("Connection refused", "connection closed before message completed").
         let mut reason = e.to_string();
+        let mut out_of_files = false;
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
             reason = s.to_string();
+            out_of_files |= s
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+                .is_some_and(|code| code == libc::EMFILE || code == libc::ENFILE);
             source = s.source();
+        }
+        if out_of_files {
+            return ClientError::OutOfFiles { url, reason };
         }
         if e.is_connect() {
             ClientError::Connect { url, reason }

@@ -179,6 +179,10 @@ const SIM_OPTS: &[SimOpt] = &[
         "Answer generation requests at once with realistic bodies, without scheduling (client benchmarks).",
     ),
     switch(
+        "--sim-dense",
+        "Simulate a dense model (every layer full attention, no mamba state): the cap is SGLang's general request cap and the KV pool alone bounds what runs.",
+    ),
+    switch(
         "--sim-ignore-sigterm",
         "Ignore SIGTERM (to test SIGKILL escalation); SIGINT still stops the server.",
     ),
@@ -469,6 +473,7 @@ fn resolve(
         prefill_per_token_ms: sim_f64(parsed, "--sim-prefill-per-token-ms")?,
         mean_output_tokens: sim_u64(parsed, "--sim-mean-output-tokens")?.unwrap_or(988),
         mean_prompt_tokens: sim_u64(parsed, "--sim-mean-prompt-tokens")?.unwrap_or(96),
+        dense: sim_bool(parsed, "--sim-dense")?,
     };
     let settings = Settings {
         mem_fraction_static: num(parsed, "mem_fraction_static").unwrap_or(0.85),

@@ -15,6 +15,11 @@
 //!   186 // 5 = 37, extra_buffer_lazy 186 // 4 = 46, radix cache disabled 217 // 1; further
 //!   limited by `--max-running-requests` and by max_total_num_tokens / 2.
 //!
+//! A dense model (`--sim-dense`, e.g. the tiny Llama the real-server tests run) has no mamba
+//! pool: the KV pool takes all the rest, and the cap is SGLang's general request cap, which on
+//! a small pool is far above what the pool holds (see [`general_cap`]); the scheduler then
+//! admits only what fits the pool and queues the rest.
+//!
 //! Time (ms of simulated GPU time; divided by `--sim-time-scale` on the wall clock):
 //! - decode step with b running requests = (base + per_req × b) / overlap_speedup + copy × b,
 //!   where overlap_speedup applies with extra_buffer(_lazy) unless `--disable-overlap-schedule`
@@ -76,6 +81,8 @@ pub struct Params {
     pub prefill_per_token_ms: f64,
     pub mean_output_tokens: u64,
     pub mean_prompt_tokens: u64,
+    /// A dense model: no mamba state, every layer full attention.
+    pub dense: bool,
 }
 
 impl Default for Params {
@@ -96,6 +103,7 @@ impl Default for Params {
             prefill_per_token_ms: 0.05,
             mean_output_tokens: 988,
             mean_prompt_tokens: 96,
+            dense: false,
         }
     }
 }
@@ -167,8 +175,13 @@ impl fmt::Display for LoadError {
 /// Computes the memory plan; fails the way SGLang's load fails when memory does not fit.
 pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
     let static_mib = settings.mem_fraction_static * params.gpu_total_mib;
-    let overlap = settings.strategy.buffered() && !settings.overlap_disabled;
-    let reserve = if settings.strategy.buffered() {
+    let hybrid_buffered = !params.dense && settings.strategy.buffered();
+    let overlap = if params.dense {
+        !settings.overlap_disabled
+    } else {
+        hybrid_buffered && !settings.overlap_disabled
+    };
+    let reserve = if hybrid_buffered {
         params.overlap_reserve_mib
     } else {
         0.0
@@ -178,6 +191,7 @@ pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
         return Err(LoadError::NotEnoughMemory);
     }
     let (mamba_mib, max_mamba_cache_size) = match settings.max_mamba_cache_size {
+        _ if params.dense => (0.0, 0),
         Some(n) => (n as f64 * params.mamba_slot_mib, n),
         None => {
             let r = settings.mamba_full_memory_ratio;
@@ -203,11 +217,15 @@ pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
             Strategy::ExtraBufferLazy => 4,
         }
     };
-    let mut cap = max_mamba_cache_size / slots_per_request;
-    if let Some(m) = settings.max_running_requests {
-        cap = cap.min(m);
+    let context_len = settings.context_length.unwrap_or(params.model_context_len);
+    let mut cap = general_cap(
+        max_total_num_tokens,
+        context_len,
+        settings.max_running_requests,
+    );
+    if !params.dense {
+        cap = cap.min(max_mamba_cache_size / slots_per_request);
     }
-    cap = cap.min((max_total_num_tokens / 2).max(1));
     if cap == 0 {
         return Err(LoadError::NotEnoughMemory);
     }
@@ -228,9 +246,26 @@ pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
         slots_per_request,
         max_total_num_tokens,
         cap,
-        context_len: settings.context_length.unwrap_or(params.model_context_len),
+        context_len,
         overlap,
     })
+}
+
+/// The request cap before any mamba limit, as 0.5.23's `resolve_max_num_reqs`
+/// (`srt/mem_cache/kv_cache_configurator.py`) derives it: `--max-running-requests` if given,
+/// else `token_capacity / context_len × 512` held within 2048–4096; either way at most half the
+/// token capacity. On a dense model this is the cap `/server_info` reports
+/// (`effective_max_running_requests_per_dp`): 4096 for a 16,384-token pool, where a few hundred
+/// requests fill the pool.
+pub fn general_cap(token_capacity: u64, context_len: u64, requested: Option<u64>) -> u64 {
+    let half = token_capacity / 2;
+    match requested {
+        Some(r) => r.max(1).min(half),
+        None => {
+            let estimated = (token_capacity as f64 / context_len.max(1) as f64 * 512.0) as u64;
+            estimated.clamp(2048, 4096).min(half)
+        }
+    }
 }
 
 impl Plan {
@@ -242,7 +277,7 @@ impl Plan {
         if self.overlap {
             ms /= p.overlap_speedup;
         }
-        if self.settings.strategy.buffered() {
+        if !p.dense && self.settings.strategy.buffered() {
             ms += p.extra_buffer_copy_ms * b;
         }
         ms / 1000.0
@@ -352,5 +387,27 @@ pub(crate) mod tests {
         let nb = plan(&Params::default(), &settings(Strategy::NoBuffer)).unwrap();
         assert!(nb.decode_step_secs(72) > nb.decode_step_secs(1));
         assert!((nb.decode_step_secs(72) - 0.0605).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_dense_model_reports_the_general_cap_not_what_its_pool_holds() {
+        // The tiny Llama: --max-total-tokens 16384, a 2048-token context.
+        let p = Params {
+            dense: true,
+            ..Params::default()
+        };
+        let mut s = settings(Strategy::NoBuffer);
+        s.max_total_tokens = Some(16_384);
+        s.context_length = Some(2048);
+        let dense = plan(&p, &s).unwrap();
+        assert_eq!(dense.max_total_num_tokens, 16_384);
+        assert_eq!(dense.cap, 4096);
+        assert_eq!(dense.max_mamba_cache_size, 0);
+        // A 48 + 4 token request: the pool holds 315 of them.
+        assert_eq!(dense.max_total_num_tokens / 52, 315);
+        s.max_running_requests = Some(64);
+        assert_eq!(plan(&p, &s).unwrap().cap, 64);
+        assert_eq!(general_cap(3000, 2048, None), 1500);
+        assert_eq!(general_cap(10_000_000, 2048, None), 4096);
     }
 }

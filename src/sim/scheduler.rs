@@ -327,7 +327,13 @@ impl Scheduler {
                 Work::Prefill { tokens, .. } => self.plan.prefill_secs(*tokens),
                 Work::Decode => self.plan.decode_step_secs(self.running.len() as u64),
             };
-            self.publish();
+            // 0.5.23 refreshes the running/queue/usage gauges at a prefill, when idle and every
+            // decode_log_interval decode steps, not per step
+            // (srt/managers/scheduler_components/metrics_reporter.py): between refreshes a
+            // scrape reads the same numbers again.
+            if matches!(work, Work::Prefill { .. }) || self.steps.is_multiple_of(DECODE_LOG_STEPS) {
+                self.publish();
+            }
             clock += Duration::from_secs_f64(secs / self.time_scale);
             let now = Instant::now();
             if clock > now {

@@ -116,6 +116,7 @@ fn core_config(timing: Timing) -> CoreConfig {
         grace: Duration::ZERO,
         expected: None,
         timing: crate::generate::Timing::default(),
+        files: None,
         seed: 0,
     }
 }

@@ -3,7 +3,7 @@
 
 use super::watch::SignalAcc;
 use super::{Action, Core, CoreConfig, ProbeKind, ProbeResult, Server, Time};
-use crate::generate::concurrency::Controller;
+use crate::generate::concurrency::{Capacity, Controller, Gauges};
 use crate::generate::progress::RateWindow;
 use crate::generate::{Event, InstanceInfo};
 use crate::sglang::client::{ClientError, ServerInfo};
@@ -33,12 +33,14 @@ pub(super) struct Inst {
     pub server_tokens: RateWindow,
     pub last: Option<Metrics>,
     pub acc: SignalAcc,
+    /// Its share of the open-file budget.
+    ceiling: u32,
     /// Why it was out of service at start, for the caller to show.
     unavailable: Option<String>,
 }
 
 impl Inst {
-    pub fn new(s: Server, cfg: &CoreConfig) -> Inst {
+    pub fn new(s: Server, cfg: &CoreConfig, ceiling: u32, request_tokens: f64) -> Inst {
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
         let mut inst = Inst {
@@ -47,7 +49,12 @@ impl Inst {
             host: s.host,
             version: None,
             up: false,
-            ctl: Controller::new(cfg.concurrency, None),
+            ctl: Controller::new(
+                cfg.concurrency,
+                Capacity::default(),
+                request_tokens,
+                ceiling,
+            ),
             in_flight: 0,
             cap: None,
             kv_tokens: None,
@@ -61,24 +68,29 @@ impl Inst {
             server_tokens: RateWindow::new(cfg.timing.rate_window),
             last: None,
             acc: SignalAcc::default(),
+            ceiling,
             unavailable: None,
         };
         match s.info {
-            Ok(info) => inst.revive(&info, cfg),
+            Ok(info) => inst.revive(&info, cfg, request_tokens),
             Err(why) => inst.unavailable = Some(why),
         }
         inst
     }
 
     /// Puts it in service with what `/server_info` says.
-    fn revive(&mut self, info: &ServerInfo, cfg: &CoreConfig) {
+    fn revive(&mut self, info: &ServerInfo, cfg: &CoreConfig, request_tokens: f64) {
         self.up = true;
         self.failures = 0;
         self.cap = info.effective_max_running_requests;
         self.kv_tokens = info.max_total_num_tokens;
         self.context_len = info.context_length;
         self.version = info.version.clone();
-        self.ctl = Controller::new(cfg.concurrency, self.cap);
+        let capacity = Capacity {
+            cap: self.cap,
+            kv_tokens: self.kv_tokens,
+        };
+        self.ctl = Controller::new(cfg.concurrency, capacity, request_tokens, self.ceiling);
         self.metrics_available = true;
         // A restarted server counts from zero again.
         self.server_tokens = RateWindow::new(cfg.timing.rate_window);
@@ -127,6 +139,7 @@ impl Core {
         out: &mut Vec<Action>,
     ) {
         let warm = now >= self.cfg.warmup;
+        let request_tokens = self.request_tokens();
         let to_down = self.cfg.timing.health_failures_to_down;
         let inst = &mut self.insts[i];
         inst.probing = false;
@@ -137,7 +150,13 @@ impl Core {
                     inst.server_tokens.record(now, 0, total as u64);
                 }
                 if let (Some(running), Some(queued)) = (m.num_running_reqs, m.num_queue_reqs) {
-                    inst.ctl.observe(running, queued, inst.in_flight);
+                    let gauges = Gauges {
+                        running,
+                        queued,
+                        gen_throughput: m.gen_throughput,
+                        token_usage: m.token_usage,
+                    };
+                    inst.ctl.observe(gauges, inst.in_flight);
                     if warm {
                         inst.acc.add(running, queued, m.gen_throughput);
                     }
@@ -154,10 +173,12 @@ impl Core {
                 inst.failures = 0;
                 None
             }
+            // fleet's own open-file limit, not the server: never a reason to take it out.
+            ProbeResult::Metrics(Err(e)) | ProbeResult::Alive(Err(e)) if e.is_local() => None,
             ProbeResult::Metrics(Err(e)) | ProbeResult::Alive(Err(e)) if inst.up => Some(e),
             ProbeResult::Revive(Ok(info)) if !inst.up => {
                 let cfg = &self.cfg;
-                inst.revive(&info, cfg);
+                inst.revive(&info, cfg, request_tokens);
                 out.push(Action::Event(Event::InstanceUp {
                     name: inst.name.clone(),
                     server_cap: inst.cap,

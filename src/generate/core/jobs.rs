@@ -233,6 +233,25 @@ impl Core {
                     self.fail(Origin::job(&job), FailureReason::ContextOverflow, &why, out);
                 }
             },
+            e if e.is_local() => {
+                // fleet ran out of open files: its own failure, neither the server's (it is not
+                // taken out) nor the prompt's (no retry is spent). Wait, and send it again.
+                if !self.out_of_files_said {
+                    self.out_of_files_said = true;
+                    out.push(Action::Event(Event::OutOfFiles {
+                        error: e.to_string(),
+                    }));
+                }
+                if !stopping {
+                    let wait = self.cfg.timing.backoff.delay_with(1, &mut self.rng);
+                    self.seq += 1;
+                    self.delayed.push(Delayed {
+                        due: now + wait,
+                        seq: self.seq,
+                        job,
+                    });
+                }
+            }
             e if e.is_unreachable() && job.redispatches < MAX_REDISPATCHES => {
                 // The server is gone or dropped the connection, not the request's fault: send
                 // it elsewhere without spending one of its retries. A refused connection means

@@ -22,7 +22,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use super::concurrency::ConcurrencyMode;
+use super::concurrency::{ConcurrencyMode, FileBudget};
 use super::input::{Id, Line};
 use super::journal::Entry;
 pub use super::progress::Baseline;
@@ -58,6 +58,8 @@ pub struct CoreConfig {
     pub grace: Duration,
     pub expected: Option<Expected>,
     pub timing: Timing,
+    /// The requests the open-file limit leaves room for; `None`: unbounded.
+    pub files: Option<FileBudget>,
     /// Seeds the retry jitter: the same seed and inputs give the same decisions.
     pub seed: u64,
 }
@@ -77,6 +79,7 @@ impl CoreConfig {
             grace: c.grace,
             expected: c.expected.clone(),
             timing: c.timing,
+            files: c.files,
             seed,
         }
     }
@@ -264,6 +267,10 @@ pub struct Core {
     warned: Option<Cause>,
     /// Every finding announced, for progress.json.
     warnings: Vec<String>,
+    /// Whether the open-file budget's hold on the in-flight limit was announced.
+    files_said: bool,
+    /// Whether running out of open files was announced.
+    out_of_files_said: bool,
     finished: bool,
 }
 
@@ -275,7 +282,12 @@ impl Core {
             let i = s.info.as_ref().ok()?;
             i.served_model_name.clone().or_else(|| i.model_path.clone())
         });
-        let insts = servers.into_iter().map(|s| Inst::new(s, &cfg)).collect();
+        let ceiling = cfg.files.map_or(u32::MAX, |f| f.per_server(servers.len()));
+        let request_tokens = f64::from(cfg.max_tokens);
+        let insts = servers
+            .into_iter()
+            .map(|s| Inst::new(s, &cfg, ceiling, request_tokens))
+            .collect();
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
         Core {
@@ -301,6 +313,8 @@ impl Core {
             stop: None,
             warned: None,
             warnings: Vec::new(),
+            files_said: false,
+            out_of_files_said: false,
             finished: false,
         }
     }
@@ -393,6 +407,12 @@ impl Core {
                 self.timers.liveness = now + self.cfg.timing.health_every;
             }
             self.timers.metrics = now + self.cfg.timing.metrics_every;
+            if self.counts.completed > 0 {
+                let request_tokens = self.request_tokens();
+                for inst in &mut self.insts {
+                    inst.ctl.set_tokens_per_request(request_tokens);
+                }
+            }
             self.schedule_probes(liveness, out);
             self.record_rates(now);
             if self.stop.is_none()
@@ -429,6 +449,7 @@ impl Core {
             }
             return;
         }
+        self.say_file_budget(out);
         self.dispatch(out);
         if !self.input_open
             && self.ready.is_empty()
@@ -437,6 +458,39 @@ impl Core {
         {
             self.finish(End::Done, out);
         }
+    }
+
+    /// The KV tokens a request holds: the observed mean prompt + output once requests have
+    /// finished, else `max_tokens` (the prompt unknown yet).
+    pub(super) fn request_tokens(&self) -> f64 {
+        let c = &self.counts;
+        if c.completed == 0 {
+            return f64::from(self.cfg.max_tokens);
+        }
+        (c.in_tokens + c.out_tokens) as f64 / c.completed as f64
+    }
+
+    /// Says once that the open-file limit holds the in-flight limit below what the mode wants.
+    fn say_file_budget(&mut self, out: &mut Vec<Action>) {
+        let Some(files) = self.cfg.files else { return };
+        if self.files_said {
+            return;
+        }
+        let held: Vec<&Inst> = self
+            .insts
+            .iter()
+            .filter(|i| i.up && i.ctl.held_by_budget())
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        self.files_said = true;
+        out.push(Action::Event(Event::FileBudget {
+            open_files_limit: files.open_files_limit,
+            max_in_flight: files.max_in_flight,
+            wanted: held.iter().map(|i| i.ctl.wanted()).max().unwrap_or(0),
+            per_server: held[0].ctl.limit(),
+        }));
     }
 
     fn finish(&mut self, end: End, out: &mut Vec<Action>) {

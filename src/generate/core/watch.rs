@@ -4,6 +4,7 @@
 use super::fleet::Inst;
 use super::{Action, Core, Time};
 use crate::generate::Event;
+use crate::generate::concurrency::ConcurrencyMode;
 use crate::generate::progress::{self, InstanceProgress, Progress, Status};
 use crate::generate::watchdog::{self, Finding, Signals};
 
@@ -75,6 +76,8 @@ impl Core {
             kv_fit: avg_seq
                 .filter(|s| *s > 0.0 && !kv.is_empty())
                 .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
+            auto: self.cfg.concurrency == ConcurrencyMode::Auto,
+            held_by_files: up.iter().any(|i| i.ctl.held_by_budget()),
         };
         // Output is counted when requests finish, so in the first minutes of long completions
         // counters lag far behind the GPUs; the servers' decode rate does not.
@@ -86,7 +89,12 @@ impl Core {
             self.window.rates().1 / n
         };
         let finding = watchdog::assess(live, self.cfg.expected.as_ref(), &signals)?;
-        if self.warned.as_ref() != Some(&finding.cause) {
+        // Said once; again only when what it says changes, not its numbers.
+        if !self
+            .warned
+            .as_ref()
+            .is_some_and(|w| w.same_finding(&finding.cause))
+        {
             self.warned = Some(finding.cause.clone());
             self.warnings
                 .push(format!("WATCHDOG: {}", finding.message()));
@@ -100,7 +108,23 @@ impl Core {
 }
 
 pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
-    let (rate, _) = core.window.rates();
+    // The window samples at metrics ticks: a run over before its second sample, or the
+    // completions after its last one, would read as no rate at all. A run that has ended
+    // shows its own whole rate instead: this run's completions over its real elapsed time.
+    let ended = !matches!(status, Status::Running | Status::Paused);
+    let whole = |completed: u64, tokens: u64| {
+        let secs = now.as_secs_f64();
+        if secs > 0.0 {
+            (completed as f64 / secs, tokens as f64 / secs)
+        } else {
+            (0.0, 0.0)
+        }
+    };
+    let (rate, _) = if ended {
+        whole(core.counts.completed, core.counts.out_tokens)
+    } else {
+        core.window.rates()
+    };
     let (b, c) = (&core.base, &core.counts);
     let completed = b.completed + c.completed;
     let failed = b.failed + c.failed;
@@ -124,7 +148,11 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
             .insts
             .iter()
             .map(|i| {
-                let (rate, tok) = i.window.rates();
+                let (rate, tok) = if ended {
+                    whole(i.completed, i.out_tokens)
+                } else {
+                    i.window.rates()
+                };
                 InstanceProgress {
                     name: i.name.clone(),
                     url: i.url.clone(),

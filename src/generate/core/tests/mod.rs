@@ -2,6 +2,7 @@
 //! for, then one test per decision. `faults` covers instances going out, pausing, the wind-down,
 //! the watchdog and how a run ends.
 
+mod capacity;
 mod faults;
 
 use std::collections::HashMap;
@@ -32,14 +33,16 @@ fn cfg() -> CoreConfig {
         grace: Duration::from_secs(30),
         expected: None,
         timing: Timing::default(),
+        files: None,
         seed: 7,
     }
 }
 
-/// `/server_info` of a server with `cap` and an 8192-token context.
+/// `/server_info` of a server with `cap` and an 8192-token context, whose KV pool holds more
+/// than `cap` requests of `max_tokens` (a dense server's pool binds in `capacity`).
 fn info(cap: u64) -> ServerInfo {
     ServerInfo::from_json(json!({
-        "version": "0.5.23", "max_total_num_tokens": 278130, "context_length": 8192,
+        "version": "0.5.23", "max_total_num_tokens": 4_000_000, "context_length": 8192,
         "served_model_name": "qwen", "mamba_radix_cache_strategy": "no_buffer",
         "internal_states": [{"effective_max_running_requests_per_dp": cap}],
     }))
@@ -476,11 +479,23 @@ fn metrics_grow_the_limit_when_the_server_idles_and_shrink_it_when_it_queues() {
     h.fill(&mut next, 10_000);
     assert_eq!(
         h.out_on(0),
-        85,
+        101,
         "idle batch slots, nothing queued: more in flight"
     );
     h.probe(0, Harness::metrics(72.0, 40.0, 1000.0));
-    assert_eq!(h.core.instances()[0].concurrency, 70, "a long queue: fewer");
+    assert_eq!(
+        h.core.instances()[0].concurrency,
+        101,
+        "a queue while the batch grows is prefill catching up"
+    );
+    h.probe(0, Harness::metrics(72.0, 40.0, 1000.0));
+    assert_eq!(h.core.instances()[0].concurrency, 101, "the same reading");
+    h.probe(0, Harness::metrics(72.0, 40.0, 990.0));
+    assert_eq!(
+        h.core.instances()[0].concurrency,
+        86,
+        "a long queue with the batch full: fewer"
+    );
 }
 
 #[test]
