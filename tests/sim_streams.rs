@@ -87,9 +87,11 @@ async fn a_streamed_prompt_over_the_input_limit_is_a_200_that_ends_in_an_abort()
     assert_eq!(code, 200, "{body}");
     assert_eq!(
         chunks(&body),
-        [json!({"error": {"object": "error", "type": "BAD_REQUEST", "param": null, "code": 400,
+        [
+            json!({"error": {"object": "error", "type": "BAD_REQUEST", "param": null, "code": 400,
             "message": "Input length (997 tokens) exceeds the maximum allowed length (994 tokens). \
-                        Use a shorter input or enable --allow-auto-truncate."}})]
+                        Use a shorter input or enable --allow-auto-truncate."}})
+        ]
     );
 }
 
@@ -127,7 +129,10 @@ async fn a_request_that_finds_the_queue_full_is_aborted_with_a_503() {
         if running == Some(1.0) && queued == Some(1.0) {
             break;
         }
-        assert!(Instant::now() < deadline, "never 1 running and 1 queued:\n{m}");
+        assert!(
+            Instant::now() < deadline,
+            "never 1 running and 1 queued:\n{m}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let full = "The request queue is full.";
@@ -154,8 +159,10 @@ async fn a_request_that_finds_the_queue_full_is_aborted_with_a_503() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(
         chunks(&body),
-        [json!({"error": {"object": "error", "message": full, "type": "SERVICE_UNAVAILABLE",
-                          "param": null, "code": 503}})],
+        [
+            json!({"error": {"object": "error", "message": full, "type": "SERVICE_UNAVAILABLE",
+                          "param": null, "code": 503}})
+        ],
         "no role chunk before the abort"
     );
     let (code, body) = sim
@@ -184,7 +191,7 @@ async fn with_continuous_usage_every_chunk_says_how_many_tokens_so_far() {
         .post(
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "tell me"}], "max_tokens": 41,
-                   "stream": true, "stream_options": options}),
+                   "stream": true, "stream_options": options.clone()}),
         )
         .await;
     assert_eq!(code, 200);
@@ -201,7 +208,10 @@ async fn with_continuous_usage_every_chunk_says_how_many_tokens_so_far() {
         }
     }
     assert_eq!(so_far, 41);
-    assert!(merged, "several tokens per chunk at --stream-interval 10: {body}");
+    assert!(
+        merged,
+        "several tokens per chunk at --stream-interval 10: {body}"
+    );
     assert_eq!(c.last().unwrap()["usage"]["completion_tokens"], 41);
     assert_eq!(c.last().unwrap()["choices"], json!([]));
 
@@ -253,7 +263,10 @@ async fn a_reasoning_parser_moves_the_thought_out_of_the_answer() {
     let thought = message["reasoning_content"].as_str().unwrap();
     let answer = message["content"].as_str().unwrap();
     assert!(!thought.is_empty() && !answer.is_empty(), "{message}");
-    assert!(!thought.contains("think>") && !answer.contains("think>"), "{message}");
+    assert!(
+        !thought.contains("think>") && !answer.contains("think>"),
+        "{message}"
+    );
     // Every token counts, the two tags included.
     assert_eq!(
         v["usage"]["completion_tokens"],
@@ -283,7 +296,10 @@ async fn a_reasoning_parser_moves_the_thought_out_of_the_answer() {
         .await;
     let v: Value = serde_json::from_str(&body).unwrap();
     let text = v["text"].as_str().unwrap();
-    assert!(text.starts_with("<think>") && text.contains(" </think> "), "{text}");
+    assert!(
+        text.starts_with("<think>") && text.contains(" </think> "),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,7 +59,10 @@ enum Event {
     /// The request failed inside a 200 stream: an error event, or a `/generate` chunk whose
     /// finish reason is an abort. `code` is the HTTP status it stands for (none for an abort
     /// someone asked for, which carries no status).
-    Failed { code: Option<u16>, message: String },
+    Failed {
+        code: Option<u16>,
+        message: String,
+    },
     Done,
 }
 

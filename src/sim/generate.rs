@@ -219,7 +219,8 @@ enum Stop {
 /// Runs a non-streamed request to completion; returns its completion tokens.
 async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Stop> {
     if app.cfg.instant || p.output_tokens == 0 {
-        app.metrics.finished(p.prompt_tokens, p.output_tokens, false);
+        app.metrics
+            .finished(p.prompt_tokens, p.output_tokens, false);
         return Ok(p.output_tokens);
     }
     let (tx, rx) = oneshot::channel();
@@ -438,7 +439,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
         };
         let mut text_so_far = String::new();
         let prompt_tokens = p.prompt_tokens;
-        let render = move |from, to, done| {
+        let render = move |from: u64, to: u64, done: bool| {
             text_so_far.push_str(&p.raw_text(from, to));
             vec![json!({"text": text_so_far, "meta_info": meta(&p, to, done, started)}).to_string()]
         };
@@ -666,7 +667,7 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
             continuous_usage_stats,
         } = req.options;
         let parse_reasoning = parses_reasoning(&app);
-        let render = move |from, to, done| {
+        let render = move |from: u64, to: u64, done: bool| {
             let mut out = Vec::new();
             // Every chunk with output carries the usage so far when asked (serving_chat.py
             // `_generate_stream_content`, serving_completions.py).

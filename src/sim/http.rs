@@ -377,7 +377,9 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan, priority: bool
     }
     // A labelled series exists once a request of its kind finished (prometheus_client).
     for (metric, help, total, streamed) in counters {
-        out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} counter\n"));
+        out.push_str(&format!(
+            "# HELP {metric} {help}\n# TYPE {metric} counter\n"
+        ));
         for (is_streaming, v, seen) in [
             (false, total - streamed, requests > streamed_requests),
             (true, streamed, streamed_requests > 0),

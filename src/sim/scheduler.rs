@@ -598,8 +598,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(16);
         let cancel = CancellationToken::new();
-        let sched =
-            Scheduler::new(plan, 1.0, metrics.clone(), None).with_max_queued(Some(1));
+        let sched = Scheduler::new(plan, 1.0, metrics.clone(), None).with_max_queued(Some(1));
         let handle = tokio::spawn(sched.run(rx, cancel.clone()));
         // All three reach the scheduler before its next step, as one batch of input does:
         // the first waits in the queue, so the other two find it full.

@@ -505,8 +505,9 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            f.reason
-                .starts_with("2 requests failed (2 retryable; 10 finished in the window); first: HTTP 500"),
+            f.reason.starts_with(
+                "2 requests failed (2 retryable; 10 finished in the window); first: HTTP 500"
+            ),
             "{}",
             f.reason
         );
