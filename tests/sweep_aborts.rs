@@ -27,11 +27,14 @@ fn a_full_queue_s_aborts_fail_the_candidate_as_retryable_errors_not_completions(
         &[],
     );
     for endpoint in ["generate", "chat"] {
+        let out = format!("sweep-{endpoint}.json");
         let (code, r, err) = f.sweep_json(&short(&[
             "--set",
             "env.SGLANG_SIM_NOTE=queue",
             "--endpoint",
             endpoint,
+            "--out",
+            &out,
         ]));
         assert_eq!(code, 1, "{endpoint}: the only candidate failed: {err}");
         let o = outcome(&r);
