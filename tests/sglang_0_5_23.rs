@@ -270,6 +270,45 @@ fn chat_asking_for_more_tokens_than_the_context_completes_every_line() {
 }
 
 #[test]
+fn a_reasoning_models_thought_is_kept_apart_and_an_answer_cut_off_while_thinking_succeeds() {
+    let w = World::new();
+    w.profile(
+        "think",
+        "  mamba_strategy: no_buffer\n  extra_args: [--reasoning-parser, qwen3]\n",
+        "  SGLANG_SIM_TIME_SCALE: \"200\"\n",
+    );
+    let (code, _, stderr) = w.json(&["up", "--profile", "think", "--gpus", "0"]);
+    assert_eq!(code, 0, "{stderr}");
+    let prompts = w.fleet.path().join("think.jsonl");
+    let line = |id: &str, max_tokens: u64| {
+        json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
+               "body": {"max_tokens": max_tokens,
+                        "messages": [{"role": "user", "content": "Why is the sky blue?"}]}})
+        .to_string()
+    };
+    write_lines(&prompts, &[line("whole", 4000), line("cut", 3)]);
+    let out = w.fleet.path().join("out");
+    let (code, stderr) = generate(&w, &prompts, &out, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(failures(&out).is_empty(), "{:?}", failures(&out));
+    let done = completions(&out);
+    let get = |id: &str| done.iter().find(|c| c["id"] == id).unwrap().clone();
+    let whole = get("whole");
+    let (thought, answer) = (
+        whole["reasoning"].as_str().unwrap(),
+        whole["output"].as_str().unwrap(),
+    );
+    assert!(!thought.is_empty() && !answer.is_empty(), "{whole}");
+    assert!(!answer.contains("think>"), "{whole}");
+    // Cut off after two words of thought: an empty answer, and still a completion.
+    let cut = get("cut");
+    assert_eq!(cut["output"], "", "{cut}");
+    assert_eq!(cut["reasoning"].as_str().unwrap().split(' ').count(), 2);
+    assert_eq!(cut["finish_reason"], "length");
+    assert_eq!(cut["completion_tokens"], 3);
+}
+
+#[test]
 fn prompts_at_the_schedulers_input_limit_are_prompt_too_long_even_after_a_clamp() {
     let w = World::new();
     context_8192(&w);
@@ -281,6 +320,7 @@ fn prompts_at_the_schedulers_input_limit_are_prompt_too_long_even_after_a_clamp(
         &prompts,
         &[
             json!({"id": "at-limit", "prompt": text(8186)}).to_string(),
+            json!({"id": "longest", "prompt": text(8185)}).to_string(),
             json!({"id": "just-fits", "prompt": text(8180)}).to_string(),
             json!({"id": "short", "prompt": "hello"}).to_string(),
         ],
@@ -296,7 +336,7 @@ fn prompts_at_the_schedulers_input_limit_are_prompt_too_long_even_after_a_clamp(
         failed[0]["error"]
             .as_str()
             .unwrap()
-            .contains("runs prompts of fewer than 8186"),
+            .contains("the prompt is 8186 tokens; the server runs prompts of at most 8185 tokens"),
         "{failed:?}"
     );
     let done = completions(&out);
@@ -306,7 +346,13 @@ fn prompts_at_the_schedulers_input_limit_are_prompt_too_long_even_after_a_clamp(
         .expect("completed");
     // Clamped once to C − P − 1 = 11 output tokens.
     assert_eq!(fits["completion_tokens"], 11, "{fits}");
-    assert_eq!(done.len(), 2);
+    // The bound the message names is the longest prompt that runs.
+    let longest = done
+        .iter()
+        .find(|c| c["id"] == "longest")
+        .expect("completed");
+    assert_eq!(longest["completion_tokens"], 6, "{longest}");
+    assert_eq!(done.len(), 3);
 }
 
 #[test]

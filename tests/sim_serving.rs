@@ -244,7 +244,7 @@ async fn instant_mode_answers_at_once_with_consistent_bodies() {
     // The warm-up generation (1 token) counts too, as in SGLang.
     assert!(
         metrics.contains(&format!(
-            "sglang:generation_tokens_total{{model_name=\"/models/test\"}} {}.0",
+            "sglang:generation_tokens_total{{engine_type=\"unified\",is_streaming=\"false\",model_name=\"/models/test\"}} {}.0",
             n + 1
         )),
         "{metrics}"
@@ -316,7 +316,8 @@ async fn measured_throughput_matches_the_reported_ideal() {
         .text()
         .await
         .unwrap();
-    let labels = "{engine_type=\"unified\",model_name=\"/models/test\",tp_rank=\"0\"}";
+    let labels = "{engine_type=\"unified\",model_name=\"/models/test\",moe_ep_rank=\"0\",\
+                  pp_rank=\"0\",tp_rank=\"0\"}";
     assert!(
         metrics.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")),
         "{metrics}"

@@ -63,6 +63,10 @@ pub enum ClientError {
     /// fault of the server, which must not be taken out for it.
     #[error("{url}: fleet has too many open files: {reason}")]
     OutOfFiles { url: String, reason: String },
+    /// Ended as an abort with no status (SGLang's `/abort_request`, a session's clean-up): not
+    /// the prompt's fault.
+    #[error("{url}: the server aborted the request: {message}")]
+    Aborted { url: String, message: String },
 }
 
 impl ClientError {
@@ -72,7 +76,8 @@ impl ClientError {
             ClientError::Connect { .. }
             | ClientError::Timeout { .. }
             | ClientError::Transport { .. }
-            | ClientError::OutOfFiles { .. } => true,
+            | ClientError::OutOfFiles { .. }
+            | ClientError::Aborted { .. } => true,
             ClientError::Status { status, .. } => *status >= 500 || *status == 429,
             ClientError::Build(_)
             | ClientError::ContextOverflow { .. }
@@ -230,6 +235,10 @@ impl CompletionRequest {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Completion {
     pub text: String,
+    /// The thought of a reasoning model, which chat returns apart from the answer when the
+    /// server runs a `--reasoning-parser` (`message.reasoning_content`,
+    /// srt/entrypoints/openai/serving_chat.py); the answer may then be empty or null.
+    pub reasoning: Option<String>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub finish_reason: Option<String>,
@@ -553,6 +562,8 @@ struct OpenAiChoice {
 #[derive(Deserialize)]
 struct OpenAiMessage {
     content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -568,6 +579,7 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, String> {
             let r: GenerateResponse = serde_json::from_slice(body).map_err(|e| e.to_string())?;
             Ok(Completion {
                 text: r.text,
+                reasoning: None,
                 prompt_tokens: r.meta_info.prompt_tokens,
                 completion_tokens: r.meta_info.completion_tokens,
                 finish_reason: r.meta_info.finish_reason.map(|f| match f {
@@ -583,13 +595,14 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, String> {
                 .into_iter()
                 .next()
                 .ok_or("no choices in the response")?;
-            let text = match api {
-                Api::Chat => choice.message.and_then(|m| m.content),
-                _ => choice.text,
-            }
-            .unwrap_or_default();
+            let (text, reasoning) = match (api, choice.message) {
+                (Api::Chat, Some(m)) => (m.content, m.reasoning_content),
+                (Api::Chat, None) => (None, None),
+                _ => (choice.text, None),
+            };
             Ok(Completion {
-                text,
+                text: text.unwrap_or_default(),
+                reasoning: reasoning.filter(|r| !r.is_empty()),
                 prompt_tokens: r.usage.prompt_tokens,
                 completion_tokens: r.usage.completion_tokens,
                 finish_reason: choice.finish_reason,
@@ -672,7 +685,24 @@ mod tests {
             (c.text.as_str(), c.finish_reason.as_deref()),
             ("hey", Some("stop"))
         );
+        assert_eq!(c.reasoning, None);
         assert!(parse_completion(Api::Chat, b"{}").is_err());
+    }
+
+    #[test]
+    fn a_thought_is_kept_apart_and_an_answer_may_be_null() {
+        // serving_chat.py with --reasoning-parser qwen3: the thought moves to reasoning_content.
+        let chat = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"42","reasoning_content":"six times seven","tool_calls":null},"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":9,"total_tokens":11}}"#;
+        let c = parse_completion(Api::Chat, chat).unwrap();
+        assert_eq!(
+            (c.text.as_str(), c.reasoning.as_deref()),
+            ("42", Some("six times seven"))
+        );
+        // Cut off while thinking: no answer at all.
+        let cut = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"reasoning_content":"hmm"},"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":5,"total_tokens":7}}"#;
+        let c = parse_completion(Api::Chat, cut).unwrap();
+        assert_eq!((c.text.as_str(), c.reasoning.as_deref()), ("", Some("hmm")));
+        assert_eq!(c.completion_tokens, 5);
     }
 
     #[test]

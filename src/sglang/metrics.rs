@@ -1,4 +1,9 @@
 //! Parsing SGLang's Prometheus `/metrics` text into the few `sglang:` series fleet acts on.
+//!
+//! With priority scheduling (srt/observability/metrics_collector.py, 0.5.23) a scheduler gauge
+//! is written once as the total under `priority=""` and again per priority, while the tokenizer
+//! manager's counters carry each request's own priority and have no total: gauges are read from
+//! the total, counters summed over every label set.
 
 use serde::Serialize;
 
@@ -26,23 +31,24 @@ pub fn parse(text: &str) -> Metrics {
             .find(|c: char| c == '{' || c.is_whitespace())
             .unwrap_or(rest.len());
         let name = &rest[..name_end];
-        let slot = match name {
-            "num_running_reqs" => &mut m.num_running_reqs,
-            "num_queue_reqs" => &mut m.num_queue_reqs,
-            "gen_throughput" => &mut m.gen_throughput,
-            "token_usage" => &mut m.token_usage,
-            "generation_tokens_total" => &mut m.generation_tokens_total,
-            "prompt_tokens_total" => &mut m.prompt_tokens_total,
+        let (slot, gauge) = match name {
+            "num_running_reqs" => (&mut m.num_running_reqs, true),
+            "num_queue_reqs" => (&mut m.num_queue_reqs, true),
+            "gen_throughput" => (&mut m.gen_throughput, true),
+            "token_usage" => (&mut m.token_usage, true),
+            "generation_tokens_total" => (&mut m.generation_tokens_total, false),
+            "prompt_tokens_total" => (&mut m.prompt_tokens_total, false),
             _ => continue,
         };
         let after = &rest[name_end..];
         // Label values may contain spaces, so the value starts after the closing brace.
         let value_part = match after.strip_prefix('{') {
             Some(labels) => match labels.rfind('}') {
-                // With priority scheduling each gauge is written once as the total (priority="")
-                // and again per priority (srt/observability/metrics_collector.py): only the
-                // total counts.
-                Some(end) if label(&labels[..end], "priority").is_some_and(|p| !p.is_empty()) => {
+                // A gauge's per-priority breakdown repeats its total.
+                Some(end)
+                    if gauge
+                        && label(&labels[..end], "priority").is_some_and(|p| !p.is_empty()) =>
+                {
                     continue;
                 }
                 Some(end) => &labels[end + 1..],
@@ -115,17 +121,24 @@ sglang:time_to_first_token_seconds_bucket{le=\"0.1\"} 4
     }
 
     #[test]
-    fn priority_breakdowns_are_not_added_to_the_total() {
+    fn gauges_read_the_priority_total_and_counters_sum_every_priority() {
         let text = "\
 sglang:num_running_reqs{model_name=\"m\",priority=\"\",tp_rank=\"0\"} 72.0
 sglang:num_running_reqs{model_name=\"m\",priority=\"0\",tp_rank=\"0\"} 40.0
 sglang:num_running_reqs{model_name=\"m\",priority=\"1\",tp_rank=\"0\"} 32.0
+sglang:token_usage{model_name=\"m\",priority=\"\",tp_rank=\"0\"} 0.61
 sglang:generation_tokens_total{is_streaming=\"false\",model_name=\"m\"} 900
 sglang:generation_tokens_total{is_streaming=\"true\",model_name=\"m\"} 100
+sglang:prompt_tokens_total{engine_type=\"unified\",model_name=\"m\",priority=\"0\"} 300
+sglang:prompt_tokens_total{engine_type=\"unified\",model_name=\"m\",priority=\"1\"} 200
+sglang:prompt_tokens_total{engine_type=\"unified\",model_name=\"m\",priority=\"\"} 5
 ";
         let m = parse(text);
         assert_eq!(m.num_running_reqs, Some(72.0));
+        assert_eq!(m.token_usage, Some(0.61));
         assert_eq!(m.generation_tokens_total, Some(1000.0));
+        // The tokenizer's counters have no total series: each priority's requests are their own.
+        assert_eq!(m.prompt_tokens_total, Some(505.0));
         assert_eq!(
             label(r#"a="x, y",b="q\"uote""#, "b").as_deref(),
             Some("q\"uote")

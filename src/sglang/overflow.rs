@@ -24,7 +24,9 @@ pub enum Overflow {
     /// tokenized, so the prompt's length is not known yet.
     CompletionTooLarge { requested: u64, context_len: u64 },
     /// The scheduler (srt/managers/utils.py `validate_input_length`): "Input length (N tokens)
-    /// exceeds the maximum allowed length (M tokens)." A prompt of at least M tokens never runs.
+    /// exceeds the maximum allowed length (M tokens)." M is `max_req_input_len`
+    /// (srt/managers/tp_worker.py: min(context − 1, KV pool − 1) − 5), and the check is
+    /// `len >= M`, so despite the words a prompt of M tokens is refused too.
     InputLimit { prompt_tokens: u64, max_input: u64 },
 }
 
@@ -82,7 +84,8 @@ impl fmt::Display for Overflow {
                 max_input,
             } => write!(
                 f,
-                "the prompt is {prompt_tokens} tokens; the server runs prompts of fewer than {max_input}"
+                "the prompt is {prompt_tokens} tokens; the server runs prompts of at most {} tokens",
+                max_input.saturating_sub(1)
             ),
         }
     }
@@ -203,6 +206,20 @@ mod tests {
             }
         );
         assert_eq!(o.remedy(), Remedy::PromptTooLong);
+    }
+
+    #[test]
+    fn the_input_limit_names_the_longest_prompt_that_runs() {
+        // utils.py refuses `len >= max_req_input_len`: with M = 506 a 506-token prompt is
+        // refused and a 505-token one runs.
+        let o = Overflow::InputLimit {
+            prompt_tokens: 507,
+            max_input: 506,
+        };
+        assert_eq!(
+            o.to_string(),
+            "the prompt is 507 tokens; the server runs prompts of at most 505 tokens"
+        );
     }
 
     #[test]

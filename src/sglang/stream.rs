@@ -7,7 +7,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::client::{Api, ClientError, CompletionRequest, SglangClient, completion_error};
-use super::overflow::parse_overflow;
 
 /// How a streamed request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,8 +15,11 @@ pub struct Streamed {
     pub finish_reason: Option<String>,
 }
 
-/// The streaming body: the non-streamed one plus `stream: true` (and usage in the last chunk of
-/// the OpenAI APIs); `ignore_eos` makes the server generate exactly `max_tokens`.
+/// The streaming body: the non-streamed one plus `stream: true`; on the OpenAI APIs usage on
+/// every chunk (`continuous_usage_stats`, srt/entrypoints/openai/protocol.py `StreamOptions`)
+/// and at the end, because SGLang merges several decode steps into one chunk and chat skips
+/// empty deltas, so chunks are no token count. `ignore_eos` makes the server generate exactly
+/// `max_tokens`.
 pub fn stream_body(req: &CompletionRequest, ignore_eos: bool) -> Option<Value> {
     let mut body = req.body()?;
     let obj = body.as_object_mut()?;
@@ -29,7 +31,10 @@ pub fn stream_body(req: &CompletionRequest, ignore_eos: bool) -> Option<Value> {
             }
         }
         Api::Chat | Api::Completions => {
-            obj.insert("stream_options".into(), json!({"include_usage": true}));
+            obj.insert(
+                "stream_options".into(),
+                json!({"include_usage": true, "continuous_usage_stats": true}),
+            );
             if ignore_eos {
                 obj.insert("ignore_eos".into(), json!(true));
             }
@@ -41,8 +46,9 @@ pub fn stream_body(req: &CompletionRequest, ignore_eos: bool) -> Option<Value> {
 /// What one SSE `data:` payload says.
 #[derive(Debug, Clone, PartialEq)]
 enum Event {
-    /// Cumulative completion tokens so far (exact on `/generate`; counted by chunks with text on
-    /// the OpenAI APIs until the final usage).
+    /// Cumulative completion tokens so far when the chunk says (`meta_info.completion_tokens`
+    /// on `/generate`, `usage.completion_tokens` with continuous usage on the OpenAI APIs);
+    /// otherwise whether it carried text, counted as one token.
     Progress {
         tokens: Option<u64>,
         text: bool,
@@ -50,7 +56,13 @@ enum Event {
     },
     /// The final usage chunk of the OpenAI APIs.
     Usage(u64),
-    Error(String),
+    /// The request failed inside a 200 stream: an error event, or a `/generate` chunk whose
+    /// finish reason is an abort. `code` is the HTTP status it stands for (none for an abort
+    /// someone asked for, which carries no status).
+    Failed {
+        code: Option<u16>,
+        message: String,
+    },
     Done,
 }
 
@@ -61,6 +73,7 @@ struct Chunk {
     error: Option<Value>,
     object: Option<String>,
     message: Option<String>,
+    code: Option<Value>,
     meta_info: Option<Meta>,
     usage: Option<Usage>,
     choices: Option<Vec<Choice>>,
@@ -78,6 +91,8 @@ enum Finish {
     Typed {
         #[serde(rename = "type")]
         kind: String,
+        message: Option<String>,
+        status_code: Option<Value>,
     },
     Plain(String),
 }
@@ -97,6 +112,23 @@ struct Choice {
 #[derive(Deserialize)]
 struct Delta {
     content: Option<String>,
+    reasoning_content: Option<String>,
+}
+
+/// An HTTP status in a JSON field: a number, or digits in a string.
+/// Only an error status counts: tokenizer_manager.py `_handle_abort_finish_reason` lets an abort
+/// with any other code through as a normal end.
+fn status_code(v: Option<&Value>) -> Option<u16> {
+    let code = match v? {
+        Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }?;
+    (400..600).contains(&code).then_some(code)
+}
+
+fn non_empty(s: Option<&str>) -> bool {
+    s.is_some_and(|t| !t.is_empty())
 }
 
 fn parse_event(api: Api, data: &str) -> Result<Event, String> {
@@ -104,48 +136,83 @@ fn parse_event(api: Api, data: &str) -> Result<Event, String> {
         return Ok(Event::Done);
     }
     let c: Chunk = serde_json::from_str(data).map_err(|e| format!("bad stream chunk: {e}"))?;
+    // srt/entrypoints/http_server.py (`/generate`: {"error": {"message", "code", ...}}) and
+    // serving_base.py `create_streaming_error_response` (OpenAI: {"error": {"object": "error",
+    // "message", "type": "BAD_REQUEST", "code": 400}}).
     if let Some(err) = c.error {
-        let msg = err
+        let message = err
             .get("message")
             .and_then(Value::as_str)
             .map_or_else(|| err.to_string(), str::to_string);
-        return Ok(Event::Error(msg));
+        return Ok(Event::Failed {
+            code: status_code(err.get("code")).or(Some(500)),
+            message,
+        });
     }
     if c.object.as_deref() == Some("error") {
-        return Ok(Event::Error(c.message.unwrap_or_else(|| "error".into())));
+        return Ok(Event::Failed {
+            code: status_code(c.code.as_ref()).or(Some(500)),
+            message: c.message.unwrap_or_else(|| "error".into()),
+        });
     }
     match api {
         Api::Generate => {
             let meta = c.meta_info;
-            let finish = meta
-                .as_ref()
-                .and_then(|m| m.finish_reason.as_ref())
-                .map(|f| match f {
-                    Finish::Typed { kind } => kind.clone(),
-                    Finish::Plain(s) => s.clone(),
-                });
+            let tokens = meta.as_ref().and_then(|m| m.completion_tokens);
+            let finish = match meta.and_then(|m| m.finish_reason) {
+                // srt/managers/tokenizer_manager.py `_handle_abort_finish_reason`: a streamed
+                // request the scheduler aborts (input limit, retraction, full queue) gets a
+                // normal chunk with this finish reason, then [DONE].
+                Some(Finish::Typed {
+                    kind,
+                    message,
+                    status_code: code,
+                }) if kind == "abort" => {
+                    return Ok(Event::Failed {
+                        code: status_code(code.as_ref()),
+                        message: message.unwrap_or_else(|| "Aborted".into()),
+                    });
+                }
+                Some(Finish::Typed { kind, .. } | Finish::Plain(kind)) => Some(kind),
+                None => None,
+            };
             Ok(Event::Progress {
-                tokens: meta.and_then(|m| m.completion_tokens),
+                tokens,
                 text: true,
                 finish,
             })
         }
         Api::Chat | Api::Completions => {
-            if let Some(n) = c.usage.and_then(|u| u.completion_tokens) {
-                return Ok(Event::Usage(n));
-            }
             let choice = c.choices.and_then(|v| v.into_iter().next());
-            let text = choice.as_ref().is_some_and(|ch| {
-                ch.delta
-                    .as_ref()
-                    .and_then(|d| d.content.as_deref())
-                    .or(ch.text.as_deref())
-                    .is_some_and(|t| !t.is_empty())
-            });
+            let usage = c.usage.and_then(|u| u.completion_tokens);
+            let Some(choice) = choice else {
+                return Ok(match usage {
+                    Some(n) => Event::Usage(n),
+                    None => Event::Progress {
+                        tokens: None,
+                        text: false,
+                        finish: None,
+                    },
+                });
+            };
+            // serving_chat.py: an abort without a status (one someone asked for) ends as a
+            // normal chunk.
+            if choice.finish_reason.as_deref() == Some("abort") {
+                return Ok(Event::Failed {
+                    code: None,
+                    message: "Aborted".into(),
+                });
+            }
+            let text = match &choice.delta {
+                Some(d) => {
+                    non_empty(d.content.as_deref()) || non_empty(d.reasoning_content.as_deref())
+                }
+                None => non_empty(choice.text.as_deref()),
+            };
             Ok(Event::Progress {
-                tokens: None,
+                tokens: usage,
                 text,
-                finish: choice.and_then(|ch| ch.finish_reason),
+                finish: choice.finish_reason,
             })
         }
     }
@@ -188,6 +255,19 @@ impl SglangClient {
             reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
         })?;
         read_stream(url, rb.json(&body), req.api, on_tokens).await
+    }
+}
+
+/// A failure inside a 200 stream, classified by the code it carries exactly as the same code
+/// in a status line would be: a 400 that names a limit is a context overflow, other 4xx are
+/// rejections, 5xx may succeed later; an abort without a code is retryable.
+fn stream_failure(url: String, code: Option<u16>, message: &str) -> ClientError {
+    match code {
+        Some(status) => completion_error(url, status, message),
+        None => ClientError::Aborted {
+            url,
+            message: message.to_string(),
+        },
     }
 }
 
@@ -236,22 +316,14 @@ async fn read_stream(
                         finish_reason: finish,
                     });
                 }
-                Event::Error(msg) => {
-                    return Err(match parse_overflow(&msg) {
-                        Some(overflow) => ClientError::ContextOverflow { url, overflow },
-                        None => ClientError::Status {
-                            url,
-                            status,
-                            body: msg,
-                        },
-                    });
+                Event::Failed { code, message } => {
+                    return Err(stream_failure(url, code, &message));
                 }
                 Event::Usage(n) => {
                     if n > tokens {
                         tokens = n;
                         on_tokens(tokens);
                     }
-                    tokens = n;
                 }
                 Event::Progress {
                     tokens: t,
@@ -300,6 +372,7 @@ mod tests {
         let c = stream_body(&req(Api::Chat), false).unwrap();
         assert_eq!(c["stream"], true);
         assert_eq!(c["stream_options"]["include_usage"], true);
+        assert_eq!(c["stream_options"]["continuous_usage_stats"], true);
         assert_eq!(c["max_tokens"], 64);
         assert!(c.get("ignore_eos").is_none());
     }
@@ -331,11 +404,93 @@ mod tests {
         ));
         let usage = r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":40}}"#;
         assert_eq!(parse_event(Api::Chat, usage).unwrap(), Event::Usage(40));
-        let err = r#"{"error":{"message":"boom"}}"#;
-        assert_eq!(
-            parse_event(Api::Generate, err).unwrap(),
-            Event::Error("boom".into())
-        );
         assert!(parse_event(Api::Generate, "{nope").is_err());
+    }
+
+    #[test]
+    fn chunks_count_tokens_from_their_usage_and_thoughts_are_text() {
+        // Three decode steps merged into one chunk, with continuous usage.
+        let merged = r#"{"choices":[{"index":0,"delta":{"content":"a b c"},"finish_reason":null}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}"#;
+        assert_eq!(
+            parse_event(Api::Chat, merged).unwrap(),
+            Event::Progress {
+                tokens: Some(7),
+                text: true,
+                finish: None
+            }
+        );
+        let thought = r#"{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"},"finish_reason":null}],"usage":null}"#;
+        assert!(matches!(
+            parse_event(Api::Chat, thought).unwrap(),
+            Event::Progress {
+                tokens: None,
+                text: true,
+                ..
+            }
+        ));
+        let text = r#"{"choices":[{"index":0,"text":"xy","finish_reason":null}],"usage":{"completion_tokens":2}}"#;
+        assert!(matches!(
+            parse_event(Api::Completions, text).unwrap(),
+            Event::Progress {
+                tokens: Some(2),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn aborts_and_error_events_carry_their_own_codes() {
+        // tokenizer_manager.py: the scheduler's abort in a streamed /generate.
+        let abort = r#"{"text":"","meta_info":{"id":"r","finish_reason":{"type":"abort","message":"Input length (507 tokens) exceeds the maximum allowed length (506 tokens). Use a shorter input or enable --allow-auto-truncate.","status_code":400,"err_type":null},"prompt_tokens":507,"completion_tokens":0}}"#;
+        let Event::Failed { code, message } = parse_event(Api::Generate, abort).unwrap() else {
+            panic!("an abort is a failure");
+        };
+        assert_eq!(code, Some(400));
+        let e = stream_failure("u".into(), code, &message);
+        assert!(
+            matches!(&e, ClientError::ContextOverflow { overflow, .. }
+                if overflow.remedy() == crate::sglang::overflow::Remedy::PromptTooLong),
+            "{e}"
+        );
+        let full = r#"{"text":"","meta_info":{"finish_reason":{"type":"abort","message":"The request queue is full.","status_code":503},"completion_tokens":0}}"#;
+        let Event::Failed { code, message } = parse_event(Api::Generate, full).unwrap() else {
+            panic!("an abort is a failure");
+        };
+        let e = stream_failure("u".into(), code, &message);
+        assert!(matches!(e, ClientError::Status { status: 503, .. }), "{e}");
+        assert!(e.is_retryable());
+        // serving_chat.py: the OpenAI routes send an error object with the status's name.
+        let openai = r#"{"error":{"object":"error","message":"Input length (600 tokens) exceeds the maximum allowed length (506 tokens).","type":"BAD_REQUEST","param":null,"code":400}}"#;
+        let Event::Failed { code, message } = parse_event(Api::Chat, openai).unwrap() else {
+            panic!("an error event is a failure");
+        };
+        assert!(matches!(
+            stream_failure("u".into(), code, &message),
+            ClientError::ContextOverflow { .. }
+        ));
+        let bad = r#"{"error":{"object":"error","message":"temperature must be >= 0","type":"BAD_REQUEST","code":400}}"#;
+        let Event::Failed { code, message } = parse_event(Api::Completions, bad).unwrap() else {
+            panic!("an error event is a failure");
+        };
+        let e = stream_failure("u".into(), code, &message);
+        assert!(matches!(e, ClientError::Status { status: 400, .. }), "{e}");
+        assert!(!e.is_retryable());
+        // An abort someone asked for carries no status; a code-less error event is the server's.
+        let asked = r#"{"text":"ab","meta_info":{"finish_reason":{"type":"abort","message":"Abort by user"},"completion_tokens":2}}"#;
+        assert_eq!(
+            parse_event(Api::Generate, asked).unwrap(),
+            Event::Failed {
+                code: None,
+                message: "Abort by user".into()
+            }
+        );
+        assert!(stream_failure("u".into(), None, "x").is_retryable());
+        assert_eq!(
+            parse_event(Api::Generate, r#"{"error":{"message":"boom"}}"#).unwrap(),
+            Event::Failed {
+                code: Some(500),
+                message: "boom".into()
+            }
+        );
     }
 }

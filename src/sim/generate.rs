@@ -16,7 +16,7 @@ use serde_json::{Value as Json, json};
 use tokio::sync::{oneshot, watch};
 
 use crate::sim::http::{Shared, json_response, openai_error};
-use crate::sim::scheduler::{Job, Progress, Reply};
+use crate::sim::scheduler::{Abort, Job, Progress, Reply};
 use crate::sim::text;
 
 /// A request ready to run: its lengths and how it will end.
@@ -26,6 +26,9 @@ struct Prepared {
     output_tokens: u64,
     /// Ends at EOS (`stop`) rather than at the max-tokens / context limit (`length`).
     stops: bool,
+    /// Output tokens of the leading `<think>…</think>` block, both tags included; 0 when the
+    /// model does not think (see [`thought_tokens`]).
+    think: u64,
 }
 
 impl Prepared {
@@ -41,14 +44,84 @@ impl Prepared {
         }
     }
 
+    /// srt/entrypoints/openai/usage_processor.py `calculate_token_usage` (a `UsageInfo` of
+    /// protocol.py, dumped whole).
     fn usage(&self, completion: u64) -> Json {
+        let mut u = self.final_usage(completion);
+        u["prompt_tokens_details"] = Json::Null;
+        u["completion_tokens_details"] = Json::Null;
+        u
+    }
+
+    /// Usage without the empty details.
+    fn final_usage(&self, completion: u64) -> Json {
         json!({
             "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": null,
+            "completion_tokens": completion,
+            "reasoning_tokens": 0,
         })
     }
+
+    /// The raw text of output tokens `from..to`, the thought's tags included.
+    fn raw_text(&self, from: u64, to: u64) -> String {
+        let mut s = String::new();
+        for i in from..to {
+            if self.think > 0 && i == 0 {
+                s.push_str(THINK_START);
+            } else if self.think > 0 && i == self.think - 1 {
+                s.push(' ');
+                s.push_str(THINK_END);
+            } else {
+                text::push_tokens(&mut s, self.prompt_hash, i, i + 1);
+            }
+        }
+        s
+    }
+
+    /// Output tokens `from..to` as a reasoning parser splits them
+    /// (srt/parser/reasoning_parser.py `Qwen3Detector`): the thought without its tags, then
+    /// the answer; `None` for a part with no text. A thought cut off before its end tag is all
+    /// thought.
+    fn split_text(&self, from: u64, to: u64) -> (Option<String>, Option<String>) {
+        let part = |start: u64, end: u64| {
+            let (a, b) = (from.max(start), to.min(end));
+            (a < b).then(|| {
+                let mut s = String::new();
+                text::push_tokens(&mut s, self.prompt_hash, a, b);
+                if a == start {
+                    s.remove(0);
+                }
+                s
+            })
+        };
+        if self.think == 0 {
+            return (None, (from < to).then(|| self.raw_text(from, to)));
+        }
+        (part(1, self.think - 1), part(self.think, u64::MAX))
+    }
+}
+
+const THINK_START: &str = "<think>";
+const THINK_END: &str = "</think>";
+
+/// With `--reasoning-parser` the sim serves a thinking model (a server is given a parser only
+/// for one): each answer opens with a `<think>…</think>` block of 2 + ¼ of its natural length.
+/// Without the flag the model does not think, so the text is what it always was.
+fn thought_tokens(app: &Shared, natural: u64) -> u64 {
+    if parses_reasoning(app) {
+        2 + natural / 4
+    } else {
+        0
+    }
+}
+
+/// Whether the server splits thoughts from answers in chat (`--reasoning-parser` given).
+fn parses_reasoning(app: &Shared) -> bool {
+    app.cfg
+        .server_args
+        .get("reasoning_parser")
+        .is_some_and(|v| !v.is_null())
 }
 
 /// Why a request is answered 400 before it runs, and which part of SGLang says so.
@@ -57,7 +130,7 @@ enum Rejection {
     /// even for a streamed OpenAI request (serving_base primes the first chunk).
     Tokenizer(String),
     /// The scheduler aborts the request on arrival: a 400 when not streamed
-    /// (tokenizer_manager.py raises ValueError), an error event when streamed.
+    /// (tokenizer_manager.py raises ValueError), inside the 200 when streamed.
     Scheduler(String),
 }
 
@@ -101,12 +174,15 @@ fn prepare(
         )));
     }
     let natural = text::natural_output_len(prompt_hash, plan.params.mean_output_tokens);
+    let think = thought_tokens(app, natural);
+    let natural = natural + think;
     let limit = max_new.unwrap_or(u64::MAX).min(ctx - prompt_tokens);
     Ok(Prepared {
         prompt_tokens,
         prompt_hash,
         output_tokens: natural.min(limit),
         stops: natural <= limit,
+        think,
     })
 }
 
@@ -134,10 +210,17 @@ fn unix_now() -> u64 {
 /// The scheduler is gone: the server is shutting down (or crashing).
 struct ShuttingDown;
 
+/// Why a non-streamed request did not complete.
+enum Stop {
+    ShuttingDown,
+    Aborted(Abort),
+}
+
 /// Runs a non-streamed request to completion; returns its completion tokens.
-async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, ShuttingDown> {
+async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Stop> {
     if app.cfg.instant || p.output_tokens == 0 {
-        app.metrics.finished(p.prompt_tokens, p.output_tokens);
+        app.metrics
+            .finished(p.prompt_tokens, p.output_tokens, false);
         return Ok(p.output_tokens);
     }
     let (tx, rx) = oneshot::channel();
@@ -148,8 +231,18 @@ async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, ShuttingDown> {
         log_metrics: true,
         reply: Reply::Once(tx),
     };
-    app.jobs.send(job).await.map_err(|_| ShuttingDown)?;
-    rx.await.map_err(|_| ShuttingDown)
+    app.jobs.send(job).await.map_err(|_| Stop::ShuttingDown)?;
+    rx.await
+        .map_err(|_| Stop::ShuttingDown)?
+        .map_err(Stop::Aborted)
+}
+
+/// A non-streamed abort with a status other than 400: tokenizer_manager.py raises
+/// `HTTPException`, which http_server.py's handler (and serving_base.py on the OpenAI routes)
+/// answers with an `ErrorResponse` whose type is the status's number.
+fn aborted(why: Abort) -> Response {
+    let status = StatusCode::from_u16(why.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    openai_error(status, &why.status().to_string(), why.message())
 }
 
 /// Starts a streamed request; the receiver follows its progress.
@@ -158,10 +251,11 @@ async fn run_streamed(
     p: &Prepared,
 ) -> Result<watch::Receiver<Progress>, ShuttingDown> {
     if app.cfg.instant || p.output_tokens == 0 {
-        app.metrics.finished(p.prompt_tokens, p.output_tokens);
+        app.metrics.finished(p.prompt_tokens, p.output_tokens, true);
         let (_tx, rx) = watch::channel(Progress {
             generated: p.output_tokens,
             done: true,
+            aborted: None,
         });
         return Ok(rx);
     }
@@ -177,27 +271,32 @@ async fn run_streamed(
     Ok(rx)
 }
 
-/// An SSE body: `head` chunks, then `render(from, to, done)` chunks as tokens arrive, then
-/// `data: [DONE]`. A stream whose server goes away mid-way ends without `[DONE]`.
-fn sse<R>(rx: watch::Receiver<Progress>, head: Vec<String>, render: R) -> Response
+/// An SSE body: `render(from, to, done)` chunks as tokens arrive, the first preceded by the
+/// `head` chunks, then `data: [DONE]`; a request the scheduler aborts gets `abort(why)` alone
+/// instead (serving_chat.py checks for the abort before it sends the role chunk). A stream
+/// whose server goes away mid-way ends without `[DONE]`.
+fn sse<R, A>(rx: watch::Receiver<Progress>, head: Vec<String>, render: R, abort: A) -> Response
 where
     R: FnMut(u64, u64, bool) -> Vec<String> + Send + 'static,
+    A: FnOnce(Abort) -> String + Send + 'static,
 {
-    let state = Some((rx, 0u64, render, head));
+    let state = Some((rx, 0u64, render, head, Some(abort)));
     let chunks = futures::stream::unfold(state, |state| async move {
-        let (mut rx, sent, mut render, head) = state?;
-        if !head.is_empty() {
-            return Some((head, Some((rx, sent, render, Vec::new()))));
-        }
+        let (mut rx, sent, mut render, mut head, mut abort) = state?;
         loop {
             let p = *rx.borrow_and_update();
+            if let Some(why) = p.aborted {
+                let out = vec![(abort.take()?)(why), "[DONE]".to_string()];
+                return Some((out, None));
+            }
             if p.generated > sent || p.done {
-                let mut out = render(sent, p.generated, p.done);
+                let mut out = std::mem::take(&mut head);
+                out.extend(render(sent, p.generated, p.done));
                 if p.done {
                     out.push("[DONE]".to_string());
                     return Some((out, None));
                 }
-                return Some((out, Some((rx, p.generated, render, Vec::new()))));
+                return Some((out, Some((rx, p.generated, render, head, abort))));
             }
             rx.changed().await.ok()?;
         }
@@ -211,20 +310,14 @@ where
     Sse::new(events).into_response()
 }
 
-/// A stream that reports one error chunk then `[DONE]` (how SGLang reports a request rejected
-/// after streaming has begun, e.g. the scheduler's input limit).
-fn sse_error(chunk: Json) -> Response {
+/// A stream of one chunk then `[DONE]`: how SGLang reports a request refused after its 200
+/// went out (an error event, or on `/generate` the scheduler's abort).
+fn sse_once(chunk: Json) -> Response {
     let events = futures::stream::iter([
         Ok::<_, Infallible>(Event::default().data(chunk.to_string())),
         Ok(Event::default().data("[DONE]")),
     ]);
     Sse::new(events).into_response()
-}
-
-fn text_of(p: &Prepared, from: u64, to: u64) -> String {
-    let mut s = String::new();
-    text::push_tokens(&mut s, p.prompt_hash, from, to);
-    s
 }
 
 // ---------------------------------------------------------------- /generate
@@ -286,9 +379,27 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
     // tokenizer raises, so both kinds of rejection arrive as an error event there.
     let p = match prepare(&app, prompt_tokens, prompt_hash, max_new) {
         Ok(p) => p,
-        Err(Rejection::Tokenizer(msg) | Rejection::Scheduler(msg)) if req.stream => {
-            return sse_error(json!({"error": {
+        Err(Rejection::Tokenizer(msg)) if req.stream => {
+            return sse_once(json!({"error": {
                 "message": msg, "type": "invalid_request_error", "code": 400, "retryable": false,
+            }}));
+        }
+        // srt/managers/scheduler.py `set_finish_with_abort` (status 400) reaches a stream as a
+        // normal chunk with the abort as its finish reason (tokenizer_manager.py
+        // `_handle_abort_finish_reason`), then [DONE], in a 200. The abort replaces the input
+        // with one token and the chunk counts one output token, as 0.5.23 answers (seen from
+        // the real server).
+        Err(Rejection::Scheduler(msg)) if req.stream => {
+            return sse_once(json!({"text": "", "meta_info": {
+                "id": rid,
+                "finish_reason": {"type": "abort", "message": msg, "status_code": 400,
+                                  "err_type": "BadRequestError"},
+                "prompt_tokens": 1,
+                "completion_tokens": 1,
+                "cached_tokens": 0,
+                "weight_version": "default",
+                "total_retractions": 0,
+                "e2e_latency": started.elapsed().as_secs_f64(),
             }}));
         }
         Err(Rejection::Tokenizer(msg) | Rejection::Scheduler(msg)) => {
@@ -301,6 +412,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
             "Internal server error: simulated failure (--sim-fail-rate)",
         );
     }
+    let abort_rid = rid.clone();
     let meta = move |p: &Prepared, completion: u64, done: bool, started: Instant| {
         let finish = if !done {
             Json::Null
@@ -326,20 +438,38 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
             Err(ShuttingDown) => return shutting_down_native(),
         };
         let mut text_so_far = String::new();
-        return sse(rx, Vec::new(), move |from, to, done| {
-            text::push_tokens(&mut text_so_far, p.prompt_hash, from, to);
+        let prompt_tokens = p.prompt_tokens;
+        let render = move |from: u64, to: u64, done: bool| {
+            text_so_far.push_str(&p.raw_text(from, to));
             vec![json!({"text": text_so_far, "meta_info": meta(&p, to, done, started)}).to_string()]
-        });
+        };
+        // scheduler.py `_abort_on_queued_limit` gives a finish reason without `err_type`.
+        let abort = move |why: Abort| {
+            json!({"text": "", "meta_info": {
+                "id": abort_rid,
+                "finish_reason": {"type": "abort", "status_code": why.status(),
+                                  "message": why.message()},
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 0,
+                "cached_tokens": 0,
+                "weight_version": "default",
+                "total_retractions": 0,
+                "e2e_latency": started.elapsed().as_secs_f64(),
+            }})
+            .to_string()
+        };
+        return sse(rx, Vec::new(), render, abort);
     }
     match run_once(&app, &p).await {
         Ok(completion) => json_response(
             StatusCode::OK,
             &json!({
-                "text": text::output_text(p.prompt_hash, completion),
+                "text": p.raw_text(0, completion),
                 "meta_info": meta(&p, completion, true, started),
             }),
         ),
-        Err(ShuttingDown) => shutting_down_native(),
+        Err(Stop::ShuttingDown) => shutting_down_native(),
+        Err(Stop::Aborted(why)) => aborted(why),
     }
 }
 
@@ -360,10 +490,13 @@ fn shutting_down_openai() -> Response {
 
 // ---------------------------------------------------------------- OpenAI routes
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default, Clone, Copy)]
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
+    /// Usage in every chunk (srt/entrypoints/openai/utils.py `should_include_usage`).
+    #[serde(default)]
+    continuous_usage_stats: bool,
 }
 
 #[derive(Deserialize)]
@@ -428,40 +561,44 @@ impl OpenAi {
         }
     }
 
-    /// A streamed choice carrying `text` (`None`: the final, empty one with the finish reason).
-    fn chunk_choice(self, p: &Prepared, text: Option<String>) -> Json {
-        let (finish, matched) = match text {
-            Some(_) => (Json::Null, Json::Null),
-            None => (json!(p.finish_reason()), p.matched_stop()),
+    /// A streamed choice: `delta` (chat) or `text` (completions), and the finish reason when
+    /// `done`.
+    fn chunk_choice(self, p: &Prepared, body: Json, done: bool) -> Json {
+        let (finish, matched) = if done {
+            (json!(p.finish_reason()), p.matched_stop())
+        } else {
+            (Json::Null, Json::Null)
         };
         let mut choice = json!({
             "index": 0, "logprobs": null, "finish_reason": finish, "matched_stop": matched,
         });
         match self {
-            OpenAi::Chat => {
-                choice["delta"] = match text {
-                    Some(t) => json!({"content": t}),
-                    None => json!({}),
-                }
-            }
-            OpenAi::Completion => choice["text"] = json!(text.unwrap_or_default()),
+            OpenAi::Chat => choice["delta"] = body,
+            OpenAi::Completion => choice["text"] = body,
         }
         choice
     }
 
-    fn full_choice(self, p: &Prepared, text: String) -> Json {
+    /// srt/entrypoints/openai/serving_chat.py: `content` is "" rather than null, and the thought
+    /// is `reasoning_content` when the server parses reasoning.
+    fn full_choice(self, p: &Prepared, tokens: u64, parse_reasoning: bool) -> Json {
         let mut choice = json!({
             "index": 0, "logprobs": null,
             "finish_reason": p.finish_reason(), "matched_stop": p.matched_stop(),
         });
         match self {
             OpenAi::Chat => {
+                let (reasoning, content) = if parse_reasoning {
+                    p.split_text(0, tokens)
+                } else {
+                    (None, Some(p.raw_text(0, tokens)))
+                };
                 choice["message"] = json!({
-                    "role": "assistant", "content": text,
-                    "reasoning_content": null, "tool_calls": null,
+                    "role": "assistant", "content": content.unwrap_or_default(),
+                    "reasoning_content": reasoning, "tool_calls": null,
                 })
             }
-            OpenAi::Completion => choice["text"] = json!(text),
+            OpenAi::Completion => choice["text"] = json!(p.raw_text(0, tokens)),
         }
         choice
     }
@@ -475,16 +612,18 @@ struct OpenAiReq {
     prompt_hash: u64,
     max_new: Option<u64>,
     stream: bool,
-    include_usage: bool,
+    options: StreamOptions,
 }
 
 async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
     let (n, fail) = number_request(&app);
     let p = match prepare(&app, req.prompt_tokens, req.prompt_hash, req.max_new) {
         Ok(p) => p,
+        // serving_chat.py / serving_completions.py: the scheduler's abort with a status becomes
+        // `create_streaming_error_response(message, status.name, status.value)`.
         Err(Rejection::Scheduler(msg)) if req.stream => {
-            return sse_error(json!({"error": {
-                "object": "error", "message": msg, "type": "BadRequestError",
+            return sse_once(json!({"error": {
+                "object": "error", "message": msg, "type": "BAD_REQUEST",
                 "param": null, "code": 400,
             }}));
         }
@@ -523,34 +662,86 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
             )],
             OpenAi::Completion => Vec::new(),
         };
-        let include_usage = req.include_usage;
-        return sse(rx, head, move |from, to, done| {
+        let StreamOptions {
+            include_usage,
+            continuous_usage_stats,
+        } = req.options;
+        let parse_reasoning = parses_reasoning(&app);
+        let render = move |from: u64, to: u64, done: bool| {
             let mut out = Vec::new();
-            if to > from {
-                let text = text_of(&p, from, to);
-                out.push(chunk(
-                    json!([kind.chunk_choice(&p, Some(text))]),
-                    Json::Null,
-                ));
-            }
-            if done {
-                out.push(chunk(json!([kind.chunk_choice(&p, None)]), Json::Null));
-                if include_usage {
-                    out.push(chunk(json!([]), p.usage(to)));
+            // Every chunk with output carries the usage so far when asked (serving_chat.py
+            // `_generate_stream_content`, serving_completions.py).
+            let usage = || {
+                if continuous_usage_stats {
+                    p.usage(to)
+                } else {
+                    Json::Null
+                }
+            };
+            match kind {
+                // serving_completions.py: one chunk per output, the last with the finish reason.
+                OpenAi::Completion => {
+                    let text = json!(p.raw_text(from, to));
+                    out.push(chunk(json!([kind.chunk_choice(&p, text, done)]), usage()));
+                }
+                // serving_chat.py: the thought and the answer in chunks of their own, empty
+                // deltas skipped, then the finish reason in a chunk of its own.
+                OpenAi::Chat => {
+                    let (reasoning, content) = if parse_reasoning {
+                        p.split_text(from, to)
+                    } else {
+                        (None, (to > from).then(|| p.raw_text(from, to)))
+                    };
+                    if let Some(r) = reasoning {
+                        let delta = json!({"reasoning_content": r});
+                        out.push(chunk(json!([kind.chunk_choice(&p, delta, false)]), usage()));
+                    }
+                    if let Some(c) = content {
+                        let delta = json!({"content": c});
+                        out.push(chunk(json!([kind.chunk_choice(&p, delta, false)]), usage()));
+                    }
+                    if done {
+                        out.push(chunk(
+                            json!([kind.chunk_choice(&p, json!({}), true)]),
+                            Json::Null,
+                        ));
+                    }
                 }
             }
+            // The last usage leaves out the empty details on completions only (as 0.5.23
+            // answers).
+            if done && include_usage {
+                let usage = match kind {
+                    OpenAi::Chat => p.usage(to),
+                    OpenAi::Completion => p.final_usage(to),
+                };
+                out.push(chunk(json!([]), usage));
+            }
             out
-        });
+        };
+        // serving_chat.py / serving_completions.py: an abort with a status is
+        // `create_streaming_error_response(message, status.name, status.value)`.
+        let abort = |why: Abort| {
+            let name = match why.status() {
+                503 => "SERVICE_UNAVAILABLE",
+                _ => "BAD_REQUEST",
+            };
+            json!({"error": {
+                "object": "error", "message": why.message(), "type": name,
+                "param": null, "code": why.status(),
+            }})
+            .to_string()
+        };
+        return sse(rx, head, render, abort);
     }
     match run_once(&app, &p).await {
         Ok(completion) => {
-            let text = text::output_text(p.prompt_hash, completion);
             let mut body = json!({
                 "id": id,
                 "object": kind.object(false),
                 "created": created,
                 "model": model,
-                "choices": [kind.full_choice(&p, text)],
+                "choices": [kind.full_choice(&p, completion, parses_reasoning(&app))],
                 "usage": p.usage(completion),
             });
             if let OpenAi::Chat = kind {
@@ -558,7 +749,8 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
             }
             json_response(StatusCode::OK, &body)
         }
-        Err(ShuttingDown) => shutting_down_openai(),
+        Err(Stop::ShuttingDown) => shutting_down_openai(),
+        Err(Stop::Aborted(why)) => aborted(why),
     }
 }
 
@@ -592,7 +784,7 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
         prompt_hash,
         max_new,
         stream: req.stream,
-        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        options: req.stream_options.unwrap_or_default(),
     };
     openai_generate(app, req).await
 }
@@ -621,7 +813,7 @@ pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
         prompt_hash,
         max_new: Some(req.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)),
         stream: req.stream,
-        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        options: req.stream_options.unwrap_or_default(),
     };
     openai_generate(app, req).await
 }

@@ -291,18 +291,39 @@ fn prom_label(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Prometheus text exposition of SGLang's scheduler and tokenizer metrics.
-pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
-    // Scheduler gauges carry SGLang's rank labels; tokenizer counters only the model name.
+/// SGLang's `token_usage`: the fuller of the KV pool and the mamba state pool, rounded to 2
+/// decimals (srt/managers/scheduler_components/pool_stats_observer.py, `get_max_pool_usage`).
+/// Each running request holds its slots of mamba state.
+pub fn token_usage(plan: &Plan, kv_used: u64, running: u64) -> f64 {
+    let kv = kv_used as f64 / plan.max_total_num_tokens.max(1) as f64;
+    let mamba = (running * plan.slots_per_request) as f64 / plan.max_mamba_cache_size.max(1) as f64;
+    (kv.max(mamba) * 100.0).round() / 100.0
+}
+
+/// Prometheus text exposition of SGLang's scheduler gauges and tokenizer counters, with the
+/// labels 0.5.23 gives them (srt/observability/metrics_collector.py) in the sorted order its
+/// multiprocess registry writes them: the scheduler's engine type, model and ranks; the
+/// tokenizer's engine type, model, and whether the request streamed. With priority scheduling
+/// both also carry `priority=""`: the gauges' totals, the counters' requests without one.
+pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan, priority: bool) -> String {
     let name = prom_label(model_name);
-    let gauge_labels = format!("{{engine_type=\"unified\",model_name=\"{name}\",tp_rank=\"0\"}}");
-    let counter_labels = format!("{{model_name=\"{name}\"}}");
-    let kv = m.kv_used.load(Ordering::Relaxed) as f64;
+    let priority = if priority { ",priority=\"\"" } else { "" };
+    let gauge_labels = format!(
+        "{{engine_type=\"unified\",model_name=\"{name}\",moe_ep_rank=\"0\",pp_rank=\"0\"\
+         {priority},tp_rank=\"0\"}}"
+    );
+    let counter_labels = |streaming: bool| {
+        format!(
+            "{{engine_type=\"unified\",is_streaming=\"{streaming}\",model_name=\"{name}\"{priority}}}"
+        )
+    };
+    let kv = m.kv_used.load(Ordering::Relaxed);
+    let running = m.running.load(Ordering::Relaxed);
     let gauges: [(&str, &str, f64); 5] = [
         (
             "sglang:num_running_reqs",
             "The number of running requests.",
-            m.running.load(Ordering::Relaxed) as f64,
+            running as f64,
         ),
         (
             "sglang:num_queue_reqs",
@@ -317,44 +338,77 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
         (
             "sglang:token_usage",
             "The token usage.",
-            kv / plan.max_total_num_tokens.max(1) as f64,
+            token_usage(plan, kv, running),
         ),
-        ("sglang:num_used_tokens", "The number of used tokens.", kv),
+        (
+            "sglang:num_used_tokens",
+            "The number of used tokens.",
+            kv as f64,
+        ),
     ];
-    let counters: [(&str, &str, u64); 3] = [
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let counters: [(&str, &str, u64, u64); 3] = [
         (
             "sglang:prompt_tokens_total",
             "Number of prefill tokens processed.",
-            m.prompt_tokens_total.load(Ordering::Relaxed),
+            load(&m.prompt_tokens_total),
+            load(&m.streamed_prompt_tokens),
         ),
         (
             "sglang:generation_tokens_total",
             "Number of generation tokens processed.",
-            m.generation_tokens_total.load(Ordering::Relaxed),
+            load(&m.generation_tokens_total),
+            load(&m.streamed_generation_tokens),
         ),
         (
             "sglang:num_requests_total",
             "Number of requests processed.",
-            m.requests_total.load(Ordering::Relaxed),
+            load(&m.requests_total),
+            load(&m.streamed_requests),
         ),
     ];
+    let requests = load(&m.requests_total);
+    let streamed_requests = load(&m.streamed_requests);
     let mut out = String::new();
     for (metric, help, v) in gauges {
         out.push_str(&format!(
             "# HELP {metric} {help}\n# TYPE {metric} gauge\n{metric}{gauge_labels} {v:?}\n"
         ));
     }
-    for (metric, help, v) in counters {
+    // A labelled series exists once a request of its kind finished (prometheus_client).
+    for (metric, help, total, streamed) in counters {
         out.push_str(&format!(
-            "# HELP {metric} {help}\n# TYPE {metric} counter\n{metric}{counter_labels} {:?}\n",
-            v as f64
+            "# HELP {metric} {help}\n# TYPE {metric} counter\n"
         ));
+        for (is_streaming, v, seen) in [
+            (false, total - streamed, requests > streamed_requests),
+            (true, streamed, streamed_requests > 0),
+        ] {
+            if seen {
+                out.push_str(&format!(
+                    "{metric}{} {:?}\n",
+                    counter_labels(is_streaming),
+                    v as f64
+                ));
+            }
+        }
     }
     out
 }
 
 async fn metrics(State(app): State<Shared>) -> Response {
-    let body = render_metrics(&app.cfg.served_model_name, &app.metrics, app.plan());
+    let priority = app
+        .cfg
+        .server_args
+        .get("enable_priority_scheduling")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    let body = render_metrics(
+        &app.cfg.served_model_name,
+        &app.metrics,
+        app.plan(),
+        priority,
+    );
     let mut r = Response::new(Body::from(body));
     r.headers_mut().insert(
         header::CONTENT_TYPE,

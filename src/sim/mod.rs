@@ -391,7 +391,13 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
             }
         })
     };
-    let sched = Scheduler::new(plan.clone(), cfg.time_scale, metrics.clone(), cfg.die_after);
+    // srt/managers/scheduler.py `_abort_on_queued_limit`: `--max-queued-requests`.
+    let max_queued = cfg
+        .server_args
+        .get("max_queued_requests")
+        .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()));
+    let sched = Scheduler::new(plan.clone(), cfg.time_scale, metrics.clone(), cfg.die_after)
+        .with_max_queued(max_queued);
     let mut scheduler = tokio::spawn(sched.run(jobs_rx, cancel.clone()));
     let base = GpuState {
         gpu: cfg.gpu_index,

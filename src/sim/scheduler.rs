@@ -40,6 +40,11 @@ pub struct Metrics {
     pub prompt_tokens_total: AtomicU64,
     pub generation_tokens_total: AtomicU64,
     pub requests_total: AtomicU64,
+    /// The part of the three counters above from streamed requests (SGLang labels its
+    /// counters `is_streaming`).
+    pub streamed_prompt_tokens: AtomicU64,
+    pub streamed_generation_tokens: AtomicU64,
+    pub streamed_requests: AtomicU64,
     /// Scheduler steps that sent output to the tokenizer side, which is what SGLang's health
     /// check watches (`last_receive_tstamp` in srt/entrypoints/http_server.py).
     pub steps_out: AtomicU64,
@@ -57,12 +62,42 @@ impl Metrics {
 
     /// Counts a finished request: SGLang adds a request's tokens to the counters when it
     /// finishes (`observe_one_finished_request`, srt/observability/metrics_collector.py).
-    pub fn finished(&self, prompt: u64, completion: u64) {
+    pub fn finished(&self, prompt: u64, completion: u64, streamed: bool) {
         self.prompt_tokens_total
             .fetch_add(prompt, Ordering::Relaxed);
         self.generation_tokens_total
             .fetch_add(completion, Ordering::Relaxed);
         self.requests_total.fetch_add(1, Ordering::Relaxed);
+        if streamed {
+            self.streamed_prompt_tokens
+                .fetch_add(prompt, Ordering::Relaxed);
+            self.streamed_generation_tokens
+                .fetch_add(completion, Ordering::Relaxed);
+            self.streamed_requests.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Why the scheduler ended a request without running it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// `--max-queued-requests` was reached when it arrived (srt/managers/scheduler.py
+    /// `_abort_on_queued_limit`).
+    QueueFull,
+}
+
+impl Abort {
+    /// The HTTP status SGLang gives it.
+    pub fn status(self) -> u16 {
+        match self {
+            Abort::QueueFull => 503,
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Abort::QueueFull => "The request queue is full.",
+        }
     }
 }
 
@@ -71,11 +106,13 @@ impl Metrics {
 pub struct Progress {
     pub generated: u64,
     pub done: bool,
+    /// Set with `done` when the scheduler aborted it.
+    pub aborted: Option<Abort>,
 }
 
 pub enum Reply {
     /// Answered once, when the request finishes, with its completion tokens.
-    Once(oneshot::Sender<u64>),
+    Once(oneshot::Sender<Result<u64, Abort>>),
     /// Updated after every step that produced a token for it.
     Stream(watch::Sender<Progress>),
 }
@@ -85,6 +122,22 @@ impl Reply {
         match self {
             Reply::Once(tx) => tx.is_closed(),
             Reply::Stream(tx) => tx.is_closed(),
+        }
+    }
+
+    fn abort(self, why: Abort) {
+        // The client may have gone; nothing is owed to it then.
+        match self {
+            Reply::Once(tx) => {
+                let _ = tx.send(Err(why));
+            }
+            Reply::Stream(tx) => {
+                let _ = tx.send(Progress {
+                    generated: 0,
+                    done: true,
+                    aborted: Some(why),
+                });
+            }
         }
     }
 }
@@ -121,6 +174,8 @@ pub struct Scheduler {
     time_scale: f64,
     metrics: Arc<Metrics>,
     die_after: Option<u64>,
+    /// `--max-queued-requests`.
+    max_queued: Option<u64>,
     queue: VecDeque<Job>,
     running: HashMap<u64, Running>,
     finish_at: BinaryHeap<Reverse<(u64, u64)>>,
@@ -151,6 +206,7 @@ impl Scheduler {
             time_scale,
             metrics,
             die_after,
+            max_queued: None,
             queue: VecDeque::new(),
             running: HashMap::new(),
             finish_at: BinaryHeap::new(),
@@ -160,6 +216,25 @@ impl Scheduler {
             kv_base: 0,
             kv_reserved: 0,
             completed: 0,
+        }
+    }
+
+    /// With `--max-queued-requests`: a request that arrives to a full waiting queue is aborted.
+    pub fn with_max_queued(mut self, max: Option<u64>) -> Self {
+        self.max_queued = max;
+        self
+    }
+
+    /// srt/managers/scheduler.py `_abort_on_queued_limit`: without priority scheduling the
+    /// arriving request is the one aborted, with a 503.
+    fn enqueue(&mut self, job: Job) {
+        if self
+            .max_queued
+            .is_some_and(|max| self.queue.len() as u64 + 1 > max)
+        {
+            job.reply.abort(Abort::QueueFull);
+        } else {
+            self.queue.push_back(job);
         }
     }
 
@@ -240,7 +315,8 @@ impl Scheduler {
             let Some(r) = self.remove(id) else { continue };
             let out = r.job.output_tokens;
             if r.job.log_metrics {
-                self.metrics.finished(r.job.prompt_tokens, out);
+                let streamed = matches!(r.job.reply, Reply::Stream(_));
+                self.metrics.finished(r.job.prompt_tokens, out, streamed);
             }
             if r.job.counts {
                 self.completed += 1;
@@ -248,12 +324,13 @@ impl Scheduler {
             match r.job.reply {
                 // The client may have gone; nothing is owed to it then.
                 Reply::Once(tx) => {
-                    let _ = tx.send(out);
+                    let _ = tx.send(Ok(out));
                 }
                 Reply::Stream(tx) => {
                     let _ = tx.send(Progress {
                         generated: out,
                         done: true,
+                        aborted: None,
                     });
                 }
             }
@@ -266,13 +343,15 @@ impl Scheduler {
                 && let Reply::Stream(tx) = &r.job.reply
             {
                 let generated = 1 + self.steps - r.admit_step;
-                // Like SGLang: the first token at once, then every `stream_interval` tokens; the
-                // rest go out at finish.
+                // srt/managers/scheduler_components/output_streamer.py `accept`: the first token
+                // at once, then whenever `stream_interval` tokens are unsent (one per decode
+                // step here); the rest go out at finish.
                 let interval = self.plan.settings.stream_interval;
                 if interval == 1 || generated % interval == 1 {
                     let _ = tx.send(Progress {
                         generated,
                         done: false,
+                        aborted: None,
                     });
                 }
             }
@@ -301,7 +380,7 @@ impl Scheduler {
         loop {
             loop {
                 match rx.try_recv() {
-                    Ok(job) => self.queue.push_back(job),
+                    Ok(job) => self.enqueue(job),
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => return End::Cancelled,
                 }
@@ -311,7 +390,7 @@ impl Scheduler {
                 tokio::select! {
                     _ = cancel.cancelled() => return End::Cancelled,
                     job = rx.recv() => match job {
-                        Some(job) => self.queue.push_back(job),
+                        Some(job) => self.enqueue(job),
                         None => return End::Cancelled,
                     },
                 }
@@ -417,7 +496,7 @@ mod tests {
         Arc::new(plan(&Params::default(), &settings).unwrap())
     }
 
-    fn job(output: u64) -> (Job, oneshot::Receiver<u64>) {
+    fn job(output: u64) -> (Job, oneshot::Receiver<Result<u64, Abort>>) {
         let (tx, rx) = oneshot::channel();
         (
             Job {
@@ -442,7 +521,7 @@ mod tests {
         let start = Instant::now();
         let (j, done) = job(11);
         tx.send(j).await.unwrap();
-        assert_eq!(done.await.unwrap(), 11);
+        assert_eq!(done.await.unwrap(), Ok(11));
         let expected = plan.prefill_secs(100) + 10.0 * plan.decode_step_secs(1);
         let took = start.elapsed().as_secs_f64();
         assert!((took - expected).abs() < 0.002, "{took} vs {expected}");
@@ -514,8 +593,37 @@ mod tests {
         assert_eq!(metrics.running.load(Ordering::Relaxed), 2);
         assert_eq!(metrics.queued.load(Ordering::Relaxed), 1);
         for w in waits {
-            assert_eq!(w.await.unwrap(), 50);
+            assert_eq!(w.await.unwrap(), Ok(50));
         }
         assert_eq!(handle.await.unwrap(), End::Crashed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_arriving_to_a_full_queue_is_aborted_with_a_503() {
+        let plan = test_plan(Some(1));
+        let metrics = Arc::new(Metrics::default());
+        let (tx, rx) = mpsc::channel(16);
+        let cancel = CancellationToken::new();
+        let sched = Scheduler::new(plan, 1.0, metrics.clone(), None).with_max_queued(Some(1));
+        let handle = tokio::spawn(sched.run(rx, cancel.clone()));
+        // All three reach the scheduler before its next step, as one batch of input does:
+        // the first waits in the queue, so the other two find it full.
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            let (j, done) = job(20);
+            tx.send(j).await.unwrap();
+            waits.push(done);
+        }
+        let mut results = Vec::new();
+        for w in waits {
+            results.push(w.await.unwrap());
+        }
+        assert_eq!(
+            results,
+            [Ok(20), Err(Abort::QueueFull), Err(Abort::QueueFull)]
+        );
+        assert_eq!(metrics.requests_total.load(Ordering::Relaxed), 1);
+        cancel.cancel();
+        handle.await.unwrap();
     }
 }

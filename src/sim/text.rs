@@ -57,6 +57,7 @@ pub fn push_tokens(out: &mut String, prompt_hash: u64, from: u64, to: u64) {
     }
 }
 
+#[cfg(test)]
 pub fn output_text(prompt_hash: u64, tokens: u64) -> String {
     let mut s = String::with_capacity(tokens as usize * 4);
     push_tokens(&mut s, prompt_hash, 0, tokens);

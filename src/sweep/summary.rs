@@ -2,12 +2,15 @@
 //! become its [`Measured`] (per GPU, with a throughput interval from the window's bins) or the
 //! reason it failed.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use super::rank::{Measured, Percentiles};
 use super::stats;
 use crate::generate::concurrency::saturating;
 use crate::sglang::client::{ClientError, Endpoint, ServerInfo};
+use crate::sglang::overflow::Remedy;
 
 /// A trial whose requests fail more often than this is a failed row, not a number.
 const MAX_ERROR_FRACTION: f64 = 0.05;
@@ -60,6 +63,52 @@ pub fn in_flight(cap: u32) -> u32 {
     saturating(cap)
 }
 
+/// What kind of failure a request met, named as `fleet generate` names the same failure in
+/// `failed.jsonl`, whether it came as a status line or inside a 200 stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorClass {
+    /// The prompt alone is over the context or the scheduler's input limit.
+    PromptTooLong,
+    /// Prompt plus max_tokens are over the context.
+    ContextOverflow,
+    /// Another 4xx.
+    Rejected,
+    /// 5xx, 429, timeouts, dropped connections, aborts without a code: may succeed later.
+    Retryable,
+    /// A 200 whose body is not a completion.
+    BadResponse,
+}
+
+impl ErrorClass {
+    pub fn of(e: &ClientError) -> ErrorClass {
+        match e {
+            ClientError::ContextOverflow { overflow, .. } => match overflow.remedy() {
+                Remedy::PromptTooLong => ErrorClass::PromptTooLong,
+                Remedy::MaxTokens(_) => ErrorClass::ContextOverflow,
+            },
+            ClientError::Decode { .. } => ErrorClass::BadResponse,
+            e if e.is_retryable() => ErrorClass::Retryable,
+            _ => ErrorClass::Rejected,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::PromptTooLong => "prompt_too_long",
+            ErrorClass::ContextOverflow => "context_overflow",
+            ErrorClass::Rejected => "rejected",
+            ErrorClass::Retryable => "retryable",
+            ErrorClass::BadResponse => "bad_response",
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What one server's load saw.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
@@ -68,8 +117,9 @@ pub struct Stats {
     /// Requests that finished inside the window, and their output tokens.
     pub completed: u64,
     pub completed_tokens: u64,
-    /// Failed requests over warm-up and window.
+    /// Failed requests over warm-up and window, and how many of each class.
     pub errors: u64,
+    pub error_classes: BTreeMap<ErrorClass, u64>,
     pub first_error: Option<String>,
     /// A request could not reach the server.
     pub unreachable: bool,
@@ -87,6 +137,9 @@ impl Stats {
         self.completed += o.completed;
         self.completed_tokens += o.completed_tokens;
         self.errors += o.errors;
+        for (class, n) in o.error_classes {
+            *self.error_classes.entry(class).or_default() += n;
+        }
         self.first_error = self.first_error.take().or(o.first_error);
         self.unreachable |= o.unreachable;
         self.ttft.extend(o.ttft);
@@ -108,6 +161,7 @@ impl Stats {
 
     pub(super) fn error(&mut self, e: &ClientError) {
         self.errors += 1;
+        *self.error_classes.entry(ErrorClass::of(e)).or_default() += 1;
         self.unreachable |= e.is_unreachable();
         if self.first_error.is_none() {
             self.first_error = Some(e.to_string());
@@ -224,10 +278,17 @@ fn figures(
     let secs = window.as_secs_f64();
     let attempts = all.completed + all.errors;
     if all.errors > 0 && all.errors as f64 > MAX_ERROR_FRACTION * attempts as f64 {
+        let classes: Vec<String> = all
+            .error_classes
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(class, n)| format!("{n} {class}"))
+            .collect();
         return Err(TrialFailure {
             reason: format!(
-                "{} requests failed ({} finished in the window); first: {}",
+                "{} requests failed ({}; {} finished in the window); first: {}",
                 all.errors,
+                classes.join(", "),
                 all.completed,
                 all.first_error.as_deref().unwrap_or("?")
             ),
@@ -294,6 +355,7 @@ mod tests {
             completed,
             completed_tokens: completed * 100,
             errors,
+            error_classes: BTreeMap::from([(ErrorClass::Retryable, errors)]),
             first_error: (errors > 0).then(|| "HTTP 500".to_string()),
             ttft: vec![0.1, 0.2, 0.3],
             itl: vec![(0.01, 90), (0.05, 10)],
@@ -340,6 +402,67 @@ mod tests {
     }
 
     #[test]
+    fn failures_are_classed_as_generate_classes_them_and_never_completions() {
+        use crate::sglang::overflow::Overflow;
+        let too_long = ClientError::ContextOverflow {
+            url: "u".into(),
+            overflow: Overflow::InputLimit {
+                prompt_tokens: 507,
+                max_input: 506,
+            },
+        };
+        let full = ClientError::Status {
+            url: "u".into(),
+            status: 503,
+            body: "The request queue is full.".into(),
+        };
+        let bad = ClientError::Status {
+            url: "u".into(),
+            status: 400,
+            body: "temperature".into(),
+        };
+        assert_eq!(ErrorClass::of(&too_long), ErrorClass::PromptTooLong);
+        assert_eq!(ErrorClass::of(&full), ErrorClass::Retryable);
+        assert_eq!(ErrorClass::of(&bad), ErrorClass::Rejected);
+        let mut s = Stats {
+            window_tokens: 300,
+            completed: 3,
+            completed_tokens: 300,
+            ..Stats::default()
+        };
+        for e in [&too_long, &too_long, &full] {
+            s.error(e);
+        }
+        let f = summarize(
+            &group(1, 8),
+            vec![(s.clone(), ok_reading(0.0, 300.0))],
+            Duration::from_secs(1),
+            SECOND,
+        )
+        .unwrap_err();
+        assert!(
+            f.reason.starts_with(
+                "3 requests failed (2 prompt_too_long, 1 retryable; 3 finished in the window)"
+            ),
+            "{}",
+            f.reason
+        );
+        // Under the error threshold the failures are counted, and the mean output is over the
+        // completions alone.
+        s.completed = 100;
+        s.completed_tokens = 10_000;
+        let m = summarize(
+            &group(1, 8),
+            vec![(s, ok_reading(0.0, 300.0))],
+            Duration::from_secs(1),
+            SECOND,
+        )
+        .unwrap();
+        assert_eq!((m.errors, m.completed), (3, 100));
+        assert_eq!(m.mean_output_tokens, 100.0);
+    }
+
+    #[test]
     fn a_dead_server_or_many_errors_fail_the_trial() {
         let mut dead = stats(100, 1, 3);
         dead.unreachable = true;
@@ -382,8 +505,9 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            f.reason
-                .starts_with("2 requests failed (10 finished in the window); first: HTTP 500"),
+            f.reason.starts_with(
+                "2 requests failed (2 retryable; 10 finished in the window); first: HTTP 500"
+            ),
             "{}",
             f.reason
         );

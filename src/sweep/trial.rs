@@ -77,6 +77,7 @@ impl Driver for StreamDriver {
                     Attempt::Finished {
                         completion: Completion {
                             text: String::new(),
+                            reasoning: None,
                             prompt_tokens: 0,
                             completion_tokens: done.completion_tokens,
                             finish_reason: done.finish_reason,

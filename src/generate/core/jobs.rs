@@ -195,6 +195,7 @@ impl Core {
                 let record = journal::encode(&CompletionRecord {
                     id: &job.id,
                     output: &c.text,
+                    reasoning: c.reasoning.as_deref(),
                     prompt_tokens: c.prompt_tokens,
                     completion_tokens: c.completion_tokens,
                     finish_reason: c.finish_reason.as_deref(),

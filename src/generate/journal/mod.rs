@@ -72,6 +72,10 @@ fn shard_index(name: &str) -> Option<u32> {
 pub struct CompletionRecord<'a> {
     pub id: &'a Id,
     pub output: &'a str,
+    /// A reasoning model's thought, apart from its answer (`output`); absent when the server
+    /// returned none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<&'a str>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub finish_reason: Option<&'a str>,
@@ -405,6 +409,7 @@ mod tests {
         Entry::Completion(encode(&CompletionRecord {
             id: i,
             output: "text",
+            reasoning: None,
             prompt_tokens: 10,
             completion_tokens: out_tokens,
             finish_reason: Some("stop"),
@@ -500,6 +505,7 @@ mod tests {
         let line = encode(&CompletionRecord {
             id: &i,
             output: tricky,
+            reasoning: Some(tricky),
             prompt_tokens: 12,
             completion_tokens: 34,
             finish_reason: None,
@@ -514,6 +520,7 @@ mod tests {
         let line = encode(&CompletionRecord {
             id: &big,
             output: "",
+            reasoning: None,
             prompt_tokens: 1,
             completion_tokens: 2,
             finish_reason: None,
@@ -521,6 +528,10 @@ mod tests {
             latency_s: 1.0,
         });
         assert!(line.starts_with(b"{\"id\":12345678901234567890123,"));
+        assert!(
+            !String::from_utf8_lossy(&line).contains("reasoning"),
+            "no thought, no field"
+        );
         assert_eq!(parse_done(&line).unwrap().0, big, "no float round-trip");
         assert!(parse_done(b"{\"id\":\"a\",\"output\":\"torn").is_err());
     }

@@ -68,6 +68,7 @@ fn on_host(name: &str, host: &str, cap: u64) -> Server {
 fn completion(tokens: u64) -> Completion {
     Completion {
         text: "out".into(),
+        reasoning: None,
         prompt_tokens: 10,
         completion_tokens: tokens,
         finish_reason: Some("stop".into()),
