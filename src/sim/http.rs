@@ -34,6 +34,7 @@ pub struct App {
     /// Numbers generation requests, for ids and the fault-injection draw.
     pub requests: AtomicU64,
     pub started_unix: u64,
+    pub radix: crate::sim::radix::RadixCache,
 }
 
 impl App {
@@ -208,6 +209,8 @@ async fn server_info(State(app): State<Shared>) -> Response {
     let (cfg, plan) = (&app.cfg, app.plan());
     let mut info = cfg.server_args.clone();
     info.insert("version".into(), json!(cfg.version));
+    // srt/utils/common.py `build_server_info`: the command line as merged, API key and all.
+    info.insert("launch_command".into(), json!(cfg.launch_command));
     info.insert(
         "max_total_num_tokens".into(),
         json!(plan.max_total_num_tokens),
@@ -321,7 +324,7 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
         ),
         ("sglang:num_used_tokens", "The number of used tokens.", kv),
     ];
-    let counters: [(&str, &str, u64); 3] = [
+    let counters: [(&str, &str, u64); 4] = [
         (
             "sglang:prompt_tokens_total",
             "Number of prefill tokens processed.",
@@ -336,6 +339,11 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan) -> String {
             "sglang:num_requests_total",
             "Number of requests processed.",
             m.requests_total.load(Ordering::Relaxed),
+        ),
+        (
+            "sglang:cached_tokens_total",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            m.cached_tokens_total.load(Ordering::Relaxed),
         ),
     ];
     let mut out = String::new();
