@@ -396,7 +396,7 @@ mod tests {
         assert_eq!(
             w.repeated(),
             Some(Repeated {
-                drawn: 6,
+                drawn: 4 + completions,
                 sample: 3,
                 usable: Some(3)
             })
