@@ -189,8 +189,9 @@ pub struct SweepArgs {
     /// Measure with a sample of these prompts (JSONL, as for `fleet generate`).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
-    /// How many prompts to sample from --prompts.
-    #[arg(long, default_value_t = 1000)]
+    /// How many prompts to sample from --prompts. A trial draws them without repetition (a
+    /// repeated prompt's prefill comes from SGLang's radix cache); one that needs more says so.
+    #[arg(long, default_value_t = 10_000)]
     pub sample: usize,
     /// Seed of the --prompts sample: the same seed gives the same sample.
     #[arg(long, default_value_t = 0)]

@@ -263,6 +263,7 @@ mod tests {
                     gpus: vec![],
                     first_window: None,
                     outcome,
+                    cache: None,
                 })
                 .collect(),
         };

@@ -417,7 +417,8 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
             "argv": ["sglang-sim", "--model-path", "/models/test", "--served-model-name", "q",
                      "--host", "127.0.0.1", "--port", f.port(5).to_string(),
                      "--mamba-radix-cache-strategy", "no_buffer",
-                     "--api-key", "********", "--disable-overlap-schedule", "--enable-metrics"],
+                     "--config", format!("{}/{}/secrets.yaml", f.run_dir().display(), f.port(5)),
+                     "--disable-overlap-schedule", "--enable-metrics"],
             "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "5",
                     "SGLANG_SIM_GPU_STATE_DIR": f.gpu_state().display().to_string()},
         }])
@@ -437,7 +438,7 @@ fn dry_run_prints_the_exact_argv_and_env_with_the_api_key_masked() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains("--api-key"),
+        stderr.contains("--config"),
         "-vv shows the commands sent:\n{stderr}"
     );
     assert!(

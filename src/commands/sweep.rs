@@ -33,9 +33,6 @@ use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome as CommandOutcome, UsageError};
 use crate::launch::env::{api_key, run_root};
 
-/// Distinct synthetic prompts a trial cycles through.
-const SYNTHETIC_PROMPTS: usize = 1024;
-
 fn usage(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> anyhow::Error {
     UsageError::new(e).into()
 }
@@ -155,13 +152,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             },
         ),
         None => (
-            load::synthetic(
-                args.input_len,
-                args.output_len,
-                SYNTHETIC_PROMPTS,
-                endpoint,
-                Some(&model),
-            ),
+            load::synthetic(args.input_len, args.output_len, endpoint, Some(&model)),
             WorkloadSpec::Synthetic {
                 input_len: args.input_len,
                 output_len: args.output_len,
@@ -274,7 +265,9 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             output_tokens_per_prompt: tokens,
             gpus: total_gpus,
         });
-    let r = report::build(&spec, trials, dataset);
+    let mut r = report::build(&spec, trials, dataset);
+    r.unfit = workload.unfit();
+    r.repeated = workload.repeated();
     if ctx.global.json {
         outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {

@@ -1,6 +1,7 @@
 //! Finding an instance's server log (`host:gpu` or a port, running or stopped while its log is
 //! still there) and reading it: the last lines, then optionally what is appended, as bytes, until
-//! cancelled or nobody reads any more.
+//! cancelled or nobody reads any more. The secrets SGLang logs (`api_key` in `server_args=`)
+//! are masked line by line on the way.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::launch::plan::RunFiles;
 use crate::launch::state::{self, InstanceRecord, StateError};
-use crate::remote::{RemoteError, Transport};
+use crate::remote::{LineMask, RemoteError, Transport};
 
 /// How often `-f` looks for new output.
 const FOLLOW_POLL: Duration = Duration::from_millis(500);
@@ -153,23 +154,27 @@ pub async fn read(
     .await?;
     let (size, text) = split_size(&first);
     let mut offset = size;
-    if out.send(text.to_vec()).is_err() || !follow {
+    let mut masked = LineMask::default();
+    if out.send(masked.push(text)).is_err() {
         return Ok(());
     }
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            _ = out.closed() => break,
-            _ = tokio::time::sleep(FOLLOW_POLL) => {}
-        }
-        let more = run(t, path, &["tail", "-c", &format!("+{}", offset + 1), path]).await?;
-        if !more.is_empty() {
-            offset += more.len() as u64;
-            if out.send(more).is_err() {
-                break;
+    if follow {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = out.closed() => break,
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+            }
+            let more = run(t, path, &["tail", "-c", &format!("+{}", offset + 1), path]).await?;
+            if !more.is_empty() {
+                offset += more.len() as u64;
+                if out.send(masked.push(&more)).is_err() {
+                    return Ok(());
+                }
             }
         }
     }
+    let _ = out.send(masked.finish());
     Ok(())
 }
 

@@ -2,7 +2,9 @@
 //! become one instance per GPU (port, argv, env, files on the target, config fingerprint).
 //!
 //! Files on the target live in a run directory per port: `<run root>/<port>/` holds
-//! `server.log`, `pid` and `instance.json` (the record `status`, `down` and `logs` read).
+//! `server.log`, `pid`, `instance.json` (the record `status`, `down` and `logs` read) and, when
+//! the profile names an API key, `secrets.yaml` (mode 0600), the `--config` file SGLang reads
+//! the key from: the key is in no argv.
 //! The run root is `/tmp/fleet` unless `FLEET_RUN_DIR` says otherwise.
 
 use std::collections::BTreeMap;
@@ -35,8 +37,9 @@ pub struct Instance {
     pub host: String,
     pub gpu: u32,
     pub port: u16,
-    /// Launcher followed by the server arguments: exactly what runs. It may hold the API key:
-    /// show it only through [`Instance::display_argv`].
+    /// Launcher followed by the server arguments: exactly what runs. Never the API key (that
+    /// is in `secrets`), but a profile's own arguments may hold a secret: show it only through
+    /// [`Instance::display_argv`].
     pub argv: Vec<String>,
     /// The launcher's length within `argv`; preflight checks what follows.
     pub launcher_len: usize,
@@ -49,6 +52,18 @@ pub struct Instance {
     pub profile: String,
     /// The environment variable holding the API key (never the key), for later health checks.
     pub api_key_env: Option<String>,
+    /// What `files.secrets` must hold before the server starts.
+    pub secrets: Option<Secret>,
+}
+
+/// Text holding a secret; `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 impl Instance {
@@ -74,7 +89,12 @@ pub struct RunFiles {
     pub log: String,
     pub pidfile: String,
     pub record: String,
+    /// The `--config` file with the server's secrets (used only with an API key).
+    pub secrets: String,
 }
+
+/// The secrets file's name in an instance's run directory.
+pub const SECRETS_FILE: &str = "secrets.yaml";
 
 impl RunFiles {
     pub fn new(run_root: &str, port: u16) -> RunFiles {
@@ -83,6 +103,7 @@ impl RunFiles {
             log: format!("{dir}/server.log"),
             pidfile: format!("{dir}/pid"),
             record: format!("{dir}/instance.json"),
+            secrets: format!("{dir}/{SECRETS_FILE}"),
             dir,
         }
     }
@@ -97,6 +118,12 @@ pub enum PlanError {
     UnknownGpus { gpus: String, have: String },
     #[error("profile env sets CUDA_VISIBLE_DEVICES; fleet pins each server to its GPU itself")]
     EnvPinsGpu,
+    #[error(
+        "profile {profile}: server.extra_args passes --config, but fleet gives the server its \
+         API key (api_key_env) in a --config file of its own and SGLang takes only one; \
+         move the file's settings into the profile's server settings or extra_args"
+    )]
+    ConfigTwice { profile: String },
 }
 
 /// Turns the profile and the hosts (with their facts) into instances, in host then GPU order.
@@ -110,6 +137,11 @@ pub fn plan(
 ) -> Result<Vec<Instance>, PlanError> {
     if profile.env.contains_key("CUDA_VISIBLE_DEVICES") {
         return Err(PlanError::EnvPinsGpu);
+    }
+    if api_key.is_some() && flags::has_config(&profile.server.extra_args) {
+        return Err(PlanError::ConfigTwice {
+            profile: profile.name.clone(),
+        });
     }
     if let Some(only) = only_gpus {
         let known: Vec<u32> = hosts.iter().flat_map(|(h, f)| host_gpus(h, f)).collect();
@@ -153,11 +185,12 @@ fn instance(
     run_root: &str,
 ) -> Instance {
     let bind_host = profile.server.host.as_deref().unwrap_or(&facts.address);
+    let files = RunFiles::new(run_root, port);
     let render = Render {
         help: facts.help.as_ref(),
         bind_host,
         port,
-        api_key,
+        secrets_file: api_key.map(|_| files.secrets.as_str()),
     };
     let mut argv = profile.launcher.clone();
     argv.extend(flags::server_args(profile, &render));
@@ -176,10 +209,11 @@ fn instance(
         launcher_len: profile.launcher.len(),
         env,
         address: facts.address.clone(),
-        files: RunFiles::new(run_root, port),
+        files,
         fingerprint,
         profile: profile.name.clone(),
         api_key_env: profile.api_key_env.clone(),
+        secrets: api_key.map(|k| Secret(flags::secrets_yaml(k))),
     }
 }
 
@@ -191,8 +225,8 @@ pub fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
     }
 }
 
-/// The secret never enters the fingerprint (the record holding it is readable on the target),
-/// so changing only the API key is not a config change.
+/// The secret is in no argv, so it never enters the fingerprint (the record holding it is
+/// readable on the target): changing only the API key is not a config change.
 fn fingerprint(masked_argv: &[String], env: &BTreeMap<String, String>) -> String {
     let mut hash = Sha256::new();
     for arg in masked_argv {
@@ -292,6 +326,7 @@ pub(crate) mod tests {
                 log: "/tmp/fleet/30005/server.log".into(),
                 pidfile: "/tmp/fleet/30005/pid".into(),
                 record: "/tmp/fleet/30005/instance.json".into(),
+                secrets: "/tmp/fleet/30005/secrets.yaml".into(),
             }
         );
         assert_ne!(plan[0].fingerprint, plan[1].fingerprint);
@@ -328,9 +363,22 @@ pub(crate) mod tests {
         let hosts = vec![(host("h", GpuSelection::List(vec![0])), facts("127.0.0.1"))];
         let a = plan(&p, &hosts, None, Some("sk-one"), DEFAULT_RUN_ROOT).unwrap();
         let b = plan(&p, &hosts, None, Some("sk-two"), DEFAULT_RUN_ROOT).unwrap();
-        assert!(a[0].argv.contains(&"sk-one".to_string()));
-        assert!(!a[0].display_argv().iter().any(|x| x.contains("sk-")));
+        // The key is in no argv: `--config` names the file that holds it.
+        assert!(!a[0].argv.iter().any(|x| x.contains("sk-")));
+        let config = a[0].argv.iter().position(|x| x == "--config").unwrap();
+        assert_eq!(a[0].argv[config + 1], "/tmp/fleet/30000/secrets.yaml");
+        let secrets = a[0].secrets.as_ref().unwrap();
+        assert!(secrets.0.contains("api-key: \"sk-one\""));
+        assert!(!format!("{:?}", a[0]).contains("sk-one"));
         assert_eq!(a[0].fingerprint, b[0].fingerprint);
+        let none = plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT).unwrap();
+        assert!(none[0].secrets.is_none() && !none[0].argv.contains(&"--config".into()));
+        p.server.extra_args = vec!["--config".into(), "/etc/s.yaml".into()];
+        assert!(matches!(
+            plan(&p, &hosts, None, Some("sk-one"), DEFAULT_RUN_ROOT),
+            Err(PlanError::ConfigTwice { .. })
+        ));
+        p.server.extra_args.clear();
         p.server.mem_fraction_static = Some(0.8);
         let c = plan(&p, &hosts, None, Some("sk-one"), DEFAULT_RUN_ROOT).unwrap();
         assert_ne!(a[0].fingerprint, c[0].fingerprint);

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::launch::plan::{RunFiles, SECRETS_FILE, Secret};
 use crate::remote::{RemoteError, Transport, argv, mask};
 use crate::sglang::client::Endpoint;
 
@@ -241,10 +242,53 @@ pub async fn write_record(t: &dyn Transport, record: &InstanceRecord) -> Result<
     .map(drop)
 }
 
+/// Makes an instance's run directory ready for a start: the directory and the server log
+/// readable by their owner only (the log shows the API key in `server_args=`: SGLang 0.5.23
+/// prints it in plain text, srt/entrypoints/engine.py), and the secrets file, when there is
+/// one, written with mode 0600 from its bytes on stdin, so the key is in no argv or script.
+/// The start then truncates the log, which keeps its mode.
+pub async fn prepare_run_dir(
+    t: &dyn Transport,
+    files: &RunFiles,
+    secrets: Option<&Secret>,
+) -> Result<(), StateError> {
+    let script = r#"umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1" && : >>"$2" && chmod 600 -- "$2" || exit 1
+if [ "$4" = write ]; then
+  rm -f -- "$3.tmp" && cat >"$3.tmp" && chmod 600 -- "$3.tmp" && mv -f -- "$3.tmp" "$3"
+else
+  cat >/dev/null && rm -f -- "$3"
+fi"#;
+    let (what, bytes) = match secrets {
+        Some(s) => ("write", s.0.as_bytes()),
+        None => ("remove", &b""[..]),
+    };
+    let argv = argv(&[
+        "sh",
+        "-c",
+        script,
+        "sh",
+        &files.dir,
+        &files.log,
+        &files.secrets,
+        what,
+    ]);
+    let out = t.run_input(&argv, bytes).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(StateError::Command {
+            host: t.host().to_string(),
+            command: format!("prepare {}", files.dir),
+            stderr: out.stderr_lossy().trim().to_string(),
+        })
+    }
+}
+
 /// Forgets a stopped instance: its record becomes the stopped record kept beside its log, for
-/// `fleet logs`.
+/// `fleet logs`; its secrets file goes.
 pub async fn remove_record(t: &dyn Transport, record: &InstanceRecord) -> Result<(), StateError> {
-    let script = r#"rm -f "$3" && if [ -f "$1" ]; then mv -f "$1" "$2"; fi"#;
+    let script = r#"rm -f "$3" "$4" && if [ -f "$1" ]; then mv -f "$1" "$2"; fi"#;
+    let secrets = format!("{}/{SECRETS_FILE}", record.dir.trim_end_matches('/'));
     let stopped = stopped_path(record);
     run_ok(
         t,
@@ -256,6 +300,7 @@ pub async fn remove_record(t: &dyn Transport, record: &InstanceRecord) -> Result
             &record.record,
             &stopped,
             &record.pidfile,
+            &secrets,
         ]),
     )
     .await
@@ -312,7 +357,8 @@ pub async fn signal_group(t: &dyn Transport, pgid: u32, signal: &str) -> Result<
     }
 }
 
-/// The last `lines` lines of a file on the target (empty when it does not exist).
+/// The last `lines` lines of a server log on the target (empty when it does not exist), with
+/// the secrets SGLang logs masked.
 pub async fn tail(t: &dyn Transport, path: &str, lines: usize) -> Result<String, StateError> {
     let script = r#"[ -f "$2" ] && tail -n "$1" "$2"; true"#;
     run_ok(
@@ -320,6 +366,7 @@ pub async fn tail(t: &dyn Transport, path: &str, lines: usize) -> Result<String,
         &argv(&["sh", "-c", script, "sh", &lines.to_string(), path]),
     )
     .await
+    .map(|text| mask(&text))
 }
 
 #[cfg(test)]

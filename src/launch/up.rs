@@ -503,6 +503,7 @@ async fn follow(
 }
 
 async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord, StateError> {
+    state::prepare_run_dir(t, &instance.files, instance.secrets.as_ref()).await?;
     let pid = t
         .spawn_detached(&Detached {
             argv: instance.argv.clone(),
@@ -678,6 +679,7 @@ mod tests {
             fingerprint: fingerprint.into(),
             profile: "p".into(),
             api_key_env: None,
+            secrets: None,
         }
     }
 

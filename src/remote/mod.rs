@@ -31,7 +31,7 @@ mod ssh_config;
 
 pub use local::LocalTransport;
 pub use pct::PctTransport;
-pub use secrets::{add_secret, mask};
+pub use secrets::{LineMask, add_secret, mask};
 pub use ssh::SshTransport;
 pub use ssh_config::directives;
 pub use ssh_config::{Origin as SshConfigOrigin, SshConfigError};

@@ -29,8 +29,27 @@ pub struct Render<'a> {
     pub help: Option<&'a HelpSpec>,
     pub bind_host: &'a str,
     pub port: u16,
-    /// The API key's value, read from the environment variable the profile names.
-    pub api_key: Option<&'a str>,
+    /// The `--config` file that holds the secrets (the API key) on the target, when there are
+    /// any: SGLang reads the key only from `--api-key` or a config file, and an argv is
+    /// readable by every user of the host (`ps`).
+    pub secrets_file: Option<&'a str>,
+}
+
+/// SGLang's `--config`: one per command line (srt/utils/server_args_config_parser.py).
+pub const CONFIG: &str = "--config";
+
+/// The `--config` YAML that gives SGLang the API key. The file's keys are flag names: SGLang
+/// turns `api-key: v` into `--api-key v` and puts it before the command line's own arguments
+/// (srt/utils/server_args_config_parser.py `_convert_config_to_args`), so the key is a string
+/// in YAML's double-quoted form, which JSON's escapes are a subset of.
+pub fn secrets_yaml(api_key: &str) -> String {
+    let quoted = serde_json::to_string(api_key).expect("a string always serializes");
+    format!("# Written by fleet: the server's secrets, read once at start.\napi-key: {quoted}\n")
+}
+
+/// Whether the profile's own arguments already pass a `--config` file (SGLang takes one only).
+pub fn has_config(args: &[String]) -> bool {
+    args.iter().any(|a| is_flag(a, CONFIG))
 }
 
 /// The arguments after the launcher for one server.
@@ -62,8 +81,8 @@ pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
     if let Some(v) = s.max_running_requests {
         push("--max-running-requests", v.to_string());
     }
-    if let Some(key) = r.api_key {
-        push("--api-key", key.to_string());
+    if let Some(path) = r.secrets_file {
+        push(CONFIG, path.to_string());
     }
     let listed = |flag: &str| s.extra_args.iter().any(|a| is_flag(a, flag));
     if s.mamba_strategy == Some(MambaStrategy::NoBuffer)
@@ -389,14 +408,14 @@ pub(crate) mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
-    fn render(profile: &Profile, help: &HelpSpec, api_key: Option<&str>) -> Vec<String> {
+    fn render(profile: &Profile, help: &HelpSpec, secrets_file: Option<&str>) -> Vec<String> {
         server_args(
             profile,
             &Render {
                 help: Some(help),
                 bind_host: "127.0.0.1",
                 port: 30005,
-                api_key,
+                secrets_file,
             },
         )
     }
@@ -449,7 +468,8 @@ pub(crate) mod tests {
             host: None,
             extra_args: vec![],
         };
-        let args = render(&p, &HelpSpec::parse(HELP_0_5_23), Some("sk-secret"));
+        let help = HelpSpec::parse(HELP_0_5_23);
+        let args = render(&p, &help, Some("/run/fleet/30005/secrets.yaml"));
         assert_eq!(
             args,
             s(&[
@@ -461,12 +481,22 @@ pub(crate) mod tests {
                 "30005",
                 "--max-running-requests",
                 "72",
-                "--api-key",
-                "sk-secret",
+                "--config",
+                "/run/fleet/30005/secrets.yaml",
             ])
         );
-        assert_eq!(masked(&args)[9], MASK);
-        assert!(!masked(&args).iter().any(|a| a.contains("sk-secret")));
+        assert!(check(&args, &help).is_empty());
+        assert!(has_config(&args));
+        assert!(!has_config(&args[..8]));
+    }
+
+    #[test]
+    fn the_secrets_file_is_yaml_sglang_turns_into_the_api_key_flag() {
+        assert_eq!(
+            secrets_yaml("sk-1 \"q\" \\ é"),
+            "# Written by fleet: the server's secrets, read once at start.\n\
+             api-key: \"sk-1 \\\"q\\\" \\\\ é\"\n"
+        );
     }
 
     #[test]

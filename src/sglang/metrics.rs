@@ -16,6 +16,8 @@ pub struct Metrics {
     pub token_usage: Option<f64>,
     pub generation_tokens_total: Option<f64>,
     pub prompt_tokens_total: Option<f64>,
+    /// Prompt tokens the radix cache served, over every `cache_source`.
+    pub cached_tokens_total: Option<f64>,
 }
 
 /// Reads Prometheus exposition text; unknown series, comments and malformed lines are ignored
@@ -38,6 +40,7 @@ pub fn parse(text: &str) -> Metrics {
             "token_usage" => (&mut m.token_usage, true),
             "generation_tokens_total" => (&mut m.generation_tokens_total, false),
             "prompt_tokens_total" => (&mut m.prompt_tokens_total, false),
+            "cached_tokens_total" => (&mut m.cached_tokens_total, false),
             _ => continue,
         };
         let after = &rest[name_end..];

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value as Json};
 
 use crate::sim::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
+use crate::sim::config_file;
 use crate::sim::model::{Params, Settings, Strategy};
 use crate::sim::server_args::{self, Refusal};
 
@@ -301,6 +302,8 @@ pub struct Config {
     pub server_args: Map<String, Json>,
     /// What SGLang logs while resolving the arguments (e.g. overlap turned off on 0.5.10).
     pub startup_warnings: Vec<&'static str>,
+    /// The arguments after `--config` was merged, joined: `/server_info`'s `launch_command`.
+    pub launch_command: String,
 }
 
 /// Source of a `--sim-*` value: the flag, else its environment variable.
@@ -419,12 +422,17 @@ pub fn parse(args: &[String]) -> Result<Config, Refused> {
     let python = early_knob(args, "--sim-python", DEFAULT_PYTHON);
     let parser =
         parser_for(&version, &python).map_err(|e| Refused::Argparse(None, Outcome::Error(e)))?;
+    let args = &config_file::merge(&parser, args).map_err(Refused::Startup)?;
     let parsed = match parser.parse(args) {
         Ok(p) => p,
         Err(o) => return Err(Refused::Argparse(Some(parser), o)),
     };
     match resolve(&parser, &parsed, version) {
-        Ok(Ok(config)) => Ok(config),
+        // srt/server_args.py `prepare_server_args`: what was asked for, after the merge.
+        Ok(Ok(config)) => Ok(Config {
+            launch_command: args.join(" "),
+            ..config
+        }),
         Ok(Err(refusal)) => Err(Refused::Startup(refusal)),
         Err(e) => Err(Refused::Argparse(Some(parser), Outcome::Error(e))),
     }
@@ -568,8 +576,10 @@ fn resolve(
     for (k, val) in resolved {
         server_args.insert(k.to_string(), val);
     }
-    if parsed.str("api_key").is_some() {
-        server_args.insert("api_key".into(), Json::from("<redacted>"));
+    // In plain text, as 0.5.23 logs it and `/server_info` returns it: srt/entrypoints/engine.py
+    // redacts only watermark secrets.
+    if let Some(key) = parsed.str("api_key") {
+        server_args.insert("api_key".into(), Json::from(key));
     }
 
     Ok(Ok(Config {
@@ -593,6 +603,7 @@ fn resolve(
         settings,
         server_args,
         startup_warnings: mamba.warnings,
+        launch_command: String::new(),
     }))
 }
 
@@ -636,6 +647,24 @@ mod tests {
         assert_eq!(c.server_args["port"], 31001);
         assert_eq!(c.server_args["max_running_requests"], Json::Null);
         assert_eq!(c.served_model_name, "q");
+    }
+
+    #[test]
+    fn the_api_key_from_a_config_file_is_in_plain_text_as_in_0_5_23() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secrets.yaml");
+        std::fs::write(&path, "api-key: \"sk-plain\"\n").unwrap();
+        let c = ok(&format!(
+            "--model /m --config {} --port 31002",
+            path.display()
+        ));
+        assert_eq!(c.api_key.as_deref(), Some("sk-plain"));
+        assert_eq!(c.server_args["api_key"], "sk-plain");
+        assert_eq!(c.port, 31002);
+        assert_eq!(
+            c.launch_command,
+            "--api-key sk-plain --model /m --port 31002"
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ use crate::sim::text;
 struct Prepared {
     prompt_tokens: u64,
     prompt_hash: u64,
+    /// Served from the radix cache (src/sim/radix.rs).
+    cached_tokens: u64,
     output_tokens: u64,
     /// Ends at EOS (`stop`) rather than at the max-tokens / context limit (`length`).
     stops: bool,
@@ -177,9 +179,14 @@ fn prepare(
     let think = thought_tokens(app, natural);
     let natural = natural + think;
     let limit = max_new.unwrap_or(u64::MAX).min(ctx - prompt_tokens);
+    let cached_tokens = app.radix.lookup(prompt_hash, prompt_tokens);
+    app.metrics
+        .cached_tokens_total
+        .fetch_add(cached_tokens, Ordering::Relaxed);
     Ok(Prepared {
         prompt_tokens,
         prompt_hash,
+        cached_tokens,
         output_tokens: natural.min(limit),
         stops: natural <= limit,
         think,
@@ -426,7 +433,7 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
             "finish_reason": finish,
             "prompt_tokens": p.prompt_tokens,
             "completion_tokens": completion,
-            "cached_tokens": 0,
+            "cached_tokens": p.cached_tokens,
             "weight_version": "default",
             "total_retractions": 0,
             "e2e_latency": started.elapsed().as_secs_f64(),

@@ -34,6 +34,7 @@ pub struct App {
     /// Numbers generation requests, for ids and the fault-injection draw.
     pub requests: AtomicU64,
     pub started_unix: u64,
+    pub radix: crate::sim::radix::RadixCache,
 }
 
 impl App {
@@ -208,6 +209,8 @@ async fn server_info(State(app): State<Shared>) -> Response {
     let (cfg, plan) = (&app.cfg, app.plan());
     let mut info = cfg.server_args.clone();
     info.insert("version".into(), json!(cfg.version));
+    // srt/utils/common.py `build_server_info`: the command line as merged, API key and all.
+    info.insert("launch_command".into(), json!(cfg.launch_command));
     info.insert(
         "max_total_num_tokens".into(),
         json!(plan.max_total_num_tokens),
@@ -392,6 +395,17 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan, priority: bool
                 ));
             }
         }
+    }
+    // Cached prompt tokens by where they were found; the sim's radix cache is all on the device.
+    let cached = load(&m.cached_tokens_total);
+    if cached > 0 {
+        out.push_str(&format!(
+            "# HELP sglang:cached_tokens_total Number of cached prompt tokens by source \
+             (device/host/storage).\n# TYPE sglang:cached_tokens_total counter\n\
+             sglang:cached_tokens_total{{cache_source=\"device\",engine_type=\"unified\",\
+             model_name=\"{name}\"{priority}}} {:?}\n",
+            cached as f64
+        ));
     }
     out
 }

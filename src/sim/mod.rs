@@ -6,11 +6,13 @@
 
 mod argparse;
 mod config;
+mod config_file;
 mod generate;
 mod gpu_state;
 mod http;
 mod log;
 mod model;
+mod radix;
 mod scheduler;
 mod server_args;
 mod text;
@@ -314,11 +316,13 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
     for w in &cfg.startup_warnings {
         log::server(&format!("WARNING server_args.py: {w}"));
     }
+    // srt/entrypoints/engine.py: `server_args={resolved_dict()}`, a Python dict, the API key
+    // in plain text.
     log::server(&format!(
-        "server_args=ServerArgs({})",
+        "server_args={{{}}}",
         cfg.server_args
             .iter()
-            .map(|(k, v)| format!("{k}={}", py_repr(v)))
+            .map(|(k, v)| format!("'{k}': {}", py_repr(v)))
             .collect::<Vec<_>>()
             .join(", ")
     ));
@@ -346,6 +350,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         ready: AtomicBool::new(false),
         requests: AtomicU64::new(0),
         started_unix,
+        radix: radix::RadixCache::new(cfg.settings.radix_cache_disabled),
     });
     let plan = match loader.load().await {
         Ok(plan) => Arc::new(plan),

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub streamed_prompt_tokens: AtomicU64,
     pub streamed_generation_tokens: AtomicU64,
     pub streamed_requests: AtomicU64,
+    /// Prompt tokens served from the radix cache (counted as requests are admitted).
+    pub cached_tokens_total: AtomicU64,
     /// Scheduler steps that sent output to the tokenizer side, which is what SGLang's health
     /// check watches (`last_receive_tstamp` in srt/entrypoints/http_server.py).
     pub steps_out: AtomicU64,

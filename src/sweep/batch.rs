@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::assign::Slot;
 use super::prune::Verdict;
-use super::rank::{FirstWindow, Measured, Outcome, Pruned, Trial};
+use super::rank::{CacheUse, FirstWindow, Measured, Outcome, Pruned, Trial};
 use super::run::Event;
 use super::servers::{Running, Setup, SweepError, facts_by_host, plan_on};
 use super::stats::Estimate;
@@ -21,7 +21,7 @@ use crate::launch::plan::Instance;
 use crate::launch::preflight;
 use crate::launch::up::{UpOutcome, UpState};
 use crate::remote::Tunnel;
-use crate::sglang::client::{Endpoint, HttpOptions, http_client};
+use crate::sglang::client::{Endpoint, HttpOptions, SglangClient, http_client};
 
 /// What a batch tells the sweep while it runs.
 #[derive(Debug)]
@@ -97,6 +97,7 @@ fn failed(setup: &Setup<'_>, c: usize, slots: &[Slot], reason: String, log: Vec<
             log_tail: log,
         },
         first_window: None,
+        cache: None,
     }
 }
 
@@ -323,22 +324,30 @@ async fn measure(
         }
         None => None,
     };
+    let before = cache_counters(&groups, &http).await;
     let results = trial::measure(
         &groups,
         setup.workload.clone(),
-        http,
+        http.clone(),
         setup.timing,
         checkpoint,
         cancel,
     )
     .await;
+    let after = match cancel.is_cancelled() {
+        true => vec![None; groups.len()],
+        false => cache_counters(&groups, &http).await,
+    };
     for t in tunnels {
         t.close().await;
     }
     let Some(results) = results else {
         return held.end(None);
     };
-    for (((c, mine), result), first_window) in measured.iter().zip(results).zip(first) {
+    let caches = before.iter().zip(&after).map(|(b, a)| cache_use(*b, *a));
+    for ((((c, mine), result), first_window), cache) in
+        measured.iter().zip(results).zip(first).zip(caches)
+    {
         let Ended::Measured(result) = result else {
             continue;
         };
@@ -354,10 +363,45 @@ async fn measure(
             gpus: slots_of(&held, *c),
             outcome,
             first_window,
+            cache,
         };
         send_trial(tx, t);
     }
     held.end(None)
+}
+
+/// Each group's `(sglang:cached_tokens_total, sglang:prompt_tokens_total)` summed over its
+/// servers; `None` where a server's `/metrics` cannot be read (started without metrics). A
+/// counter SGLang has not written yet (no request finished, no cache hit) is 0.
+async fn cache_counters(groups: &[Group], http: &reqwest::Client) -> Vec<Option<(f64, f64)>> {
+    let reads = groups.iter().map(|g| async move {
+        let reads = g.servers.iter().map(|s| async move {
+            let m = SglangClient::new(http.clone(), s.endpoint.clone())
+                .metrics()
+                .await
+                .ok()?;
+            Some((
+                m.cached_tokens_total.unwrap_or(0.0),
+                m.prompt_tokens_total.unwrap_or(0.0),
+            ))
+        });
+        futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .try_fold((0.0, 0.0), |(c, p), r| r.map(|(rc, rp)| (c + rc, p + rp)))
+    });
+    futures::future::join_all(reads).await
+}
+
+/// What the radix cache served between two readings of a group's counters.
+fn cache_use(before: Option<(f64, f64)>, after: Option<(f64, f64)>) -> Option<CacheUse> {
+    let ((c0, p0), (c1, p1)) = (before?, after?);
+    let delta = |a: f64, b: f64| (b - a).max(0.0).round() as u64;
+    let prompt_tokens = delta(p0, p1);
+    (prompt_tokens > 0).then(|| CacheUse {
+        cached_tokens: delta(c0, c1),
+        prompt_tokens,
+    })
 }
 
 async fn failure_log(
@@ -431,6 +475,7 @@ async fn first_window(
                 gpus: ask.slots.clone(),
                 outcome,
                 first_window: first[i],
+                cache: None,
             },
         );
         held.release(c, tx);

@@ -210,6 +210,7 @@ mod tests {
                 log_tail: vec!["CUDA out of memory".into()],
             },
             first_window: None,
+            cache: None,
         }
     }
 

@@ -115,6 +115,25 @@ pub struct Trial {
     /// judges its remaining candidates against these).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_window: Option<FirstWindow>,
+    /// What SGLang's radix cache served over the trial (warm-up included); `None` when the
+    /// servers' `/metrics` could not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheUse>,
+}
+
+/// Prompt tokens the servers counted over a trial, and how many of them the radix cache
+/// served (`sglang:cached_tokens_total`, `sglang:prompt_tokens_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CacheUse {
+    pub cached_tokens: u64,
+    pub prompt_tokens: u64,
+}
+
+impl CacheUse {
+    /// The cached share of the prompt tokens, 0 to 1.
+    pub fn share(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
 }
 
 /// A ranked row of the report.
@@ -255,6 +274,7 @@ mod tests {
                 estimate: None,
             }),
             first_window: None,
+            cache: None,
         }
     }
 

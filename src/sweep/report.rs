@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::assign::{Mode, Slot};
 use super::file::SweepSpec;
-use super::load::WorkloadSpec;
+use super::load::{Repeated, Unfit, WorkloadSpec};
 use super::rank::{self, Dataset, Outcome, Percentiles, Ranked, Trial};
 use super::space::Candidate;
 use super::stats::Estimate;
@@ -31,6 +31,13 @@ pub struct Report {
     pub deciding_factor: Option<String>,
     /// Candidates with no finished trial (an interrupted sweep).
     pub pending: Vec<String>,
+    /// Prompts of the workload longer than the context: left out of every candidate's
+    /// figures, never a candidate's failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfit: Option<Unfit>,
+    /// A trial drew more requests than the sample holds, so prompts repeated in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeated: Option<Repeated>,
 }
 
 /// The mean output tokens per request to project with: `--expected-output-tokens`, else the mean
@@ -74,6 +81,8 @@ pub fn build(spec: &SweepSpec, trials: &[Trial], dataset: Option<Dataset>) -> Re
         deciding_factor: rank::deciding_factor(&rows),
         rows,
         pending,
+        unfit: None,
+        repeated: None,
     }
 }
 
@@ -111,6 +120,40 @@ fn hours(h: f64) -> String {
     }
 }
 
+/// The share of prompt tokens the radix cache served: `12.5%`.
+fn cached(t: &Trial) -> String {
+    t.cache
+        .and_then(|c| c.share())
+        .map_or("-".into(), |s| format!("{:.1}%", s * 100.0))
+}
+
+/// What the workload's prompts did to every trial, said once for the sweep.
+fn workload_notes(r: &Report) -> String {
+    let mut out = String::new();
+    if let Some(u) = &r.unfit {
+        out.push_str(&format!(
+            "{} prompts of the sample do not fit the context: {} (left out of every candidate's figures; `fleet generate` records them as prompt_too_long)\n",
+            u.prompts, u.example
+        ));
+    }
+    if let Some(rep) = &r.repeated {
+        let more = match rep.usable {
+            Some(u) if u > rep.sample => {
+                format!("raise --sample (the file has {u} usable prompts)")
+            }
+            Some(u) => format!(
+                "the file has only {u} usable prompts: use a larger one or a shorter --duration"
+            ),
+            None => "raise --sample".to_string(),
+        };
+        out.push_str(&format!(
+            "warning: a trial drew {} requests from a sample of {} prompts, so prompts repeated and SGLang's radix cache served their prefill again (a candidate with --disable-radix-cache gets no such gift): {more}\n",
+            rep.drawn, rep.sample
+        ));
+    }
+    out
+}
+
 /// The ranked table and what follows it.
 pub fn text(r: &Report) -> String {
     let mut header = vec![
@@ -127,6 +170,7 @@ pub fn text(r: &Report) -> String {
         "KV tokens",
         "startup",
         "errors",
+        "cached",
         "GPUs",
     ];
     if r.dataset.is_some() {
@@ -157,6 +201,7 @@ pub fn text(r: &Report) -> String {
                     m.kv_tokens.to_string(),
                     m.startup_s.map_or("up".into(), |s| format!("{s:.1}s")),
                     m.errors.to_string(),
+                    cached(&row.trial),
                     m.gpus.to_string(),
                 ]);
                 if r.dataset.is_some() {
@@ -200,6 +245,7 @@ pub fn text(r: &Report) -> String {
     if let Some(f) = &r.deciding_factor {
         out.push_str(&format!("deciding factor: {f}\n"));
     }
+    out.push_str(&workload_notes(r));
     if let Some(d) = &r.dataset {
         let etas: Vec<String> = r
             .rows
@@ -416,6 +462,7 @@ mod tests {
                 estimate: None,
             }),
             first_window: None,
+            cache: None,
         }
     }
 
@@ -450,6 +497,7 @@ mod tests {
                     log_tail: vec!["CUDA out of memory.".into()],
                 },
                 first_window: None,
+                cache: None,
             },
             ok("no_buffer", 1180.0, 72, 1200.0),
         ];
@@ -502,6 +550,50 @@ mod tests {
         assert_eq!(json["rows"][0]["label"], "no_buffer");
         assert_eq!(json["rows"][0]["trial"]["outcome"]["state"], "ok");
         assert_eq!(json["rows"][2]["trial"]["outcome"]["state"], "failed");
+    }
+
+    #[test]
+    fn what_the_workload_did_is_said_once_under_the_table() {
+        let mut nb = ok("no_buffer", 1180.0, 72, 1000.0);
+        nb.cache = Some(rank::CacheUse {
+            cached_tokens: 250,
+            prompt_tokens: 1000,
+        });
+        let trials = vec![nb, ok("extra_buffer", 107.0, 37, 1000.0)];
+        let all = [cand("extra_buffer"), cand("no_buffer")];
+        let mut r = build(&spec(Mode::Parallel, &all, None), &trials, None);
+        assert!(!text(&r).contains("do not fit") && !text(&r).contains("drew"));
+        r.unfit = Some(Unfit {
+            prompts: 3,
+            example: "the prompt is 9000 tokens; the context length is 8192".into(),
+        });
+        r.repeated = Some(Repeated {
+            drawn: 900,
+            sample: 100,
+            usable: Some(500),
+        });
+        let t = text(&r);
+        assert!(t.contains("cached"), "{t}");
+        assert!(t.contains("25.0%"), "{t}");
+        assert!(
+            t.contains("3 prompts of the sample do not fit the context: the prompt is 9000 tokens; the context length is 8192 (left out of every candidate's figures"),
+            "{t}"
+        );
+        assert!(
+            t.contains("warning: a trial drew 900 requests from a sample of 100 prompts, so prompts repeated")
+                && t.contains("raise --sample (the file has 500 usable prompts)"),
+            "{t}"
+        );
+        r.repeated = Some(Repeated {
+            drawn: 900,
+            sample: 500,
+            usable: Some(500),
+        });
+        assert!(text(&r).contains("the file has only 500 usable prompts"));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["unfit"]["prompts"], 3);
+        assert_eq!(json["repeated"]["drawn"], 900);
+        assert_eq!(json["rows"][0]["trial"]["cache"]["cached_tokens"], 250);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::generate::core::{
 };
 use crate::generate::drive::{self, Clock, Driver};
 use crate::generate::input::Id;
-use crate::sglang::client::{Completion, CompletionRequest, Health, SglangClient};
+use crate::sglang::client::{ClientError, Completion, CompletionRequest, Health, SglangClient};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
@@ -86,7 +86,12 @@ impl Driver for StreamDriver {
                     }
                 }
                 Err(e) => {
-                    s.error(&e);
+                    // A prompt too long for the context is the dataset's problem, never the
+                    // candidate's: the core clamps max_tokens or drops the prompt, as
+                    // `fleet generate` does, and the workload notes it for the report.
+                    if !matches!(e, ClientError::ContextOverflow { .. }) {
+                        s.error(&e);
+                    }
                     Attempt::Failed(e)
                 }
             }
@@ -226,10 +231,11 @@ pub async fn measure(
             bin,
             ignore_eos: workload.ignore_eos,
         };
+        let seen = workload.clone();
         let workload = workload.clone();
         let supply = futures::stream::iter((0u64..).map(move |i| Input::Request {
             id: Id::line(i),
-            req: workload.request(i).clone(),
+            req: workload.request(i),
         }));
         let token = group_stops[g].clone();
         async move {
@@ -240,7 +246,10 @@ pub async fn measure(
                 supply,
                 futures::stream::pending(),
                 &token,
-                |_| Ok(()),
+                |out| {
+                    seen.observe(&out);
+                    Ok(())
+                },
             )
             .await
             .map(|_| ())
