@@ -31,7 +31,7 @@ fn the_only_host_unreachable_fails_the_command_with_exit_3() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(
-        stderr.contains("error: gone: ") && stderr.contains(&format!("127.0.0.1:{closed}")),
+        stderr.contains("error: gone: ") && stderr.contains(&format!("127.0.0.1]:{closed}")),
         "names the host: {stderr}"
     );
 }
