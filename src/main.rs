@@ -17,6 +17,13 @@ fn main() -> ExitCode {
     {
         return fleet::sim::main();
     }
+    // A panic is a bug: say so, where, and exit 70 rather than leave a half-done command to
+    // look like one that failed for a reason the user can fix.
+    std::panic::set_hook(Box::new(|info| {
+        let text = commands::internal_error(info);
+        fleet::commands::output::stderr(format!("{text}\n").as_bytes());
+        std::process::exit(commands::code::INTERNAL.into());
+    }));
     let cli = Cli::parse();
     commands::init_logging(&cli.global);
     // Every request a job has in flight holds a socket: the soft default (often 1024) is no
@@ -31,12 +38,16 @@ fn main() -> ExitCode {
             fleet::commands::output::stderr(
                 format!("error: cannot start the async runtime: {e}\n").as_bytes(),
             );
-            return ExitCode::from(1);
+            return ExitCode::from(commands::code::FAILED);
         }
     };
     let code = runtime.block_on(async move {
         let ctx = Ctx::new(cli.global.clone());
         ctx.watch_signals();
+        // Test hook: the integration tests' only way to provoke a panic (a bug) in the binary.
+        if std::env::var_os("FLEET_TEST_HOOK_PANIC").is_some() {
+            panic!("FLEET_TEST_HOOK_PANIC is set");
+        }
         let result = commands::dispatch(&ctx, cli.command).await;
         commands::exit_code(&ctx, result)
     });

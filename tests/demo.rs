@@ -113,18 +113,19 @@ fn ctrl_c_stops_the_demo_and_its_servers() {
         .unwrap();
     // Interrupt while `fleet up` is starting the servers.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !out
-        .join("run")
-        .read_dir()
-        .is_ok_and(|mut d| d.next().is_some())
-    {
+    // A server is started and recorded (its instance.json): there is something to stop.
+    let started = || {
+        out.join("run")
+            .read_dir()
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("instance.json").is_file())))
+    };
+    while !started() {
         assert!(
             Instant::now() < deadline,
             "the demo never started its servers"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) on our own child with SIGINT, as a terminal's Ctrl-C would send it.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();

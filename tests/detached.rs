@@ -235,10 +235,10 @@ fn dead_unknown_and_unreachable_jobs_are_reported_not_hidden() {
     let job = f.detach(&prompts, "/tmp/job3", &[]);
     f.wait_completed(&job, 50);
     let pid = f.job(&job)["record"]["pid"].as_u64().unwrap();
-    // Its host unreachable: jobs says so, and the job runs on.
+    // Its only host unreachable: jobs fails, naming it, and the job runs on.
     f.world.hosts[0].sshd.stop();
     let o = f.fleet(&["jobs"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("ct200"), "{}", text(&o.stderr));
     assert!(
         Path::new(&format!("/proc/{pid}")).exists(),

@@ -164,7 +164,7 @@ fn the_watchdog_flags_a_run_far_below_the_sweeps_numbers_and_can_stop_it() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert_eq!(run.status.code(), Some(3), "{stderr}");
     assert!(
         stderr.contains("measured by sweep"),
         "names what it compares with: {stderr}"

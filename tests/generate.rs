@@ -462,12 +462,12 @@ fn bad_arguments_are_usage_errors() {
     .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.jsonl: no such file"));
-    // Nothing listens on port 1: a clear error naming the URL, exit 1.
+    // Nothing listens on port 1: a clear error naming the URL, exit 3.
     let o = generate(&out, &prompts, &["http://127.0.0.1:1"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
     assert!(
         stderr.contains("no instance answered") && stderr.contains("127.0.0.1:1"),
         "{stderr}"
@@ -592,7 +592,7 @@ fn watchdog_names_a_client_that_is_too_slow_and_abort_below_stops_the_run() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("WATCHDOG"), "{stderr}");
     assert!(
         // How many the server saw running depends on when /metrics was read; the client's

@@ -152,7 +152,7 @@ fn the_watchdog_flags_the_seeds_extra_buffer_run_against_the_profiles_sweep_numb
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("WATCHDOG"), "{stderr}");
     assert!(
         stderr.contains(&format!("pinned at the server cap of {}", slow.cap())),

@@ -206,7 +206,7 @@ fn an_input_that_shrinks_mid_run_fails_the_job_with_why() {
     f.set_len(len * 6 / 10).unwrap();
     drop(f);
     let (code, stderr) = stderr_of(job);
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(3), "{stderr}");
     assert!(
         stderr.contains("the file shrank while the job ran"),
         "{stderr}"

@@ -230,7 +230,7 @@ fn up_again_leaves_the_same_config_alone_and_refuses_another_without_replace() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "local gpu0 :{}: already running a different config",
@@ -524,7 +524,7 @@ fn a_foreign_process_on_a_port_is_a_clear_error_and_nothing_starts() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "local gpu1 :{}: the port is in use by a process fleet did not start",
@@ -560,7 +560,7 @@ fn logs_by_host_gpu_and_by_port() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&by_port.stdout).lines().count(), 1);
     let out = f.fleet().args(["logs", "local:6"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no instance local:6"));
     let out = f.fleet().args(["logs", "local:x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -589,7 +589,7 @@ fn logs_by_host_gpu_and_by_port() {
     assert_eq!(f.json(&["down"]).0, 0);
     std::fs::remove_dir_all(f.run_dir().join(f.port(4).to_string())).unwrap();
     let out = f.fleet().args(["logs", "local:4"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
 }
 
 #[test]

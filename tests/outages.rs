@@ -155,7 +155,7 @@ fn a_connection_cut_mid_run_is_rebuilt_and_loses_nothing() {
 fn sshd_away_for_twenty_seconds_pauses_the_job_and_it_goes_on_by_itself() {
     let mut f = Fleet::up(1);
     let prompts = f.prompts(2000);
-    let job = f.generate(&prompts, &[]);
+    let mut job = f.generate(&prompts, &[]);
     f.wait_for(2000, 0.1);
     f.world.hosts[0].sshd.stop();
     // While it is away the job says it is paused, and why.
@@ -167,7 +167,21 @@ fn sshd_away_for_twenty_seconds_pauses_the_job_and_it_goes_on_by_itself() {
         assert!(t0.elapsed() < Duration::from_secs(30), "never paused");
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_secs(20).saturating_sub(t0.elapsed()));
+    // The outage must outlast the connection's own give-up time (the 10 s connect timeout):
+    // the job is watched all that while, and must stay paused, neither failing nor ending.
+    let away = Duration::from_secs(20);
+    while t0.elapsed() < away {
+        assert_eq!(
+            progress(&f.out())["status"],
+            "paused",
+            "the job left its pause while the host was away"
+        );
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended while paused"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     f.world.hosts[0].sshd.restart();
     let (code, stderr) = finished(job);
     assert_eq!(code, Some(0), "{stderr}");

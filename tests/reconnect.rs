@@ -88,9 +88,13 @@ impl std::io::Write for LogBuffer {
 
 impl LogBuffer {
     fn install(&self) -> tracing::subscriber::DefaultGuard {
+        self.install_at("fleet=info")
+    }
+    /// With `filter` (`fleet=debug` to see each reconnect attempt).
+    fn install_at(&self, filter: &str) -> tracing::subscriber::DefaultGuard {
         let writer = self.clone();
         let subscriber = tracing_subscriber::fmt()
-            .with_env_filter("fleet=info")
+            .with_env_filter(filter)
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
@@ -127,10 +131,15 @@ async fn a_killed_session_is_reconnected_and_the_forward_keeps_its_port() {
     // or answer wrongly, and steps must work again once the link is back.
     let (stop_tx, stop_rx) = watch::channel(false);
     let succeeded_since_back = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let succeeded = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let back = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let worker = {
-        let (t, succeeded_since_back, back) =
-            (t.clone(), succeeded_since_back.clone(), back.clone());
+        let (t, succeeded_since_back, succeeded, back) = (
+            t.clone(),
+            succeeded_since_back.clone(),
+            succeeded.clone(),
+            back.clone(),
+        );
         tokio::spawn(async move {
             let mut failures = 0u32;
             let mut i = 0u32;
@@ -154,6 +163,7 @@ async fn a_killed_session_is_reconnected_and_the_forward_keeps_its_port() {
                     Ok((out, answer)) => {
                         assert_eq!(out, format!("step{i}\n"));
                         assert_eq!(answer, format!("req{i}").as_bytes());
+                        succeeded.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         if back.load(std::sync::atomic::Ordering::SeqCst) {
                             succeeded_since_back.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         }
@@ -165,7 +175,13 @@ async fn a_killed_session_is_reconnected_and_the_forward_keeps_its_port() {
             failures
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The cut comes under a sequence already running.
+    within("5 steps before the cut", Duration::from_secs(30), async {
+        while succeeded.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     let killed_at = Instant::now();
     assert!(sshd.kill_sessions() >= 1, "no session process to kill");
     let up = link_until(&mut link, "reconnected", |l| {
@@ -214,6 +230,8 @@ async fn a_killed_session_is_reconnected_and_the_forward_keeps_its_port() {
 
 #[tokio::test]
 async fn a_host_gone_for_seconds_and_back_on_the_same_port_is_reconnected() {
+    let logs = LogBuffer::default();
+    let _guard = logs.install_at("fleet=debug");
     let mut sshd = Sshd::start();
     let kh = sshd.known_hosts_file("kh", &[sshd.known_hosts_line()]);
     let opts = ConnectOptions {
@@ -263,7 +281,17 @@ async fn a_host_gone_for_seconds_and_back_on_the_same_port_is_reconnected() {
         "{msg}"
     );
 
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Down while reconnecting fails again and again, never up by mistake.
+    within(
+        "two failed reconnect attempts",
+        Duration::from_secs(30),
+        async {
+            while logs.text().matches("reconnect attempt").count() < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
     assert!(
         matches!(*link.borrow(), Link::Down { .. }),
         "nothing answers yet"

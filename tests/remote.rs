@@ -303,7 +303,8 @@ async fn a_detached_process_outlives_the_command_and_the_ssh_session() {
         std::fs::read_to_string(here(&log)).is_ok_and(|l| l.contains("to-stderr"))
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its session gone (a hangup would have reached it by then), the process lives on.
+    wait_for("the SSH session to end", || sshd.session_pids().is_empty()).await;
     assert!(pid_alive(pid), "pid {pid} died with the session");
     assert_eq!(
         pgid(pid),

@@ -336,7 +336,7 @@ fn a_missing_bucket_is_reported_the_output_stays_and_the_exit_is_1() {
     moto.aws_env(&mut c);
     let o = c.output().unwrap();
     let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(
         err.contains("1 shards are not uploaded to s3://no-such-bucket/x"),
         "{err}"

@@ -24,10 +24,18 @@ use crate::launch::env::run_root;
 /// How long `generate --detach` watches a new job for an immediate failure.
 const SETTLE: Duration = Duration::from_secs(3);
 
-/// Every host of the inventory that answers; the others are logged.
+/// Every host of the inventory that answers; the others are logged. None answering is an error.
 async fn connect(ctx: &Ctx) -> anyhow::Result<(BTreeMap<String, Arc<dyn Transport>>, bool)> {
     let inventory = config::load_inventory(&ctx.global.config)?;
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    let mut connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
+    // No host answered: nothing to report on, so the command failed rather than half-succeeded.
+    if connected.transports.is_empty() && !connected.failed.is_empty() {
+        let last = connected.failed.remove(connected.failed.len() - 1);
+        for e in &connected.failed {
+            tracing::error!("{e}");
+        }
+        return Err(last.into());
+    }
     for e in &connected.failed {
         tracing::error!("{e}");
     }
@@ -45,39 +53,83 @@ fn new_id() -> String {
     )
 }
 
-/// The flags of `args` that the job on the target gets as they are.
-fn passthrough(a: &GenerateArgs) -> Vec<String> {
-    let mut v: Vec<String> = Vec::new();
-    let mut flag = |name: &str, value: Option<String>| {
-        if let Some(value) = value {
-            v.push(format!("--{name}"));
-            v.push(value);
+/// The flags of `fleet generate` the detached job does not get as they were given, and why.
+/// Every other flag given reaches it as the user wrote it.
+const REWRITTEN: [(&str, &str); 5] = [
+    (
+        "prompts",
+        "a local file is sent into the job's directory; HOST:PATH becomes PATH",
+    ),
+    (
+        "url",
+        "without --url, the URLs of the host's instances as the job reaches them there",
+    ),
+    (
+        "profile",
+        "the profile is written into the job's directory: the host has no profiles directory",
+    ),
+    (
+        "detach",
+        "dropped: the job itself runs in the foreground there",
+    ),
+    ("host", "dropped: the job already runs on that host"),
+];
+
+/// The `fleet generate` command line of this process, as clap parsed it: the detached job's
+/// argv is derived from it, so a new flag reaches the job without a line here.
+fn given_generate() -> anyhow::Result<clap::ArgMatches> {
+    use clap::CommandFactory;
+    let matches = crate::cli::Cli::command().try_get_matches_from(std::env::args_os())?;
+    matches
+        .subcommand_matches("generate")
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("--detach outside `fleet generate`"))
+}
+
+/// The detached job's argv: `binary generate`, each flag of `generate` that `given` holds from
+/// the command line (or the environment) as it was given, but those of [`REWRITTEN`], which
+/// take their values from `rewritten` (a name missing there is dropped), and `-q`.
+fn job_argv(
+    binary: String,
+    given: &clap::ArgMatches,
+    rewritten: &[(&str, Vec<String>)],
+) -> Vec<String> {
+    use clap::parser::ValueSource;
+    let command = <GenerateArgs as clap::Args>::augment_args(clap::Command::new("generate"));
+    let mut argv = vec![binary, "generate".to_string()];
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        if REWRITTEN.iter().any(|(name, _)| *name == id) {
+            let values = rewritten.iter().filter(|(name, _)| *name == id);
+            for value in values.flat_map(|(_, v)| v) {
+                argv.push(format!("--{long}={value}"));
+            }
+            continue;
         }
-    };
-    let d = |d: Duration| humantime::format_duration(d).to_string();
-    flag("endpoint", a.endpoint.clone());
-    flag("max-tokens", Some(a.max_tokens.to_string()));
-    flag("temperature", a.temperature.map(|t| t.to_string()));
-    flag("top-p", a.top_p.map(|t| t.to_string()));
-    flag("limit", a.limit.map(|l| l.to_string()));
-    flag("concurrency", Some(a.concurrency.clone()));
-    flag("max-retries", Some(a.max_retries.to_string()));
-    flag("stall-timeout", Some(d(a.stall_timeout)));
-    flag("upload", a.upload.clone());
-    flag("shard-lines", Some(a.shard_lines.to_string()));
-    flag("warmup", Some(d(a.warmup)));
-    flag("abort-below", a.abort_below.map(|f| f.to_string()));
-    flag("grace", Some(d(a.grace)));
-    flag("retry-failed", a.retry_failed.clone());
-    for (on, name) in [
-        (a.resume, "--resume"),
-        (a.allow_changed_input, "--allow-changed-input"),
-    ] {
-        if on {
-            v.push(name.to_string());
+        let from_user = matches!(
+            given.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        if !from_user {
+            // Not given: the job's own default, the same binary's.
+            continue;
+        }
+        if arg.get_action().takes_values() {
+            let occurrences = given.get_raw_occurrences(id).into_iter().flatten();
+            for values in occurrences {
+                for value in values {
+                    argv.push(format!("--{long}={}", value.to_string_lossy()));
+                }
+            }
+        } else if given.get_flag(id) {
+            argv.push(format!("--{long}"));
         }
     }
-    v
+    argv.push("-q".into());
+    argv
 }
 
 /// `fleet generate --detach`: starts the job on a host of the inventory, beside its servers.
@@ -184,14 +236,6 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             remote
         }
     };
-    let mut argv = vec![
-        binary,
-        "generate".to_string(),
-        "--prompts".into(),
-        prompts.clone(),
-        "--out".into(),
-        out.clone(),
-    ];
     let urls: Vec<String> = if args.url.is_empty() {
         servers
             .get(&host)
@@ -206,10 +250,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     } else {
         args.url.clone()
     };
-    for u in urls {
-        argv.push("--url".into());
-        argv.push(u);
-    }
+    let mut rewritten = vec![("prompts", vec![prompts.clone()]), ("url", urls)];
     let mut env = BTreeMap::new();
     if let Some(key) = servers
         .get(&host)
@@ -231,11 +272,9 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
                 written.stderr_lossy().trim()
             );
         }
-        argv.push("--profile".into());
-        argv.push(remote);
+        rewritten.push(("profile", vec![remote]));
     }
-    argv.extend(passthrough(args));
-    argv.push("-q".into());
+    let argv = job_argv(binary, &given_generate()?, &rewritten);
     let record = jobs::start(
         t.as_ref(),
         &run_root,
@@ -461,4 +500,132 @@ pub async fn fetch(ctx: &Ctx, args: &FetchArgs) -> anyhow::Result<Outcome> {
 /// Whether `arg` names a local output directory (or progress file) rather than a job.
 pub fn is_local(arg: &str) -> bool {
     Path::new(arg).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::{CommandFactory, Parser};
+
+    /// A value `fleet generate` accepts for the flag `id`, unlike its default.
+    fn sample(arg: &clap::Arg) -> Option<String> {
+        if !arg.get_action().takes_values() {
+            return None;
+        }
+        if let Some(last) = arg.get_possible_values().last() {
+            return Some(last.get_name().to_string());
+        }
+        let value = match arg.get_id().as_str() {
+            "prompts" => "in.jsonl",
+            "out" => "/srv/out",
+            "url" => "http://10.0.0.9:30000",
+            "profile" => "blackwell",
+            "endpoint" => "completions",
+            "max_tokens" => "77",
+            "temperature" => "0.5",
+            "top_p" => "0.9",
+            "limit" => "12",
+            "concurrency" => "8",
+            "max_retries" => "5",
+            "stall_timeout" => "7m",
+            "upload" => "file:///srv/up",
+            "shard_lines" => "99",
+            "warmup" => "11s",
+            "abort_below" => "0.25",
+            "grace" => "13s",
+            "host" => "ct201",
+            other => panic!("a new flag of generate, {other}: give it a sample value here"),
+        };
+        Some(value.to_string())
+    }
+
+    fn generate(argv: &[String]) -> (GenerateArgs, clap::ArgMatches, bool) {
+        let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        let matches = Cli::command().get_matches_from(argv);
+        let Command::Generate(args) = cli.command else {
+            panic!("not generate: {argv:?}");
+        };
+        let sub = matches.subcommand_matches("generate").unwrap().clone();
+        (args, sub, cli.global.quiet)
+    }
+
+    #[test]
+    fn every_generate_flag_reaches_the_detached_job_or_is_rewritten_on_purpose() {
+        let command = <GenerateArgs as clap::Args>::augment_args(clap::Command::new("generate"));
+        let mut argv: Vec<String> = vec!["fleet".into(), "generate".into()];
+        let mut walked = Vec::new();
+        for arg in command.get_arguments() {
+            let long = arg.get_long().expect("every flag of generate is long");
+            argv.push(format!("--{long}"));
+            argv.extend(sample(arg));
+            walked.push(arg.get_id().to_string());
+        }
+        let (given, matches, _) = generate(&argv);
+        let rewritten = [
+            (
+                "prompts",
+                vec!["/run/fleet/jobs/j/prompts.jsonl".to_string()],
+            ),
+            ("url", vec!["http://10.0.0.9:30000".to_string()]),
+            (
+                "profile",
+                vec!["/run/fleet/jobs/j/profile.yaml".to_string()],
+            ),
+        ];
+        let job = job_argv("fleet".into(), &matches, &rewritten);
+        let (on_host, _, quiet) = generate(&job);
+        assert!(quiet, "the job logs only warnings: {job:?}");
+
+        let mut expected = given.clone();
+        expected.prompts = "/run/fleet/jobs/j/prompts.jsonl".into();
+        expected.profile = Some("/run/fleet/jobs/j/profile.yaml".into());
+        expected.detach = false;
+        expected.host = None;
+        assert_eq!(format!("{on_host:?}"), format!("{expected:?}"), "{job:?}");
+        for id in &walked {
+            let dropped = ["detach", "host"].contains(&id.as_str());
+            let long = format!("--{}", id.replace('_', "-"));
+            let present = job
+                .iter()
+                .any(|a| a == &long || a.starts_with(&format!("{long}=")));
+            assert_eq!(present, !dropped, "{long} in {job:?}");
+        }
+        for (name, why) in REWRITTEN {
+            assert!(walked.iter().any(|w| w == name), "{name} is no flag: {why}");
+        }
+    }
+
+    #[test]
+    fn a_flag_left_at_its_default_is_left_to_the_jobs_own_default() {
+        let argv = [
+            "fleet",
+            "generate",
+            "--prompts",
+            "in.jsonl",
+            "--out",
+            "o",
+            "--detach",
+        ]
+        .map(String::from);
+        let (_, matches, _) = generate(&argv);
+        let urls = vec!["http://a:1".to_string(), "http://b:2".to_string()];
+        let job = job_argv(
+            "bin".into(),
+            &matches,
+            &[("prompts", vec!["p".into()]), ("url", urls)],
+        );
+        assert_eq!(
+            job,
+            [
+                "bin",
+                "generate",
+                "--prompts=p",
+                "--out=o",
+                "--url=http://a:1",
+                "--url=http://b:2",
+                "-q"
+            ]
+        );
+    }
 }

@@ -29,8 +29,13 @@ pub mod up;
 /// Exit codes (README "Exit codes").
 pub mod code {
     pub const OK: u8 = 0;
+    /// Some hosts, instances, trials or prompts failed; the others are reported.
     pub const PARTIAL: u8 = 1;
     pub const USAGE: u8 = 2;
+    /// An error stopped the command (the only host unreachable, an I/O error).
+    pub const FAILED: u8 = 3;
+    /// A bug in fleet: a panic (`EX_SOFTWARE` of sysexits.h).
+    pub const INTERNAL: u8 = 70;
     /// Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143 and SIGHUP 129, 128 + the signal's
     /// number as shells report a process killed by it.
     pub const INTERRUPTED: u8 = 130;
@@ -275,8 +280,10 @@ pub fn exit_code(ctx: &Ctx, result: anyhow::Result<Outcome>) -> u8 {
                 ctx.interrupted_code()
             } else if is_usage(&e) {
                 code::USAGE
+            } else if is_panic(&e) {
+                code::INTERNAL
             } else {
-                code::PARTIAL
+                code::FAILED
             }
         }
     }
@@ -300,6 +307,29 @@ pub fn describe(e: &anyhow::Error) -> String {
         last = said;
     }
     text
+}
+
+/// A task that panicked, as the runtime reports it to whoever joins it: a bug, like a panic on
+/// the main thread (which the panic hook of `main` turns into the same exit code).
+fn is_panic(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<tokio::task::JoinError>()
+            .is_some_and(tokio::task::JoinError::is_panic)
+    })
+}
+
+/// What a panic says, for the panic hook: its message and where it happened.
+pub fn internal_error(info: &std::panic::PanicHookInfo<'_>) -> String {
+    let payload = info.payload();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    let at = info
+        .location()
+        .map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+    format!("internal error: {message}{at}; please report it")
 }
 
 fn is_usage(e: &anyhow::Error) -> bool {
@@ -339,6 +369,19 @@ mod tests {
         );
         let e = anyhow::Error::new(Outer(std::io::Error::other("disk on fire"))).context("up");
         assert_eq!(describe(&e), "up: bad profile: disk on fire");
+    }
+
+    #[tokio::test]
+    async fn a_panicked_task_is_an_internal_error_and_other_errors_fail_the_command() {
+        let ctx = Ctx::new(<crate::cli::Cli as clap::Parser>::parse_from(["fleet", "jobs"]).global);
+        let joined = tokio::spawn(async { panic!("boom") }).await.unwrap_err();
+        let e = anyhow::Error::new(joined).context("generate");
+        assert_eq!(exit_code(&ctx, Err(e)), code::INTERNAL);
+        let io = anyhow::Error::new(std::io::Error::other("disk full"));
+        assert_eq!(exit_code(&ctx, Err(io)), code::FAILED);
+        let usage: anyhow::Error = UsageError::new("bad flag").into();
+        assert_eq!(exit_code(&ctx, Err(usage)), code::USAGE);
+        assert_eq!(exit_code(&ctx, Ok(Outcome::Partial)), code::PARTIAL);
     }
 
     #[test]

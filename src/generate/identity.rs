@@ -2,24 +2,20 @@
 //! modification time, a hash of its head and of its id column as read), so that `--resume` with
 //! another input is refused instead of silently mixing two jobs.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+
+use super::input::Scan;
 
 pub const IDENTITY_FILE: &str = "input.json";
-
-/// Bytes of the input whose hash is part of the identity.
-const HEAD_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fingerprint {
     pub path: PathBuf,
     pub size: u64,
     pub mtime_unix: u64,
-    /// Hex SHA-256 of the first 64 KiB.
+    /// Hex SHA-256 of the first 64 KiB ([`crate::generate::input::HEAD_BYTES`]).
     pub head_sha256: String,
     /// Hex SHA-256 of the ids in order (see [`crate::generate::input::Scan::ids_hash`]).
     pub ids_sha256: String,
@@ -43,35 +39,17 @@ pub enum IdentityError {
     },
 }
 
-/// The fingerprint of `path` with the pre-pass's `ids_sha256` and `lines`.
-pub fn of(path: &Path, ids_sha256: &str, lines: u64) -> Result<Fingerprint, IdentityError> {
-    let err = |source| IdentityError::Io {
+/// The fingerprint of `path` from its pre-pass, which read the file's facts, hashed its ids and
+/// counted its lines in the same pass: no second read of the file.
+pub fn of(path: &Path, scan: &Scan) -> Fingerprint {
+    Fingerprint {
         path: path.to_path_buf(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(err)?;
-    let mut head = Vec::new();
-    std::fs::File::open(path)
-        .map_err(err)?
-        .take(HEAD_BYTES)
-        .read_to_end(&mut head)
-        .map_err(err)?;
-    Ok(Fingerprint {
-        path: path.to_path_buf(),
-        size: meta.len(),
-        mtime_unix: meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs()),
-        head_sha256: hex(&Sha256::digest(&head)),
-        ids_sha256: ids_sha256.to_string(),
-        lines,
-    })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+        size: scan.file.size,
+        mtime_unix: scan.file.mtime_unix,
+        head_sha256: scan.file.head_sha256.clone(),
+        ids_sha256: scan.ids_hash.clone(),
+        lines: scan.total,
+    }
 }
 
 /// The identity recorded in `dir`, if a run wrote one.
@@ -159,8 +137,18 @@ mod tests {
         let input = dir.path().join("prompts.jsonl");
         std::fs::write(&input, "{\"prompt\":\"x\"}\n").unwrap();
         assert_eq!(read(dir.path()).unwrap(), None);
-        let f = of(&input, "ids", 1).unwrap();
-        assert_eq!(f.size, 15);
+        let scan = Scan {
+            total: 1,
+            ids_hash: "ids".into(),
+            file: crate::generate::input::FileFacts {
+                size: 15,
+                mtime_unix: 7,
+                head_sha256: "hh".into(),
+            },
+            ..Scan::default()
+        };
+        let f = of(&input, &scan);
+        assert_eq!((f.size, f.lines, f.ids_sha256.as_str()), (15, 1, "ids"));
         write(dir.path(), &f).unwrap();
         assert_eq!(read(dir.path()).unwrap(), Some(f));
     }

@@ -52,7 +52,7 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
         retry: c.retry_failed,
     };
     let scan = input::scan(&c.prompts, c.limit, &known)?;
-    let now = identity::of(&c.prompts, &scan.ids_hash, scan.total)?;
+    let now = identity::of(&c.prompts, &scan);
     // Editing failed lines is what --retry-failed is for, so it accepts a changed input too.
     let may_change = c.allow_changed_input || c.retry_failed != RetryFailed::No;
     if c.resume

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::sglang::client::{Api, Prompt};
 
-pub use reader::{Position, Reader};
+pub use reader::{FileFacts, HEAD_BYTES, Position, Reader};
 pub use scan::{Known, RetryFailed, Scan, scan};
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,11 @@ pub enum InputError {
         expected: u64,
         at: u64,
     },
+}
+
+/// Lower-case hex of a digest.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A prompt's id: as given (string or integer), or named after the line's content.

@@ -1,14 +1,46 @@
 //! Streaming the prompt file as bytes: non-blank lines with their numbers, a UTF-8 BOM skipped,
 //! resumable from a byte position, and bounded by the end the pre-pass saw, so that lines
-//! appended later are left out and a file that shrank is noticed.
+//! appended later are left out and a file that shrank is noticed. The pre-pass's reader also
+//! takes the file's facts for the job's identity (size, mtime, a hash of its head) on the way,
+//! so that one open of the file gives the scan, the identity and the count.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use sha2::{Digest, Sha256};
 
 use super::{Ids, InputError, Line, parse_line};
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Bytes of the input whose hash is part of the job's identity.
+pub const HEAD_BYTES: u64 = 64 * 1024;
+
+/// What the job's identity records of the file itself, as the pre-pass opened it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileFacts {
+    pub size: u64,
+    pub mtime_unix: u64,
+    /// Hex SHA-256 of the first [`HEAD_BYTES`] bytes.
+    pub head_sha256: String,
+}
+
+/// The hash of the file's head, fed with the bytes as the reader reads them.
+struct Head {
+    sha: Sha256,
+    taken: u64,
+}
+
+impl Head {
+    fn feed(&mut self, bytes: &[u8]) {
+        let room = HEAD_BYTES.saturating_sub(self.taken) as usize;
+        let bytes = &bytes[..bytes.len().min(room)];
+        self.sha.update(bytes);
+        self.taken += bytes.len() as u64;
+    }
+}
 
 /// Where a reader stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,6 +62,8 @@ pub struct Reader {
     limit: Option<u64>,
     /// Stop at this byte offset: the end of the file as the job's pre-pass read it.
     end: Option<u64>,
+    /// Set by [`Reader::with_head`]: the bytes read from offset 0 are hashed on the way.
+    head: Option<Head>,
 }
 
 impl Reader {
@@ -51,7 +85,63 @@ impl Reader {
             pos,
             limit,
             end: None,
+            head: None,
         })
+    }
+
+    /// Hashes the file's head as it is read (from the start), for [`Reader::facts`].
+    pub fn with_head(mut self) -> Self {
+        if self.pos.offset == 0 {
+            self.head = Some(Head {
+                sha: Sha256::new(),
+                taken: 0,
+            });
+        }
+        self
+    }
+
+    /// The file's size, mtime and head hash, from this reader's open file: the head is read to
+    /// its end here when the lines read so far (a `--limit`, a short file) stopped before it.
+    /// Call it once, after the pass; it leaves the reader where it was in lines, not in bytes.
+    pub fn facts(&mut self) -> Result<FileFacts, InputError> {
+        let err = |source| InputError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let meta = self.inner.get_ref().metadata().map_err(err)?;
+        let mut head = self.head.take().unwrap_or(Head {
+            sha: Sha256::new(),
+            taken: HEAD_BYTES,
+        });
+        if head.taken < HEAD_BYTES && head.taken == self.pos.offset {
+            let mut rest = Vec::new();
+            (&mut self.inner)
+                .take(HEAD_BYTES - head.taken)
+                .read_to_end(&mut rest)
+                .map_err(err)?;
+            head.feed(&rest);
+        }
+        Ok(FileFacts {
+            size: meta.len(),
+            mtime_unix: meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
+            head_sha256: super::hex(&head.sha.finalize()),
+        })
+    }
+
+    /// Back to the first line, on the same open file (the pre-pass's second pass).
+    pub fn rewind(&mut self) -> Result<(), InputError> {
+        self.inner
+            .seek(SeekFrom::Start(0))
+            .map_err(|source| InputError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.pos = Position::default();
+        Ok(())
     }
 
     /// Reads no further than byte `end`, and fails with [`InputError::Shrank`] when the file
@@ -93,6 +183,9 @@ impl Reader {
                     }),
                     None => Ok(None),
                 };
+            }
+            if let Some(head) = &mut self.head {
+                head.feed(&self.buf[..n]);
             }
             // A last line that grew since the pre-pass is read as the pre-pass saw it.
             if let Some(e) = self.end

@@ -1,14 +1,15 @@
 //! The pre-pass over the prompt file, before any request: every id once (a duplicate stops the
 //! job with both line numbers), how much of the input earlier runs already wrote, which failed
 //! prompts `--retry-failed` sends again, where the work begins, and a hash of the id column for
-//! the job's fingerprint. Only 64-bit hashes of ids are kept in memory.
+//! the job's fingerprint, with the file facts the fingerprint records ([`FileFacts`]), all from one
+//! open of the file. Only 64-bit hashes of ids are kept in memory.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::{Id, InputError, Position, Reader, content_hash, name};
+use super::{FileFacts, Id, InputError, Position, Reader, content_hash, hex, name};
 
 /// Which failed prompts a resumed job sends again.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +51,8 @@ pub struct Scan {
     pub failed: u64,
     /// Failed prompts of this input to send again.
     pub retry: HashSet<u128>,
+    /// The file's size, mtime and head hash, as this pass opened it.
+    pub file: FileFacts,
 }
 
 /// Reads every line's id once. Hash collisions are confirmed by a second pass over just the
@@ -60,7 +63,7 @@ pub fn scan(path: &Path, limit: Option<u64>, known: &Known<'_>) -> Result<Scan, 
     let mut seen: HashSet<u64> = HashSet::new();
     let mut suspects: HashSet<u64> = HashSet::new();
     let mut tally = Tally::new(known);
-    let mut reader = Reader::open(path, limit)?;
+    let mut reader = Reader::open(path, limit)?.with_head();
     loop {
         let before = reader.position();
         let Some((_, bytes)) = reader.next_raw()? else {
@@ -74,9 +77,10 @@ pub fn scan(path: &Path, limit: Option<u64>, known: &Known<'_>) -> Result<Scan, 
         tally.line(before, key, hash);
     }
     let end = reader.position().offset;
+    let file = reader.facts()?;
     drop(seen);
     if suspects.is_empty() {
-        return Ok(tally.finish(end, HashMap::new()));
+        return Ok(tally.finish(end, HashMap::new(), file));
     }
 
     // Again, with the final ids: named duplicates are errors, repeated contents get numbered.
@@ -84,7 +88,7 @@ pub fn scan(path: &Path, limit: Option<u64>, known: &Known<'_>) -> Result<Scan, 
     let mut first_line: HashMap<String, u64> = HashMap::new();
     let mut copies: HashMap<u64, u32> = HashMap::new();
     let mut before_pending: Option<HashMap<u64, u32>> = None;
-    let mut reader = Reader::open(path, limit)?;
+    reader.rewind()?;
     loop {
         let before = reader.position();
         let Some((n, bytes)) = reader.next_raw()? else {
@@ -127,7 +131,7 @@ pub fn scan(path: &Path, limit: Option<u64>, known: &Known<'_>) -> Result<Scan, 
     for h in copies.into_keys() {
         repeats.entry(h).or_insert(0);
     }
-    Ok(tally.finish(reader.position().offset, repeats))
+    Ok(tally.finish(reader.position().offset, repeats, file))
 }
 
 /// What one pass counts line by line.
@@ -176,9 +180,9 @@ impl<'a> Tally<'a> {
         first
     }
 
-    fn finish(mut self, end: u64, repeats: HashMap<u64, u32>) -> Scan {
-        let digest = self.ids.finalize();
-        self.scan.ids_hash = digest.iter().map(|b| format!("{b:02x}")).collect();
+    fn finish(mut self, end: u64, repeats: HashMap<u64, u32>, file: FileFacts) -> Scan {
+        self.scan.ids_hash = hex(&self.ids.finalize());
+        self.scan.file = file;
         self.scan.end = end;
         self.scan.repeats = repeats;
         self.scan

@@ -349,3 +349,43 @@ fn the_id_column_hash_changes_when_lines_move_or_ids_change() {
     );
     assert_ne!(ab, hash(&[r#"{"id":"a","prompt":"1"}"#]));
 }
+
+#[test]
+fn the_scan_gives_the_files_identity_facts_from_the_same_open() {
+    let (c, x) = nothing();
+    let expect = |path: &std::path::Path| {
+        use sha2::{Digest, Sha256};
+        let bytes = std::fs::read(path).unwrap();
+        let head = &bytes[..bytes.len().min(HEAD_BYTES as usize)];
+        let mtime = std::fs::metadata(path)
+            .unwrap()
+            .modified()
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        FileFacts {
+            size: bytes.len() as u64,
+            mtime_unix: mtime,
+            head_sha256: hex(&Sha256::digest(head)),
+        }
+    };
+    // Longer than the head, with a blank line and a BOM: the head is the file's bytes as they are.
+    let mut lines: Vec<String> = (0..3000)
+        .map(|i| json!({"id": format!("p{i}"), "prompt": "x".repeat(40)}).to_string())
+        .collect();
+    lines[0] = format!("\u{feff}{}", lines[0]);
+    lines.insert(5, String::new());
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let long = file(&refs);
+    assert!(std::fs::metadata(long.path()).unwrap().len() > HEAD_BYTES);
+    let all = scan(long.path(), None, &known(&c, &x)).unwrap();
+    assert_eq!(all.file, expect(long.path()));
+    // --limit stops the lines early, not the head.
+    let one = scan(long.path(), Some(1), &known(&c, &x)).unwrap();
+    assert_eq!((one.total, &one.file), (1, &expect(long.path())));
+    // A short file; and repeated id-less lines, which take the second pass.
+    let short = file(&[r#"{"prompt":"same"}"#, r#"{"prompt":"same"}"#]);
+    let sc = scan(short.path(), None, &known(&c, &x)).unwrap();
+    assert_eq!((sc.total, &sc.file), (2, &expect(short.path())));
+}
