@@ -107,6 +107,7 @@ fn journal_append(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                     j.append(Entry::Completion(journal::encode(&CompletionRecord {
                         id,
                         output: &text,
+                        reasoning: None,
                         prompt_tokens: 96,
                         completion_tokens: 988,
                         finish_reason: Some("length"),

@@ -69,11 +69,17 @@ fn by_hand(world: &World) -> Duration {
     while ready.iter().any(|r| !r) {
         for (i, (child, address, port)) in children.iter_mut().enumerate() {
             if !ready[i] {
-                assert!(child.try_wait().unwrap().is_none(), "a server died starting");
+                assert!(
+                    child.try_wait().unwrap().is_none(),
+                    "a server died starting"
+                );
                 ready[i] = healthy(address, *port);
             }
         }
-        assert!(started.elapsed() < Duration::from_secs(900), "not ready in 15 min");
+        assert!(
+            started.elapsed() < Duration::from_secs(900),
+            "not ready in 15 min"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let took = started.elapsed();
@@ -89,14 +95,16 @@ fn by_hand(world: &World) -> Duration {
 
 fn main() {
     let real = RealSglang::find();
+    // --quick: one server, a smoke test of the bench rather than the target's figure.
+    let gpus = if headline::quick() { 1 } else { 2 };
     let world = World::new(1);
-    world.inventory("[0, 1]");
+    world.inventory(if gpus == 1 { "[0]" } else { "[0, 1]" });
     let calls = std::env::temp_dir().join(common::unique("sgl-calls"));
     let profiles = world.home.path().join("profiles");
     std::fs::create_dir_all(&profiles).unwrap();
     std::fs::write(
         profiles.join("real.yaml"),
-        real.profile(common::free_port_base(2), &calls, &[]),
+        real.profile(common::free_port_base(gpus), &calls, &[]),
     )
     .unwrap();
 
@@ -104,13 +112,21 @@ fn main() {
     let started = Instant::now();
     let out = world.fleet(&["up", "--profile", "real"]).output().unwrap();
     let up = started.elapsed();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let down = world.fleet(&["down"]).output().unwrap();
-    assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
 
     let ratio = up.as_secs_f64() / hand.as_secs_f64();
     println!(
-        "2 real SGLang 0.5.23 servers on the CPU: by hand {:.1} s, fleet up {:.1} s ({ratio:.2}x)",
+        "{gpus} real SGLang 0.5.23 server(s) on the CPU: by hand {:.1} s, fleet up {:.1} s ({ratio:.2}x)",
         hand.as_secs_f64(),
         up.as_secs_f64()
     );

@@ -100,67 +100,67 @@ fn start(name: &'static str, mut cmd: Command, port: u16, dir: &std::path::Path)
 /// A minimal blocking HTTP/1.0 client (no keep-alive, no chunking): what both servers answer
 /// is read exactly as sent, SSE frames included.
 mod http {
-        use std::io::{Read, Write};
-        use std::time::Duration;
+    use std::io::{Read, Write};
+    use std::time::Duration;
 
-        pub struct Client;
+    pub struct Client;
 
-        pub fn client() -> Client {
-            Client
+    pub fn client() -> Client {
+        Client
+    }
+
+    /// Status, content type and body.
+    pub type Answer = (u16, String, String);
+
+    impl Client {
+        pub fn get(&self, url: String) -> std::io::Result<Answer> {
+            self.send("GET", &url, None, None)
         }
 
-        /// Status, content type and body.
-        pub type Answer = (u16, String, String);
-
-        impl Client {
-            pub fn get(&self, url: String) -> std::io::Result<Answer> {
-                self.send("GET", &url, None, None)
+        pub fn send(
+            &self,
+            method: &str,
+            url: &str,
+            body: Option<&str>,
+            key: Option<&str>,
+        ) -> std::io::Result<Answer> {
+            let rest = url.strip_prefix("http://").expect("http URL");
+            let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let mut s = std::net::TcpStream::connect(host)?;
+            s.set_read_timeout(Some(Duration::from_secs(120)))?;
+            let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {host}\r\n");
+            if let Some(k) = key {
+                req.push_str(&format!("Authorization: Bearer {k}\r\n"));
             }
-
-            pub fn send(
-                &self,
-                method: &str,
-                url: &str,
-                body: Option<&str>,
-                key: Option<&str>,
-            ) -> std::io::Result<Answer> {
-                let rest = url.strip_prefix("http://").expect("http URL");
-                let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-                let mut s = std::net::TcpStream::connect(host)?;
-                s.set_read_timeout(Some(Duration::from_secs(120)))?;
-                let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {host}\r\n");
-                if let Some(k) = key {
-                    req.push_str(&format!("Authorization: Bearer {k}\r\n"));
-                }
-                if let Some(b) = body {
-                    req.push_str(&format!(
-                        "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                        b.len()
-                    ));
-                }
-                req.push_str("\r\n");
-                req.push_str(body.unwrap_or(""));
-                s.write_all(req.as_bytes())?;
-                let mut raw = Vec::new();
-                s.read_to_end(&mut raw)?;
-                let text = String::from_utf8_lossy(&raw).into_owned();
-                let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-                let status = head
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                let ctype = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-type")
-                            .then(|| v.trim().to_string())
-                    })
-                    .unwrap_or_default();
-                Ok((status, ctype, body.to_string()))
+            if let Some(b) = body {
+                req.push_str(&format!(
+                    "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                    b.len()
+                ));
             }
+            req.push_str("\r\n");
+            req.push_str(body.unwrap_or(""));
+            s.write_all(req.as_bytes())?;
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw)?;
+            let text = String::from_utf8_lossy(&raw).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+            let status = head
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let ctype = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-type")
+                        .then(|| v.trim().to_string())
+                })
+                .unwrap_or_default();
+            Ok((status, ctype, body.to_string()))
         }
+    }
 }
 
 use http::{Answer, client};
@@ -178,7 +178,9 @@ fn shape(v: &Value, path: &str, out: &mut BTreeSet<String>) {
     };
     out.insert(format!("{path}: {kind}"));
     match v {
-        Value::Array(items) => items.iter().for_each(|i| shape(i, &format!("{path}[]"), out)),
+        Value::Array(items) => items
+            .iter()
+            .for_each(|i| shape(i, &format!("{path}[]"), out)),
         Value::Object(m) => m
             .iter()
             .for_each(|(k, i)| shape(i, &format!("{path}.{k}"), out)),
@@ -314,11 +316,12 @@ fn differences(case: &str, real: &Seen, sim: &Seen) -> Vec<String> {
             // A value that is null on one side is unset there (it depends on the platform and
             // what the server resolved), not another shape.
             let null_either = kind == "null" || rs.contains(&format!("{path}: null"));
-            if on_purpose(case, path) || (null_either && real_paths.contains(path))
-            {
+            if on_purpose(case, path) || (null_either && real_paths.contains(path)) {
                 continue;
             }
-            diffs.push(format!("document {i}: the sim sends {extra}, the real server not"));
+            diffs.push(format!(
+                "document {i}: the sim sends {extra}, the real server not"
+            ));
         }
         if error_text(rv) != error_text(sv) && !on_purpose(case, "error") {
             diffs.push(format!(
@@ -337,7 +340,8 @@ fn prompt_of(port: u16, tokens: u64) -> String {
     // A 200 says the count in `meta_info.prompt_tokens`; a prompt past the input limit is
     // refused with a text that starts with it ("Input length (N tokens) ...").
     let count = |k: usize| -> u64 {
-        let body = json!({"text": "word ".repeat(k).trim_end(), "sampling_params": {"max_new_tokens": 1}});
+        let body =
+            json!({"text": "word ".repeat(k).trim_end(), "sampling_params": {"max_new_tokens": 1}});
         let (status, _, text) = client()
             .send(
                 "POST",
@@ -350,7 +354,10 @@ fn prompt_of(port: u16, tokens: u64) -> String {
         if status == 200 {
             return v["meta_info"]["prompt_tokens"].as_u64().unwrap();
         }
-        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("");
+        let message = v
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let digits: String = message
             .chars()
             .skip_while(|c| !c.is_ascii_digit())
@@ -431,7 +438,11 @@ fn the_sim_answers_as_the_real_server_does() {
             "{}'s start-up as /health saw it: {order:?}",
             s.name
         );
-        assert_eq!(order[0], "refused", "{}: the port opens only after the load", s.name);
+        assert_eq!(
+            order[0], "refused",
+            "{}: the port opens only after the load",
+            s.name
+        );
     }
 
     let over = "word ".repeat(CONTEXT as usize + 100);
@@ -461,18 +472,55 @@ fn the_sim_answers_as_the_real_server_does() {
         ("health without key", "/health", get(), false),
         ("models", "/v1/models", get(), true),
         ("server_info", "/server_info", get(), true),
-        ("generate", "/generate", fixed(generate("say hello", false)), true),
-        ("generate stream", "/generate", fixed(generate("say hello", true)), true),
-        ("completions", "/v1/completions", fixed(completion(json!({}))), true),
-        ("completions stream", "/v1/completions", fixed(completion(usage.clone())), true),
+        (
+            "generate",
+            "/generate",
+            fixed(generate("say hello", false)),
+            true,
+        ),
+        (
+            "generate stream",
+            "/generate",
+            fixed(generate("say hello", true)),
+            true,
+        ),
+        (
+            "completions",
+            "/v1/completions",
+            fixed(completion(json!({}))),
+            true,
+        ),
+        (
+            "completions stream",
+            "/v1/completions",
+            fixed(completion(usage.clone())),
+            true,
+        ),
         ("chat", "/v1/chat/completions", fixed(chat(json!({}))), true),
-        ("chat stream", "/v1/chat/completions", fixed(chat(usage.clone())), true),
-        ("generate over the context", "/generate", fixed(generate(&over, false)), true),
-        ("generate stream over the context", "/generate", fixed(generate(&over, true)), true),
+        (
+            "chat stream",
+            "/v1/chat/completions",
+            fixed(chat(usage.clone())),
+            true,
+        ),
+        (
+            "generate over the context",
+            "/generate",
+            fixed(generate(&over, false)),
+            true,
+        ),
+        (
+            "generate stream over the context",
+            "/generate",
+            fixed(generate(&over, true)),
+            true,
+        ),
         (
             "chat over the context",
             "/v1/chat/completions",
-            fixed(chat(json!({"messages": [{"role": "user", "content": over}]}))),
+            fixed(chat(
+                json!({"messages": [{"role": "user", "content": over}]}),
+            )),
             true,
         ),
         (
@@ -517,8 +565,18 @@ fn the_sim_answers_as_the_real_server_does() {
             fixed(completion(json!({"temperature": -3}))),
             true,
         ),
-        ("chat without the key", "/v1/chat/completions", fixed(chat(json!({}))), false),
-        ("generate without the key", "/generate", fixed(generate("hi", false)), false),
+        (
+            "chat without the key",
+            "/v1/chat/completions",
+            fixed(chat(json!({}))),
+            false,
+        ),
+        (
+            "generate without the key",
+            "/generate",
+            fixed(generate("hi", false)),
+            false,
+        ),
     ];
 
     let mut report = vec![];
@@ -529,7 +587,12 @@ fn the_sim_answers_as_the_real_server_does() {
             let key = key.then_some(KEY);
             seen(
                 client()
-                    .send(method, &format!("http://127.0.0.1:{port}{path}"), b.as_deref(), key)
+                    .send(
+                        method,
+                        &format!("http://127.0.0.1:{port}{path}"),
+                        b.as_deref(),
+                        key,
+                    )
                     .unwrap_or_else(|e| panic!("{name}: {e}")),
             )
         };
@@ -565,7 +628,11 @@ fn the_sim_answers_as_the_real_server_does() {
         }
     }
 
-    assert_eq!(RealSglang::stub_calls(&calls), "", "no stand-in op is ever called");
+    assert_eq!(
+        RealSglang::stub_calls(&calls),
+        "",
+        "no stand-in op is ever called"
+    );
     assert!(
         report.is_empty(),
         "the sim differs from the real SGLang 0.5.23:\n{}",

@@ -93,10 +93,7 @@ impl Real {
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|pid| {
                 std::fs::read(format!("/proc/{pid}/environ"))
-                    .map(|env| {
-                        env.split(|b| *b == 0)
-                            .any(|var| var == needle.as_bytes())
-                    })
+                    .map(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
                     .unwrap_or(false)
             })
             .collect()
@@ -132,7 +129,10 @@ fn the_real_server_through_ssh_and_pct() {
     let up_s = started.elapsed().as_secs_f64();
     eprintln!("fleet up of 2 real servers: {up_s:.1} s\n{up}");
     assert_eq!(up.matches(" ready ").count(), 2, "two servers ready:\n{up}");
-    assert!(up.contains("0.5.23"), "the version the host really has:\n{up}");
+    assert!(
+        up.contains("0.5.23"),
+        "the version the host really has:\n{up}"
+    );
 
     // status: both running and healthy, read from the servers themselves.
     let status: Value = serde_json::from_str(&r.ok(&["status", "--json"])).unwrap();
@@ -168,7 +168,11 @@ fn the_real_server_through_ssh_and_pct() {
     let small_out = r.dir.path().join("small-out");
     let (o, _) = r.generate(&small, &small_out, &["--max-tokens", "1000"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "a prompt failed (for its own reason): {stderr}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a prompt failed (for its own reason): {stderr}"
+    );
     let failed = failures(&small_out);
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0]["id"], "too-long");
@@ -185,7 +189,11 @@ fn the_real_server_through_ssh_and_pct() {
     let big = r.dir.path().join("big.jsonl");
     write_lines(&big, &text_prompts(5000));
     let auto_out = r.dir.path().join("auto-out");
-    let (o, auto_s) = r.generate(&big, &auto_out, &["--max-tokens", "8", "--concurrency", "auto"]);
+    let (o, auto_s) = r.generate(
+        &big,
+        &auto_out,
+        &["--max-tokens", "8", "--concurrency", "auto"],
+    );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(!stderr.contains("Too many open files"), "{stderr}");
@@ -193,7 +201,11 @@ fn the_real_server_through_ssh_and_pct() {
     assert!(failures(&auto_out).is_empty(), "{:?}", failures(&auto_out));
     assert_eq!(progress(&auto_out)["status"], "done");
     let fixed_out = r.dir.path().join("fixed-out");
-    let (o, fixed_s) = r.generate(&big, &fixed_out, &["--max-tokens", "8", "--concurrency", "400"]);
+    let (o, fixed_s) = r.generate(
+        &big,
+        &fixed_out,
+        &["--max-tokens", "8", "--concurrency", "400"],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_exactly_once(&fixed_out, 5000);
     eprintln!(
@@ -232,5 +244,9 @@ fn the_real_server_through_ssh_and_pct() {
     r.ok(&["down", "--grace", "30s"]);
     let left = r.server_processes();
     assert!(left.is_empty(), "processes left after down: {left:?}");
-    assert_eq!(RealSglang::stub_calls(&r.calls), "", "no stand-in op is ever called");
+    assert_eq!(
+        RealSglang::stub_calls(&r.calls),
+        "",
+        "no stand-in op is ever called"
+    );
 }

@@ -1,6 +1,6 @@
 //! `fleet generate --upload` through the real binary against real `sglang-sim` servers: shards
 //! in a `file://` directory and in an S3 bucket served by `moto_server`, byte for byte; a
-//! resume after Ctrl-C that uploads nothing twice; a missing bucket reported with exit 1.
+//! resume after Ctrl-C that uploads nothing twice; a missing bucket reported with exit 3 (the upload failed).
 
 mod generate_common;
 
@@ -325,7 +325,7 @@ fn an_s3_bucket_receives_every_shard_including_a_multipart_one() {
 }
 
 #[test]
-fn a_missing_bucket_is_reported_the_output_stays_and_the_exit_is_1() {
+fn a_missing_bucket_is_reported_the_output_stays_and_the_exit_is_3() {
     let moto = Moto::start();
     let sim = fast_sim();
     let tmp = tempfile::tempdir().unwrap();

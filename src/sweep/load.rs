@@ -250,7 +250,7 @@ pub fn sample_prompts(
     // From file order (what the reservoir kept does not depend on the order it kept it in),
     // a Fisher-Yates shuffle by the seed.
     kept.sort_by_key(|(n, _)| *n);
-    let mut order = SplitMix(seed ^ 0x5EED_0F_5A_3B1E);
+    let mut order = SplitMix(seed ^ 0x5EED_0F5A_3B1E);
     for i in (1..kept.len()).rev() {
         let j = order.below(i as u64 + 1) as usize;
         kept.swap(i, j);
