@@ -17,11 +17,23 @@ const KEY: &str = "conformance-key";
 
 /// Where the sim differs from 0.5.23 on purpose: (case, JSON path or `*` for the whole case,
 /// why). A path is a shape path as [`shape`] writes it.
-const ON_PURPOSE: &[(&str, &str, &str)] = &[(
-    "server_info",
-    ".sim",
-    "the sim's own figures (its ideal throughput, its model), which the tests read",
-)];
+const ON_PURPOSE: &[(&str, &str, &str)] = &[
+    (
+        "server_info",
+        ".sim",
+        "the sim's own figures (its ideal throughput, its model), which the tests read",
+    ),
+    (
+        "server_info",
+        ".elastic_ep_join_mode",
+        "the sim names a few server args after their flag, where ServerArgs keeps another \
+         field; fleet reads none of them",
+    ),
+    ("server_info", ".elastic_ep_join_rank_offset", "as above"),
+    ("server_info", ".fp4_gemm_backend", "as above"),
+    ("server_info", ".fp8_gemm_backend", "as above"),
+    ("server_info", ".monokernel_backend", "as above"),
+];
 
 /// A server under test and its start-up as a client saw it.
 struct Server {

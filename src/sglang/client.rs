@@ -281,8 +281,14 @@ impl ServerInfo {
                 .or_else(|| u(raw.get("context_len"))),
             served_model_name: s(raw.get("served_model_name")),
             model_path: s(raw.get("model_path")),
-            mamba_strategy: s(raw.get("mamba_radix_cache_strategy"))
-                .or_else(|| s(raw.get("mamba_scheduler_strategy"))),
+            // A dense model keeps the strategy's `auto` unresolved and says it uses no mamba
+            // cache (0.5.23 `uses_mamba_radix_cache`): no strategy to show.
+            mamba_strategy: if raw.get("uses_mamba_radix_cache") == Some(&Value::Bool(false)) {
+                None
+            } else {
+                s(raw.get("mamba_radix_cache_strategy"))
+                    .or_else(|| s(raw.get("mamba_scheduler_strategy")))
+            },
             raw,
         }
     }
@@ -633,6 +639,10 @@ mod tests {
         assert_eq!(i.mamba_strategy.as_deref(), Some("extra_buffer"));
         let old = ServerInfo::from_json(json!({"mamba_scheduler_strategy": "no_buffer"}));
         assert_eq!(old.mamba_strategy.as_deref(), Some("no_buffer"));
+        let dense = ServerInfo::from_json(
+            json!({"mamba_radix_cache_strategy": "auto", "uses_mamba_radix_cache": false}),
+        );
+        assert_eq!(dense.mamba_strategy, None);
     }
 
     #[test]

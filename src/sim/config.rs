@@ -531,6 +531,11 @@ fn resolve(
     let mut server_args = Map::new();
     for spec in parser.groups[0].1.iter() {
         let dest = spec.dest();
+        // `--config` is consumed by `prepare_server_args` (its file merged into the argv): no
+        // ServerArgs field holds it.
+        if dest == "config" {
+            continue;
+        }
         let value = match parsed.given.get(&dest) {
             Some(v) => given_json(spec, v),
             None => default_json(&spec.default),

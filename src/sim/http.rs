@@ -1,6 +1,6 @@
 //! The HTTP API with SGLang's routes, field names, status codes and error bodies: health,
 //! server/model info, OpenAI model list, Prometheus metrics, cache flush, Bearer auth, and the
-//! readiness gate. Generation routes live in `generate`.
+//! readiness gate. Generation routes live in `generate` and `openai`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,10 +17,10 @@ use serde_json::{Value as Json, json};
 use tokio::sync::mpsc;
 
 use crate::sim::config::Config;
-use crate::sim::generate;
 use crate::sim::log;
 use crate::sim::model::Plan;
 use crate::sim::scheduler::{Job, Metrics, Reply};
+use crate::sim::{generate, openai};
 
 /// What every handler shares.
 pub struct App {
@@ -88,8 +88,8 @@ pub fn router(app: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/generate", post(generate::native))
-        .route("/v1/completions", post(generate::completions))
-        .route("/v1/chat/completions", post(generate::chat));
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat));
     if app.cfg.enable_metrics {
         r = r.route("/metrics", get(metrics));
     }
@@ -195,6 +195,7 @@ pub fn sim_block(cfg: &Config, plan: &Plan) -> Json {
         "decode_step_ms_at_cap": plan.decode_step_secs(plan.cap) * 1000.0 / cfg.time_scale,
         "slots_per_request": plan.slots_per_request,
         "max_mamba_cache_size": plan.max_mamba_cache_size,
+        "mamba_cache_mib": plan.mamba_mib,
         "effective_max_running_requests": plan.cap,
         "mamba_strategy": plan.settings.strategy.name(),
         "overlap": plan.overlap,
@@ -203,6 +204,11 @@ pub fn sim_block(cfg: &Config, plan: &Plan) -> Json {
         "mean_prompt_tokens": plan.params.mean_prompt_tokens,
         "instant": cfg.instant,
     })
+}
+
+/// MiB as SGLang reports memory: GB rounded to 3 places.
+fn gb(mib: f64) -> f64 {
+    (mib / 1024.0 * 1000.0).round() / 1000.0
 }
 
 async fn server_info(State(app): State<Shared>) -> Response {
@@ -217,17 +223,18 @@ async fn server_info(State(app): State<Shared>) -> Response {
     );
     info.insert(
         "internal_states".into(),
+        // srt/managers/scheduler_components/internal_state.py and memory_usage.py
+        // `build_memory_usage` (GB, rounded to 3 places; the mamba pool is not reported).
         json!([{
             "effective_max_running_requests_per_dp": plan.cap,
-            "max_total_num_tokens": plan.max_total_num_tokens,
             "max_mamba_cache_size": plan.max_mamba_cache_size,
             "last_gen_throughput": app.metrics.gen_throughput(),
             "memory_usage": {
-                "weight": plan.params.weights_mib / 1024.0,
-                "kvcache": plan.kv_mib / 1024.0,
-                "mamba_cache": plan.mamba_mib / 1024.0,
+                "weight": gb(plan.params.weights_mib),
+                "kvcache": gb(plan.kv_mib),
                 "token_capacity": plan.max_total_num_tokens,
-                "graph": plan.params.cuda_graph_mib / 1024.0,
+                "token_capacity_swa": null,
+                "graph": {"prefill": 0.0, "decode": gb(plan.params.cuda_graph_mib)},
             },
         }]),
     );
