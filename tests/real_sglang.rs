@@ -180,8 +180,9 @@ fn the_real_server_through_ssh_and_pct() {
     let done = completions(&small_out);
     assert_eq!(done.len(), 2, "{done:?}");
     for c in &done {
-        let out = c["output_tokens"].as_u64().unwrap_or(0);
-        assert!(out > 0 && out < CONTEXT, "clamped below the context: {c}");
+        let (prompt, out) = (c["prompt_tokens"].as_u64(), c["completion_tokens"].as_u64());
+        let (prompt, out) = (prompt.unwrap_or(0), out.unwrap_or(0));
+        assert!(out > 0 && prompt + out <= CONTEXT, "asked for at most what fits: {c}");
     }
 
     // 5,000 prompts at --concurrency auto under ulimit -n 1024: every id once, no open-file
