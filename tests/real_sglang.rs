@@ -182,7 +182,10 @@ fn the_real_server_through_ssh_and_pct() {
     for c in &done {
         let (prompt, out) = (c["prompt_tokens"].as_u64(), c["completion_tokens"].as_u64());
         let (prompt, out) = (prompt.unwrap_or(0), out.unwrap_or(0));
-        assert!(out > 0 && prompt + out <= CONTEXT, "asked for at most what fits: {c}");
+        assert!(
+            out > 0 && prompt + out <= CONTEXT,
+            "asked for at most what fits: {c}"
+        );
     }
 
     // 5,000 prompts at --concurrency auto under ulimit -n 1024: every id once, no open-file

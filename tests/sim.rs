@@ -500,5 +500,8 @@ async fn bearer_auth_guards_everything_but_health_and_metrics() {
         .unwrap();
     // 0.5.23's /server_info returns the key in plain text (srt/utils/common.py
     // `build_server_info`): fleet, not the server, keeps it out of what it shows.
-    assert_eq!(info["api_key"], "s3cret", "the key is echoed back, as SGLang does");
+    assert_eq!(
+        info["api_key"], "s3cret",
+        "the key is echoed back, as SGLang does"
+    );
 }

@@ -319,19 +319,17 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
     }
 }
 
-/// The body as JSON and as the route's request type.
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(Json, T), Response> {
-    let raw: Json =
-        serde_json::from_slice(body).map_err(|e| bad_request(&format!("Invalid request: {e}")))?;
-    let req = serde_json::from_value(raw.clone())
-        .map_err(|e| bad_request(&format!("Invalid request: {e}")))?;
+/// The body as JSON and as the route's request type, or why it is neither.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(Json, T), serde_json::Error> {
+    let raw: Json = serde_json::from_slice(body)?;
+    let req = serde_json::from_value(raw.clone())?;
     Ok((raw, req))
 }
 
 pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
     let (raw, req): (Json, ChatReq) = match parse(&body) {
         Ok(r) => r,
-        Err(answer) => return answer,
+        Err(e) => return bad_request(&format!("Invalid request: {e}")),
     };
     let texts: Vec<String> = req
         .messages
@@ -367,7 +365,7 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
 pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
     let (raw, req): (Json, CompletionReq) = match parse(&body) {
         Ok(r) => r,
-        Err(answer) => return answer,
+        Err(e) => return bad_request(&format!("Invalid request: {e}")),
     };
     let (prompt_tokens, prompt_hash) = match &req.prompt {
         Json::String(t) => (text::count_tokens(t), text::hash(t.as_bytes())),
