@@ -7,7 +7,7 @@ mod common;
 mod sweep_common;
 
 use serde_json::Value;
-use sweep_common::{Fleet, row, serial};
+use sweep_common::{Fleet, SHORT_TRIALS, row, serial};
 
 fn measured(r: &Value, label: &str) -> Value {
     let trial = &row(r, label)["trial"];
@@ -84,20 +84,13 @@ fn a_trial_draws_new_prompts_and_reports_what_the_cache_served() {
     let _g = serial();
     let f = Fleet::new(2, &["mem_fraction_static: 0.85"], &[]);
     // Synthetic prompts: a new one for every request, so the cache serves none of them.
-    let (code, r, err) = f.sweep_json(&[
+    let axes = [
         "--strategies",
         "no_buffer",
         "--set",
         "server.extra_args=[],[--disable-radix-cache]",
-        "--input-len",
-        "32",
-        "--output-len",
-        "24",
-        "--warmup",
-        "1s",
-        "--duration",
-        "2s",
-    ]);
+    ];
+    let (code, r, err) = f.sweep_json(&[&axes[..], SHORT_TRIALS].concat());
     assert_eq!(code, 0, "{err}\n{r:#}");
     assert!(r.get("repeated").is_none(), "{r:#}");
     for t in r["rows"].as_array().unwrap() {

@@ -87,10 +87,7 @@ fn mask_field(text: &str, name: &str) -> String {
         }
         let consumed = after.len() - value.len();
         out.push_str(&after[..consumed]);
-        out.push_str(&value[..len.start]);
-        out.push_str(MASK);
-        out.push_str(&value[len.start + len.inner..len.total]);
-        rest = &value[len.total..];
+        rest = masked_value(&mut out, value, &len);
     }
     out.push_str(rest);
     out
@@ -116,13 +113,18 @@ fn mask_flag(text: &str, flag: &str) -> String {
             continue;
         }
         out.push(sep);
-        out.push_str(&value[..len.start]);
-        out.push_str(MASK);
-        out.push_str(&value[len.start + len.inner..len.total]);
-        rest = &value[len.total..];
+        rest = masked_value(&mut out, value, &len);
     }
     out.push_str(rest);
     out
+}
+
+/// Writes `value`'s own quotes around the mask in place of its content; returns what follows it.
+fn masked_value<'a>(out: &mut String, value: &'a str, len: &ValueLen) -> &'a str {
+    out.push_str(&value[..len.start]);
+    out.push_str(MASK);
+    out.push_str(&value[len.start + len.inner..len.total]);
+    &value[len.total..]
 }
 
 /// Where a value starts and ends: quoted (`'v'`, `"v"`, with backslash escapes) or bare (up
