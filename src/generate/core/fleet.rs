@@ -1,6 +1,7 @@
 //! The instances as the core sees them: capacity, in-flight limit and load, which probe each
 //! needs, and taking an instance out (its requests go elsewhere) and back in when it answers.
 
+use super::placement::Outcome;
 use super::watch::SignalAcc;
 use super::{Action, Core, CoreConfig, ProbeKind, ProbeResult, Server, Time};
 use crate::generate::concurrency::{Capacity, Controller, Gauges};
@@ -13,6 +14,8 @@ pub(super) struct Inst {
     pub name: String,
     pub url: String,
     pub host: Option<String>,
+    /// Its host's number among the run's hosts, as the placement sees it.
+    pub host_key: Option<usize>,
     pub version: Option<String>,
     pub up: bool,
     pub ctl: Controller,
@@ -40,13 +43,20 @@ pub(super) struct Inst {
 }
 
 impl Inst {
-    pub fn new(s: Server, cfg: &CoreConfig, ceiling: u32, request_tokens: f64) -> Inst {
+    pub fn new(
+        s: Server,
+        host_key: Option<usize>,
+        cfg: &CoreConfig,
+        ceiling: u32,
+        request_tokens: f64,
+    ) -> Inst {
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
         let mut inst = Inst {
             name: s.name,
             url: s.url,
             host: s.host,
+            host_key,
             version: None,
             up: false,
             ctl: Controller::new(
@@ -94,10 +104,6 @@ impl Inst {
         self.metrics_available = true;
         // A restarted server counts from zero again.
         self.server_tokens = RateWindow::new(cfg.timing.rate_window);
-    }
-
-    pub fn free(&self) -> u32 {
-        self.ctl.limit().saturating_sub(self.in_flight)
     }
 
     pub fn info(&self) -> InstanceInfo {
@@ -186,6 +192,7 @@ impl Core {
                 if self.paused_since.take().is_some() {
                     out.push(Action::Event(Event::Resumed));
                 }
+                self.placement.observe(Outcome::ServerIn(i));
                 None
             }
             // Answers that no longer matter: the instance changed state meanwhile, or it is
@@ -215,6 +222,7 @@ impl Core {
             name: inst.name.clone(),
             reason: reason.to_string(),
         }));
+        self.placement.observe(Outcome::ServerOut(i));
         self.take_back(i, out);
         if self.paused_since.is_none() && self.insts.iter().all(|i| !i.up) {
             self.paused_since = Some(now);
@@ -254,14 +262,5 @@ impl Core {
                 });
             }
         }
-    }
-
-    /// Whether a host has an instance out: a request that failed there prefers another host.
-    pub(super) fn host_failing(&self, host: Option<&str>) -> bool {
-        host.is_some_and(|h| {
-            self.insts
-                .iter()
-                .any(|i| i.host.as_deref() == Some(h) && !i.up)
-        })
     }
 }

@@ -5,6 +5,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use super::placement::{Outcome, Request, Ticket};
 use super::{Action, Attempt, Core, InFlight, ReqId, Time};
 use crate::generate::Event;
 use crate::generate::input::{Id, Line};
@@ -19,6 +20,7 @@ pub(super) const MAX_REDISPATCHES: u32 = 8;
 /// A prompt on its way through the fleet.
 #[derive(Debug)]
 pub(super) struct Job {
+    pub ticket: Ticket,
     pub line: u64,
     pub id: Id,
     /// The line's content hash, recorded with a failure.
@@ -35,8 +37,9 @@ pub(super) struct Job {
 }
 
 impl Job {
-    pub fn new(line: u64, id: Id, hash: u64, req: CompletionRequest) -> Job {
+    pub fn new(ticket: Ticket, line: u64, id: Id, hash: u64, req: CompletionRequest) -> Job {
         Job {
+            ticket,
             line,
             id,
             hash,
@@ -45,6 +48,17 @@ impl Job {
             redispatches: 0,
             clamped: false,
             avoid: None,
+        }
+    }
+
+    /// What the placement sees of it.
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            ticket: self.ticket,
+            id: &self.id,
+            line: self.line,
+            req: &self.req,
+            avoid: self.avoid,
         }
     }
 }
@@ -141,7 +155,8 @@ impl Core {
             model: self.model.clone(),
             extra: parsed.extra,
         };
-        self.ready.push_back(Job::new(number, id, hash, req));
+        let job = self.job(number, id, hash, req);
+        self.queue(job);
     }
 
     /// Records a prompt that failed for its own reasons: final.
@@ -208,10 +223,20 @@ impl Core {
                 self.counts.completed += 1;
                 self.counts.in_tokens += c.prompt_tokens;
                 self.counts.out_tokens += c.completion_tokens;
+                self.placement.observe(Outcome::Finished {
+                    ticket: job.ticket,
+                    server: i,
+                    completion: &c,
+                });
                 return;
             }
             Attempt::Failed(e) => e,
         };
+        self.placement.observe(Outcome::Failed {
+            ticket: job.ticket,
+            server: i,
+            error: &error,
+        });
         match error {
             ClientError::ContextOverflow { overflow, .. } => match overflow.remedy() {
                 Remedy::PromptTooLong => {
@@ -226,7 +251,7 @@ impl Core {
                     Arc::make_mut(&mut job.req).max_tokens = fit;
                     job.clamped |= overflow.knows_prompt();
                     if !stopping {
-                        self.ready.push_front(job);
+                        self.requeue(job);
                     }
                 }
                 Remedy::MaxTokens(fit) => {
@@ -264,7 +289,7 @@ impl Core {
                 job.avoid = Some(i);
                 job.redispatches += 1;
                 if !stopping {
-                    self.ready.push_front(job);
+                    self.requeue(job);
                 }
             }
             e if e.is_retryable() => {
@@ -318,7 +343,7 @@ impl Core {
         for (_, mut job) in back {
             job.avoid = Some(i);
             if self.stop.is_none() {
-                self.ready.push_front(job);
+                self.requeue(job);
             }
         }
         self.insts[i].in_flight = 0;

@@ -10,12 +10,13 @@
 
 mod fleet;
 mod jobs;
+pub mod placement;
 mod watch;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +37,7 @@ use crate::sglang::metrics::Metrics;
 
 use fleet::Inst;
 use jobs::{Delayed, Job};
+use placement::{LeastLoaded, Placement, ServerState, Ticket};
 
 /// Time since the run started, as the shell's clock measures it.
 pub type Time = Duration;
@@ -251,7 +253,11 @@ pub struct Core {
     base: Baseline,
     model: Option<String>,
     insts: Vec<Inst>,
-    ready: VecDeque<Job>,
+    /// Decides which ready job goes to which instance; it holds their tickets.
+    placement: Box<dyn Placement>,
+    /// The jobs ready to go, by the ticket the placement holds.
+    ready: HashMap<Ticket, Job>,
+    next_ticket: u64,
     delayed: BinaryHeap<Delayed>,
     in_flight: HashMap<ReqId, InFlight>,
     next_id: ReqId,
@@ -275,18 +281,37 @@ pub struct Core {
 }
 
 impl Core {
-    /// A core over `servers` at time zero; servers that did not answer start out of service
-    /// and are probed until they do.
+    /// A core over `servers` at time zero that sends each request to the least-loaded one;
+    /// servers that did not answer start out of service and are probed until they do.
     pub fn new(cfg: CoreConfig, base: Baseline, servers: Vec<Server>) -> Core {
+        Core::with_placement(cfg, base, servers, Box::new(LeastLoaded::new()))
+    }
+
+    /// A core whose requests go where `placement` says.
+    pub fn with_placement(
+        cfg: CoreConfig,
+        base: Baseline,
+        servers: Vec<Server>,
+        placement: Box<dyn Placement>,
+    ) -> Core {
         let model = servers.iter().find_map(|s| {
             let i = s.info.as_ref().ok()?;
             i.served_model_name.clone().or_else(|| i.model_path.clone())
         });
         let ceiling = cfg.files.map_or(u32::MAX, |f| f.per_server(servers.len()));
         let request_tokens = f64::from(cfg.max_tokens);
+        let mut hosts: Vec<String> = Vec::new();
         let insts = servers
             .into_iter()
-            .map(|s| Inst::new(s, &cfg, ceiling, request_tokens))
+            .map(|s| {
+                let host = s.host.as_ref().map(|h| {
+                    hosts.iter().position(|k| k == h).unwrap_or_else(|| {
+                        hosts.push(h.clone());
+                        hosts.len() - 1
+                    })
+                });
+                Inst::new(s, host, &cfg, ceiling, request_tokens)
+            })
             .collect();
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
@@ -301,7 +326,9 @@ impl Core {
             base,
             model,
             insts,
-            ready: VecDeque::new(),
+            placement,
+            ready: HashMap::new(),
+            next_ticket: 0,
             delayed: BinaryHeap::new(),
             in_flight: HashMap::new(),
             next_id: 0,
@@ -332,7 +359,10 @@ impl Core {
         }
         match input {
             Input::Line(line) => self.intake(line, &mut out),
-            Input::Request { id, req } => self.ready.push_back(Job::new(0, id, 0, req)),
+            Input::Request { id, req } => {
+                let job = self.job(0, id, 0, req);
+                self.queue(job);
+            }
             Input::InputEnd => self.input_open = false,
             Input::Done { id, attempt } => self.done(now, id, attempt, &mut out),
             Input::Probe { inst, result } => self.probed(now, inst, result, &mut out),
@@ -363,8 +393,7 @@ impl Core {
         !self.finished
             && self.input_open
             && self.stop.is_none()
-            && self.ready.is_empty()
-            && self.insts.iter().any(|i| i.up && i.free() > 0)
+            && self.placement.wants_input(&self.server_states())
     }
 
     /// When the core next needs an [`Input::Tick`] (it may get one earlier).
@@ -399,7 +428,7 @@ impl Core {
     fn advance(&mut self, now: Time, out: &mut Vec<Action>) {
         while self.delayed.peek().is_some_and(|d| d.due <= now) {
             let d = self.delayed.pop().expect("peeked");
-            self.ready.push_back(d.job);
+            self.queue(d.job);
         }
         if now >= self.timers.metrics {
             let liveness = now >= self.timers.liveness;
@@ -520,6 +549,7 @@ impl Core {
         };
         // What was not sent yet is not written: a resume sends it.
         self.ready.clear();
+        self.placement.clear();
         self.delayed.clear();
         self.input_open = false;
         out.push(Action::Event(Event::Stopping {
@@ -532,13 +562,18 @@ impl Core {
         });
     }
 
-    /// Sends ready jobs while some instance has room, each to the one with the most room.
+    /// Sends ready jobs where the placement says, while it finds them room.
     fn dispatch(&mut self, out: &mut Vec<Action>) {
-        while let Some(front) = self.ready.front() {
-            let Some(i) = self.pick(front.avoid) else {
-                break;
-            };
-            let mut job = self.ready.pop_front().expect("front exists");
+        if self.ready.is_empty() {
+            return;
+        }
+        let mut servers = self.server_states();
+        while let Some((ticket, i)) = self.placement.next(&servers) {
+            debug_assert!(servers[i].free() > 0, "placed on a server without room");
+            let mut job = self
+                .ready
+                .remove(&ticket)
+                .expect("the placement returns only tickets it holds");
             // More output tokens than the context holds never fit, and chat refuses them before
             // reading the prompt (srt/entrypoints/openai/serving_chat.py): ask for at most the
             // context at once.
@@ -550,6 +585,7 @@ impl Core {
             let id = self.next_id;
             self.next_id += 1;
             self.insts[i].in_flight += 1;
+            servers[i].in_flight += 1;
             out.push(Action::Send {
                 id,
                 inst: i,
@@ -559,28 +595,38 @@ impl Core {
         }
     }
 
-    /// The instance with the most free share of its limit, preferring any other than `avoid`
-    /// (the one that last failed the job), and another host when that one's host is failing,
-    /// while one has room. Work goes where slots free up, so faster instances get more of it.
-    fn pick(&self, avoid: Option<usize>) -> Option<usize> {
-        let avoid_host = avoid
-            .map(|a| self.insts[a].host.as_deref())
-            .filter(|h| self.host_failing(*h))
-            .flatten();
-        let mut best: Option<((bool, bool, f64), usize)> = None;
-        for (i, inst) in self.insts.iter().enumerate() {
-            if !inst.up || inst.free() == 0 {
-                continue;
-            }
-            let rank = (
-                avoid_host.is_none() || inst.host.as_deref() != avoid_host,
-                Some(i) != avoid,
-                f64::from(inst.free()) / f64::from(inst.ctl.limit()),
-            );
-            if best.as_ref().is_none_or(|(b, _)| rank > *b) {
-                best = Some((rank, i));
-            }
-        }
-        best.map(|(_, i)| i)
+    /// The instances as the placement sees them now.
+    fn server_states(&self) -> Vec<ServerState> {
+        let failing = |host: usize| self.insts.iter().any(|i| i.host_key == Some(host) && !i.up);
+        self.insts
+            .iter()
+            .map(|i| ServerState {
+                up: i.up,
+                in_flight: i.in_flight,
+                limit: i.ctl.limit(),
+                host: i.host_key,
+                host_failing: i.host_key.is_some_and(failing),
+                completed: i.completed,
+            })
+            .collect()
+    }
+
+    /// A new job, with the next ticket.
+    fn job(&mut self, line: u64, id: Id, hash: u64, req: CompletionRequest) -> Job {
+        let ticket = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        Job::new(ticket, line, id, hash, req)
+    }
+
+    /// Hands a job to the placement, at the back of its queue.
+    fn queue(&mut self, job: Job) {
+        self.placement.queue(job.request());
+        self.ready.insert(job.ticket, job);
+    }
+
+    /// Hands a job back to the placement, to go again at once.
+    fn requeue(&mut self, job: Job) {
+        self.placement.requeue(job.request());
+        self.ready.insert(job.ticket, job);
     }
 }

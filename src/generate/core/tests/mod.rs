@@ -1,9 +1,10 @@
 //! The core's decisions on fake time: a harness that feeds it inputs and keeps what it asked
 //! for, then one test per decision. `faults` covers instances going out, pausing, the wind-down,
-//! the watchdog and how a run ends.
+//! the watchdog and how a run ends; `placement` the seam to the placement policy.
 
 mod capacity;
 mod faults;
+mod placement;
 
 use std::collections::HashMap;
 use std::sync::Arc;
