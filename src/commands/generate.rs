@@ -371,9 +371,10 @@ impl View {
             )),
             Event::Paused {
                 stall_timeout,
+                instance,
                 reason,
             } => self.say(&format!(
-                "warning: paused: no instance is healthy (last out: {reason}); probing, and \
+                "warning: paused: no instance is healthy (last out: {instance}: {reason}); probing, and \
                  going on by itself when one is back; interrupted after {} (resume with --resume)",
                 humantime::format_duration(stall_timeout)
             )),

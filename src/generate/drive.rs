@@ -11,7 +11,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::core::{Action, Attempt, Core, End, Input, ProbeKind, ProbeResult, ReqId, Time};
+use super::core::{
+    Action, Attempt, Core, End, Input, ProbeKind, ProbeResult, ReqId, ReviveError, Time,
+};
 use super::journal::Entry;
 use super::progress::Progress;
 use super::{Event, GenerateError};
@@ -167,9 +169,9 @@ pub fn probe(client: SglangClient, kind: ProbeKind) -> BoxFuture<'static, ProbeR
             ProbeKind::Metrics => ProbeResult::Metrics(client.metrics().await),
             ProbeKind::Alive => ProbeResult::Alive(client.server_info().await.map(|_| ())),
             ProbeKind::Revive => ProbeResult::Revive(match client.health().await {
-                Ok(Health::Ready) => client.server_info().await.map_err(|e| e.to_string()),
-                Ok(Health::NotReady { status }) => Err(format!("/health answered {status}")),
-                Err(e) => Err(e.to_string()),
+                Ok(Health::Ready) => client.server_info().await.map_err(ReviveError::from),
+                Ok(Health::NotReady { status }) => Err(ReviveError::NotReady { status }),
+                Err(e) => Err(e.into()),
             }),
         }
     }

@@ -28,7 +28,7 @@ mod shell;
 pub mod upload;
 pub mod watchdog;
 
-pub use self::core::End;
+pub use self::core::{DownReason, End, HostLoss, StopReason};
 pub use crate::sglang::client::Endpoint;
 pub use concurrency::ConcurrencyMode;
 pub use input::RetryFailed;
@@ -182,7 +182,7 @@ pub enum Event {
     },
     InstanceDown {
         name: String,
-        reason: String,
+        reason: DownReason,
     },
     InstanceUp {
         name: String,
@@ -191,13 +191,14 @@ pub enum Event {
     /// No instance is healthy: dispatching waits up to the stall timeout, probing meanwhile.
     Paused {
         stall_timeout: Duration,
-        /// Why the last instance went out.
-        reason: String,
+        /// The last instance that went out, and why.
+        instance: String,
+        reason: DownReason,
     },
     /// A host's connection dropped: its instances are out until it is back.
     HostLost {
         host: String,
-        reason: String,
+        reason: HostLoss,
     },
     HostBack {
         host: String,
@@ -207,7 +208,7 @@ pub enum Event {
     Watchdog(watchdog::Finding),
     Upload(upload::UploadEvent),
     Stopping {
-        reason: String,
+        reason: StopReason,
         in_flight: u64,
     },
     /// The open-file limit holds the in-flight limit below what the concurrency mode wants.

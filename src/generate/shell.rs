@@ -14,7 +14,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::core::{Attempt, Core, CoreConfig, End, Input, ProbeKind, ProbeResult, Server};
+use super::core::{
+    Attempt, Core, CoreConfig, End, HostLoss, Input, ProbeKind, ProbeResult, Server,
+};
 use super::drive::{self, Clock, Driver, Output};
 use super::input::{self, Ids, Line, Scan};
 use super::journal::{self, Entry, Journal};
@@ -83,7 +85,7 @@ pub async fn run(
             name: c.endpoint().name.clone(),
             url: c.endpoint().base_url.clone(),
             host,
-            info: info.map_err(|e| e.to_string()),
+            info,
         })
         .collect();
     let seed = rand::random();
@@ -281,11 +283,11 @@ fn link_events(
                     (Link::Up { .. }, false) => Input::HostBack { host: host.clone() },
                     (Link::Down { reason, .. }, true) => Input::HostLost {
                         host: host.clone(),
-                        reason: reason.to_string(),
+                        reason: HostLoss::Dropped(reason.clone()),
                     },
                     (Link::Failed { error, .. }, true) => Input::HostLost {
                         host: host.clone(),
-                        reason: error.to_string(),
+                        reason: HostLoss::Refused(error.clone()),
                     },
                     _ => continue,
                 };

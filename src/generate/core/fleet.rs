@@ -1,9 +1,11 @@
 //! The instances as the core sees them: capacity, in-flight limit and load, which probe each
 //! needs, and taking an instance out (its requests go elsewhere) and back in when it answers.
 
+use std::sync::Arc;
+
 use super::placement::Outcome;
 use super::watch::SignalAcc;
-use super::{Action, Core, CoreConfig, ProbeKind, ProbeResult, Server, Time};
+use super::{Action, Core, CoreConfig, DownReason, HostLoss, ProbeKind, ProbeResult, Server, Time};
 use crate::generate::concurrency::{Capacity, Controller, Gauges};
 use crate::generate::progress::RateWindow;
 use crate::generate::{Event, InstanceInfo};
@@ -83,7 +85,7 @@ impl Inst {
         };
         match s.info {
             Ok(info) => inst.revive(&info, cfg, request_tokens),
-            Err(why) => inst.unavailable = Some(why),
+            Err(why) => inst.unavailable = Some(why.to_string()),
         }
         inst
     }
@@ -203,15 +205,24 @@ impl Core {
             let inst = &mut self.insts[i];
             inst.failures += 1;
             if inst.failures >= to_down {
-                let reason = format!("{} failed health checks; last: {e}", inst.failures);
-                self.mark_down(now, i, &reason, out);
+                let reason = DownReason::HealthChecks {
+                    failures: inst.failures,
+                    last: Arc::new(e),
+                };
+                self.mark_down(now, i, reason, out);
             }
         }
     }
 
     /// Takes instance `i` out of service: its requests go elsewhere, and it is probed until it
     /// answers again. With nothing left in service the run pauses.
-    pub(super) fn mark_down(&mut self, now: Time, i: usize, reason: &str, out: &mut Vec<Action>) {
+    pub(super) fn mark_down(
+        &mut self,
+        now: Time,
+        i: usize,
+        reason: DownReason,
+        out: &mut Vec<Action>,
+    ) {
         if !self.insts[i].up {
             return;
         }
@@ -220,7 +231,7 @@ impl Core {
         inst.failures = 0;
         out.push(Action::Event(Event::InstanceDown {
             name: inst.name.clone(),
-            reason: reason.to_string(),
+            reason: reason.clone(),
         }));
         self.placement.observe(Outcome::ServerOut(i));
         self.take_back(i, out);
@@ -228,22 +239,32 @@ impl Core {
             self.paused_since = Some(now);
             out.push(Action::Event(Event::Paused {
                 stall_timeout: self.cfg.stall_timeout,
-                reason: format!("{}: {reason}", self.insts[i].name),
+                instance: self.insts[i].name.clone(),
+                reason,
             }));
         }
     }
 
     /// A host's connection dropped: all its instances go out at once, and their requests, in
     /// flight and queued, move to the other hosts.
-    pub(super) fn host_lost(&mut self, now: Time, host: &str, reason: &str, out: &mut Vec<Action>) {
+    pub(super) fn host_lost(
+        &mut self,
+        now: Time,
+        host: &str,
+        loss: HostLoss,
+        out: &mut Vec<Action>,
+    ) {
         out.push(Action::Event(Event::HostLost {
             host: host.to_string(),
-            reason: reason.to_string(),
+            reason: loss.clone(),
         }));
-        let why = format!("host {host} lost: {reason}");
         for i in 0..self.insts.len() {
             if self.insts[i].host.as_deref() == Some(host) {
-                self.mark_down(now, i, &why, out);
+                let reason = DownReason::HostLost {
+                    host: host.to_string(),
+                    loss: loss.clone(),
+                };
+                self.mark_down(now, i, reason, out);
             }
         }
     }

@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::placement::{Outcome, Request, Ticket};
-use super::{Action, Attempt, Core, InFlight, ReqId, Time};
+use super::{Action, Attempt, Core, DownReason, InFlight, ReqId, Time};
 use crate::generate::Event;
 use crate::generate::input::{Id, Line};
 use crate::generate::journal::{self, CompletionRecord, Entry, FailureReason, FailureRecord};
@@ -284,7 +284,7 @@ impl Core {
                 // nothing listens there any more, so the instance is taken out; a dropped one
                 // may be a single closed keep-alive connection, so the probes decide.
                 if matches!(e, ClientError::Connect { .. }) {
-                    self.mark_down(now, i, &e.to_string(), out);
+                    self.mark_down(now, i, DownReason::Refused(Arc::new(e)), out);
                 }
                 job.avoid = Some(i);
                 job.redispatches += 1;

@@ -11,6 +11,7 @@
 mod fleet;
 mod jobs;
 pub mod placement;
+mod reason;
 mod watch;
 
 #[cfg(test)]
@@ -34,6 +35,8 @@ use super::{Event, GenerateConfig, InstanceInfo, Timing};
 use crate::config::Expected;
 use crate::sglang::client::{Api, ClientError, Completion, CompletionRequest, ServerInfo};
 use crate::sglang::metrics::Metrics;
+
+pub use reason::{DownReason, HostLoss, ReviveError, StopReason};
 
 use fleet::Inst;
 use jobs::{Delayed, Job};
@@ -88,13 +91,13 @@ impl CoreConfig {
 }
 
 /// A server as the shell found it before the run: its `/server_info`, or why it did not answer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Server {
     pub name: String,
     pub url: String,
     /// The inventory host it runs on (`None` for a server given by URL).
     pub host: Option<String>,
-    pub info: Result<ServerInfo, String>,
+    pub info: Result<ServerInfo, ClientError>,
 }
 
 /// What happened, for the core to decide about.
@@ -127,7 +130,7 @@ pub enum Input {
     /// A host's connection dropped (or its keepalives went unanswered).
     HostLost {
         host: String,
-        reason: String,
+        reason: HostLoss,
     },
     /// A host's connection is back.
     HostBack {
@@ -162,7 +165,7 @@ pub enum ProbeKind {
 pub enum ProbeResult {
     Metrics(Result<Metrics, ClientError>),
     Alive(Result<(), ClientError>),
-    Revive(Result<ServerInfo, String>),
+    Revive(Result<ServerInfo, ReviveError>),
 }
 
 /// What the shell must do.
@@ -372,7 +375,7 @@ impl Core {
                 self.count_upload(&e);
                 out.push(Action::Event(Event::Upload(e)));
             }
-            Input::HostLost { host, reason } => self.host_lost(now, &host, &reason, &mut out),
+            Input::HostLost { host, reason } => self.host_lost(now, &host, reason, &mut out),
             Input::HostBack { host } => self.host_back(&host, &mut out),
         }
         self.advance(now, &mut out);
@@ -447,24 +450,14 @@ impl Core {
             if self.stop.is_none()
                 && let Some(finding) = self.watch(now, out)
             {
-                self.begin_stop(
-                    now,
-                    End::BelowExpected(finding),
-                    "throughput below --abort-below",
-                    out,
-                );
+                self.begin_stop(now, StopReason::BelowExpected(finding), out);
             }
         }
         if let Some(since) = self.paused_since
             && self.stop.is_none()
             && now >= since + self.cfg.stall_timeout
         {
-            self.begin_stop(
-                now,
-                End::Stalled,
-                "no instance came back within --stall-timeout",
-                out,
-            );
+            self.begin_stop(now, StopReason::Stalled, out);
         }
         if now >= self.timers.progress {
             self.timers.progress = now + self.cfg.timing.progress_every;
@@ -538,14 +531,14 @@ impl Core {
     fn cancel(&mut self, now: Time, out: &mut Vec<Action>) {
         match &mut self.stop {
             Some(stop) => stop.deadline = now,
-            None => self.begin_stop(now, End::Interrupted, "interrupted", out),
+            None => self.begin_stop(now, StopReason::Interrupted, out),
         }
     }
 
-    fn begin_stop(&mut self, now: Time, end: End, reason: &str, out: &mut Vec<Action>) {
-        let grace = match end {
-            End::Interrupted | End::BelowExpected(_) => self.cfg.grace,
-            End::Stalled | End::Done => Duration::ZERO,
+    fn begin_stop(&mut self, now: Time, reason: StopReason, out: &mut Vec<Action>) {
+        let grace = match reason {
+            StopReason::Interrupted | StopReason::BelowExpected(_) => self.cfg.grace,
+            StopReason::Stalled => Duration::ZERO,
         };
         // What was not sent yet is not written: a resume sends it.
         self.ready.clear();
@@ -553,11 +546,11 @@ impl Core {
         self.delayed.clear();
         self.input_open = false;
         out.push(Action::Event(Event::Stopping {
-            reason: reason.to_string(),
+            reason: reason.clone(),
             in_flight: self.in_flight.len() as u64,
         }));
         self.stop = Some(Stopping {
-            end,
+            end: reason.into(),
             deadline: now + grace,
         });
     }

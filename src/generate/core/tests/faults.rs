@@ -2,6 +2,7 @@
 //! stop, the watchdog, and how a run ends.
 
 use super::*;
+use crate::remote::LinkLoss;
 
 fn two() -> Harness {
     Harness::new(vec![server("a", 8), server("b", 8)])
@@ -99,7 +100,9 @@ fn three_failed_probes_in_a_row_take_an_instance_out_and_a_success_resets_the_co
         unreachable!()
     };
     assert!(
-        reason.starts_with("3 failed health checks; last:"),
+        reason
+            .to_string()
+            .starts_with("3 failed health checks; last:"),
         "{reason}"
     );
 }
@@ -158,13 +161,13 @@ fn an_instance_that_is_out_is_revived_with_its_new_cap_and_gets_work_again() {
 #[test]
 fn a_server_that_did_not_answer_at_start_is_out_until_it_does() {
     let down = Server {
-        info: Err("cannot connect".into()),
+        info: Err(refused()),
         ..server("b", 8)
     };
     let mut h = Harness::new(vec![server("a", 8), down]);
     assert_eq!(
         h.core.instances()[1].unavailable.as_deref(),
-        Some("cannot connect")
+        Some("u: cannot connect: Connection refused")
     );
     let mut next = 0;
     h.fill(&mut next, 100);
@@ -369,7 +372,7 @@ fn abort_below_stops_the_run_with_the_finding_and_still_hears_ctrl_c() {
     let mut h = slow_run(Some(0.5));
     assert_eq!(
         h.events_matching(
-            |e| matches!(e, Event::Stopping { reason, .. } if reason.contains("--abort-below"))
+            |e| matches!(e, Event::Stopping { reason, .. } if reason.to_string().contains("--abort-below"))
         ),
         1
     );
@@ -456,7 +459,10 @@ fn a_lost_host_hands_its_work_to_the_other_host_at_once() {
     assert_eq!((h.out_on(0), h.out_on(1), h.out_on(2)), (9, 8, 8));
     h.on(Input::HostLost {
         host: "pve1".into(),
-        reason: "keepalives unanswered".into(),
+        reason: HostLoss::Dropped(LinkLoss::Keepalive {
+            interval: 15 * SEC,
+            max: 3,
+        }),
     });
     assert_eq!(h.aborts, [0, 1]);
     assert_eq!(
@@ -523,7 +529,9 @@ fn a_paused_job_says_so_in_progress_until_something_is_back() {
     h.lines(1, 2);
     h.on(Input::HostLost {
         host: "pve1".into(),
-        reason: "connection reset".into(),
+        reason: HostLoss::Dropped(LinkLoss::Broken {
+            message: "connection reset".into(),
+        }),
     });
     let paused: Vec<&Event> = h
         .events
@@ -531,12 +539,15 @@ fn a_paused_job_says_so_in_progress_until_something_is_back() {
         .filter(|e| matches!(e, Event::Paused { .. }))
         .collect();
     assert_eq!(paused.len(), 1);
-    let Event::Paused { reason, .. } = paused[0] else {
+    let Event::Paused {
+        instance, reason, ..
+    } = paused[0]
+    else {
         unreachable!()
     };
-    assert!(
-        reason.contains("host pve1 lost: connection reset"),
-        "{reason}"
+    assert_eq!(
+        format!("{instance}: {reason}"),
+        "a0: host pve1 lost: connection reset"
     );
     assert_eq!(
         h.core.snapshot(h.now, Status::Running).status,
