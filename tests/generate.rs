@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::generate::*;
+use common::watch::Watch;
 use rand::Rng;
 use serde_json::json;
 
@@ -143,6 +144,9 @@ fn killed_at_random_points_then_resumed_gives_exactly_once() {
     let mut rng = rand::rng();
     let mut done_before = 0;
     for round in 0..6 {
+        // Killed once this round has written a random number of lines, none included: in the
+        // start-up and recovery, or at any point of the writes.
+        let kill_at = lines_written(&out) + rng.random_range(0..200);
         let mut child = generate(&out, &prompts, &[&a.url, &b.url])
             .args(["--concurrency", "6"])
             .args(if round > 0 {
@@ -154,7 +158,18 @@ fn killed_at_random_points_then_resumed_gives_exactly_once() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(rng.random_range(150..450)));
+        let t0 = std::time::Instant::now();
+        while lines_written(&out) < kill_at {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "round {round}: it ended"
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "round {round}: no progress"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         // Whatever was written is readable (no torn line survives a resume), nothing twice.
@@ -504,11 +519,9 @@ fn interrupted_then_resumed(signal: i32, code: i32) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
-    let sent_before = stub
-        .state
-        .requests
-        .load(std::sync::atomic::Ordering::SeqCst);
+    // Under way: its first requests answered, the next ones in flight.
+    stub.wait_requests(8);
+    let sent_before = stub.requests();
     // SAFETY: signalling the child this test spawned, by its pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
     let o = child.wait_with_output().unwrap();
@@ -519,10 +532,7 @@ fn interrupted_then_resumed(signal: i32, code: i32) {
     assert_eq!(p["status"], "interrupted");
     // Requests already sent were waited for and written; none were started after Ctrl-C.
     let written = completions(&out).len() as u64;
-    let sent = stub
-        .state
-        .requests
-        .load(std::sync::atomic::Ordering::SeqCst);
+    let sent = stub.requests();
     assert!(
         sent <= sent_before + 4,
         "dispatching went on after Ctrl-C: {sent_before} then {sent}"
@@ -623,22 +633,22 @@ fn a_dying_instance_is_taken_out_its_requests_go_elsewhere_and_it_comes_back() {
     let a = start_stub(spec.clone());
     let b = start_stub(spec);
     let (_tmp, prompts, out) = prompts_and_out(3000);
-    let child = generate(&out, &prompts, &[&a.url, &b.url])
+    let mut child = generate(&out, &prompts, &[&a.url, &b.url])
         .args(["--max-retries", "0"])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let watch = Watch::stderr(&mut child);
+    b.wait_requests(50);
     b.stop();
-    std::thread::sleep(Duration::from_millis(1000));
-    let b_before = b.state.requests.load(std::sync::atomic::Ordering::SeqCst);
-    b.start();
-    let o = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{stderr}");
     let b_name = &b.url[7..];
-    assert!(stderr.contains(&format!("{b_name} taken out")), "{stderr}");
+    watch.wait_for(&format!("{b_name} taken out"), 1, Duration::from_secs(60));
+    let b_before = b.requests();
+    b.start();
+    let status = child.wait().unwrap();
+    let stderr = watch.finish();
+    assert!(status.success(), "{stderr}");
     assert!(
         stderr.contains(&format!("{b_name} is healthy again")),
         "{stderr}"
@@ -647,7 +657,7 @@ fn a_dying_instance_is_taken_out_its_requests_go_elsewhere_and_it_comes_back() {
     // are re-dispatched, not retried.
     assert_exactly_once(&out, 3000);
     assert!(failures(&out).is_empty());
-    let b_after = b.state.requests.load(std::sync::atomic::Ordering::SeqCst) - b_before;
+    let b_after = b.requests() - b_before;
     assert!(
         b_after > 100,
         "b served {b_after} requests after coming back"
@@ -667,34 +677,32 @@ fn all_instances_down_pauses_then_resumes_or_gives_up_after_the_stall_timeout() 
 
     // Back within the stall timeout: the run pauses, then finishes.
     let out = tmp.path().join("out");
-    let child = generate(&out, &prompts, &[&a.url])
+    let mut child = generate(&out, &prompts, &[&a.url])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    let watch = Watch::stderr(&mut child);
+    a.wait_requests(50);
     a.stop();
-    std::thread::sleep(Duration::from_millis(1500));
+    watch.wait_for("paused: no instance is healthy", 1, Duration::from_secs(60));
     a.start();
-    let o = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("paused: no instance is healthy"),
-        "{stderr}"
-    );
+    let status = child.wait().unwrap();
+    let stderr = watch.finish();
+    assert!(status.success(), "{stderr}");
     assert!(stderr.contains("resuming"), "{stderr}");
     assert_exactly_once(&out, 1000);
 
     // Not back: give up after --stall-timeout, keep what was written.
     let out = tmp.path().join("out2");
+    let before = a.requests();
     let child = generate(&out, &prompts, &[&a.url])
         .args(["--stall-timeout", "2s"])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    a.wait_requests(before + 50);
     a.stop();
     let o = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);

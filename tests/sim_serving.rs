@@ -306,22 +306,26 @@ async fn measured_throughput_matches_the_reported_ideal() {
             done
         }));
     }
-    tokio::time::sleep(warmup + Duration::from_secs(1)).await;
-    let metrics = sim
-        .http
-        .get(sim.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     let labels = "{engine_type=\"unified\",model_name=\"/models/test\",moe_ep_rank=\"0\",\
                   pp_rank=\"0\",tp_rank=\"0\"}";
-    assert!(
-        metrics.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")),
-        "{metrics}"
-    );
+    // More clients than the cap: the batch fills, and the rest wait in the queue.
+    let deadline = Instant::now() + warmup + Duration::from_secs(10);
+    let metrics = loop {
+        let m = sim
+            .http
+            .get(sim.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if m.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the batch never filled:\n{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let queued: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix(&format!("sglang:num_queue_reqs{labels} ")))

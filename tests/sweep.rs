@@ -9,6 +9,7 @@ mod sweep_common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::watch::Watch;
 use serde_json::Value;
 use sweep_common::{Fleet, SHORT_TRIALS, row, serial, short, tok_per_gpu};
 
@@ -273,19 +274,20 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
         "--write-profile",
         "winner.yaml",
     ]);
-    let child = f
+    let mut child = f
         .command(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let watch = Watch::stderr(&mut child);
     f.wait_trials(1);
-    // Mid-sweep: the second candidate is starting or being measured.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Mid-sweep: the second candidate is being measured.
+    watch.wait_for("measuring ", 2, Duration::from_secs(60));
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    let status = child.wait().unwrap();
+    let err = watch.finish();
+    assert_eq!(status.code(), Some(130), "{err}");
     assert!(err.contains("--resume"), "{err}");
     assert!(
         !f.path().join("winner.yaml").exists(),

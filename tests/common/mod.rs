@@ -4,7 +4,8 @@
 //! hosts at once. [`netns`]: hosts reachable only through jump hosts, in network namespaces the
 //! test makes. Here: a temporary HOME with `~/.ssh/config`, keys and known_hosts for the `fleet`
 //! binary, keys, ports and ssh-agent. Use it with `mod common;`. [`local_fleet`] runs the binary
-//! on a local simulated fleet, [`generate`] serves SGLang stand-ins and reads `generate` output.
+//! on a local simulated fleet, [`generate`] serves SGLang stand-ins and reads `generate` output,
+//! [`watch`] waits on what a child says on stderr.
 #![allow(dead_code)] // each test crate uses a different part of it
 
 #[path = "../generate_common/mod.rs"]
@@ -13,6 +14,7 @@ pub mod local_fleet;
 pub mod netns;
 pub mod real;
 pub mod sshd;
+pub mod watch;
 pub mod world;
 
 pub use sshd::Sshd;

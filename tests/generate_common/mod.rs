@@ -221,6 +221,25 @@ impl Stub {
     pub fn start(&self) {
         self.alive.send(true).unwrap();
     }
+
+    /// Requests it has been sent since it was made, answered or not.
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(Ordering::SeqCst)
+    }
+
+    /// Waits until it has been sent `n` requests since it was made.
+    pub fn wait_requests(&self, n: u64) {
+        let t0 = std::time::Instant::now();
+        while self.requests() < n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{} was sent {} requests, not {n}",
+                self.url,
+                self.requests()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// Writes `n` prompts `{"id":"p{i}","prompt":...}`.
@@ -272,6 +291,24 @@ pub fn completions(dir: &Path) -> Vec<Value> {
         .collect();
     shards.sort();
     shards.iter().flat_map(|p| read_jsonl(p)).collect()
+}
+
+/// Whole lines in the completion shards so far, while a job may still be writing them.
+pub fn lines_written(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("completions-")
+        })
+        .map(|p| std::fs::read(p).map_or(0, |b| b.iter().filter(|c| **c == b'\n').count()))
+        .sum()
 }
 
 pub fn failures(dir: &Path) -> Vec<Value> {
