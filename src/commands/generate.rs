@@ -183,13 +183,13 @@ fn prompts_file(path: &std::path::Path) -> Result<(), String> {
 
 fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     let usage = |m: String| anyhow::Error::new(UsageError::new(m));
-    let concurrency: ConcurrencyMode = args.concurrency.parse().map_err(usage)?;
+    let concurrency: ConcurrencyMode = args.concurrency.parse().map_err(UsageError::new)?;
     let api = args
         .endpoint
         .as_deref()
         .map(str::parse::<Api>)
         .transpose()
-        .map_err(usage)?;
+        .map_err(UsageError::new)?;
     if let Some(f) = args.abort_below
         && !(f > 0.0 && f <= 1.0)
     {

@@ -25,17 +25,20 @@ pub fn saturating(cap: u32) -> u32 {
     ((f64::from(cap) * SATURATE_FACTOR).ceil() as u32).max(1)
 }
 
+/// A `--concurrency` that is neither `auto` nor a positive number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--concurrency must be `auto` or a positive number, got {0:?}")]
+pub struct BadConcurrency(pub String);
+
 impl std::str::FromStr for ConcurrencyMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BadConcurrency;
+    fn from_str(s: &str) -> Result<Self, BadConcurrency> {
         if s == "auto" {
             return Ok(ConcurrencyMode::Auto);
         }
         match s.parse::<u32>() {
             Ok(n) if n > 0 => Ok(ConcurrencyMode::Fixed(n)),
-            _ => Err(format!(
-                "--concurrency must be `auto` or a positive number, got {s:?}"
-            )),
+            _ => Err(BadConcurrency(s.to_string())),
         }
     }
 }

@@ -174,7 +174,7 @@ pub enum Event {
     },
     MalformedLine {
         line: u64,
-        error: String,
+        error: input::LineError,
     },
     /// Lines appended to the input after the job began are left out of it.
     InputGrew {

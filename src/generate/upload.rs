@@ -38,7 +38,10 @@ pub enum UploadError {
         "--upload {spec:?}: {reason}; expected s3://BUCKET/PREFIX (credentials, region and \
          endpoint from the AWS_* environment) or file:///ABSOLUTE/DIR"
     )]
-    BadDestination { spec: String, reason: String },
+    BadDestination {
+        spec: String,
+        reason: BadDestination,
+    },
     #[error("{}: {source}", path.display())]
     Read {
         path: PathBuf,
@@ -57,6 +60,25 @@ pub enum UploadError {
     Interrupted,
     #[error("the upload task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+}
+
+/// What is wrong with an `--upload` destination.
+#[derive(Debug, thiserror::Error)]
+pub enum BadDestination {
+    #[error("no bucket name")]
+    NoBucket,
+    #[error("{0}")]
+    Prefix(object_store::path::Error),
+    #[error("{}", with_cause(.0))]
+    S3(object_store::Error),
+    #[error("a file:// destination needs an absolute path")]
+    NotAbsolute,
+    #[error("{0}")]
+    CreateDir(std::io::Error),
+    #[error("{0}")]
+    Local(object_store::Error),
+    #[error("unknown scheme")]
+    UnknownScheme,
 }
 
 impl UploadError {
@@ -94,25 +116,25 @@ impl Destination {
     /// them, e.g. `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` for a local S3-compatible
     /// server) or `file:///DIR` (created if missing). Nothing is sent over the network yet.
     pub fn open(spec: &str) -> Result<Destination, UploadError> {
-        let bad = |reason: &str| UploadError::BadDestination {
+        let bad = |reason| UploadError::BadDestination {
             spec: spec.to_string(),
-            reason: reason.to_string(),
+            reason,
         };
         if let Some(rest) = spec.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(bad("no bucket name"));
+                return Err(bad(BadDestination::NoBucket));
             }
             let prefix = prefix.trim_end_matches('/');
             let prefix = if prefix.is_empty() {
                 None
             } else {
-                Some(ObjectPath::parse(prefix).map_err(|e| bad(&e.to_string()))?)
+                Some(ObjectPath::parse(prefix).map_err(|e| bad(BadDestination::Prefix(e)))?)
             };
             let store = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .build()
-                .map_err(|e| bad(&with_cause(&e)))?;
+                .map_err(|e| bad(BadDestination::S3(e)))?;
             Ok(Destination {
                 store: Arc::new(store),
                 prefix,
@@ -120,17 +142,18 @@ impl Destination {
             })
         } else if let Some(dir) = spec.strip_prefix("file://") {
             if !dir.starts_with('/') {
-                return Err(bad("a file:// destination needs an absolute path"));
+                return Err(bad(BadDestination::NotAbsolute));
             }
-            std::fs::create_dir_all(dir).map_err(|e| bad(&e.to_string()))?;
-            let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(&e.to_string()))?;
+            std::fs::create_dir_all(dir).map_err(|e| bad(BadDestination::CreateDir(e)))?;
+            let store =
+                LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(BadDestination::Local(e)))?;
             Ok(Destination {
                 store: Arc::new(store),
                 prefix: None,
                 root: spec.trim_end_matches('/').to_string(),
             })
         } else {
-            Err(bad("unknown scheme"))
+            Err(bad(BadDestination::UnknownScheme))
         }
     }
 

@@ -149,16 +149,19 @@ impl Api {
     }
 }
 
+/// An `--endpoint` fleet does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown endpoint `{0}` (use generate, chat or completions)")]
+pub struct UnknownApi(pub String);
+
 impl std::str::FromStr for Api {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownApi;
+    fn from_str(s: &str) -> Result<Self, UnknownApi> {
         match s {
             "generate" => Ok(Api::Generate),
             "chat" => Ok(Api::Chat),
             "completions" => Ok(Api::Completions),
-            other => Err(format!(
-                "unknown endpoint `{other}` (use generate, chat or completions)"
-            )),
+            other => Err(UnknownApi(other.to_string())),
         }
     }
 }
@@ -499,7 +502,10 @@ impl SglangClient {
                 &String::from_utf8_lossy(&bytes),
             ));
         }
-        parse_completion(req.api, &bytes).map_err(|reason| ClientError::Decode { url, reason })
+        parse_completion(req.api, &bytes).map_err(|e| ClientError::Decode {
+            url,
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -578,11 +584,22 @@ struct OpenAiUsage {
     completion_tokens: u64,
 }
 
+/// Why a 200 answer is not what was asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("no choices in the response")]
+    NoChoices,
+    #[error("bad stream chunk: {0}")]
+    Chunk(serde_json::Error),
+}
+
 /// Parses a 200 response body of `api`.
-pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, String> {
+pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, BodyError> {
     match api {
         Api::Generate => {
-            let r: GenerateResponse = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            let r: GenerateResponse = serde_json::from_slice(body)?;
             Ok(Completion {
                 text: r.text,
                 reasoning: None,
@@ -595,12 +612,8 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, String> {
             })
         }
         Api::Chat | Api::Completions => {
-            let r: OpenAiResponse = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-            let choice = r
-                .choices
-                .into_iter()
-                .next()
-                .ok_or("no choices in the response")?;
+            let r: OpenAiResponse = serde_json::from_slice(body)?;
+            let choice = r.choices.into_iter().next().ok_or(BodyError::NoChoices)?;
             let (text, reasoning) = match (api, choice.message) {
                 (Api::Chat, Some(m)) => (m.content, m.reasoning_content),
                 (Api::Chat, None) => (None, None),

@@ -6,7 +6,9 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::client::{Api, ClientError, CompletionRequest, SglangClient, completion_error};
+use super::client::{
+    Api, BodyError, ClientError, CompletionRequest, SglangClient, completion_error,
+};
 
 /// How a streamed request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,11 +133,11 @@ fn non_empty(s: Option<&str>) -> bool {
     s.is_some_and(|t| !t.is_empty())
 }
 
-fn parse_event(api: Api, data: &str) -> Result<Event, String> {
+fn parse_event(api: Api, data: &str) -> Result<Event, BodyError> {
     if data == "[DONE]" {
         return Ok(Event::Done);
     }
-    let c: Chunk = serde_json::from_str(data).map_err(|e| format!("bad stream chunk: {e}"))?;
+    let c: Chunk = serde_json::from_str(data).map_err(BodyError::Chunk)?;
     // srt/entrypoints/http_server.py (`/generate`: {"error": {"message", "code", ...}}) and
     // serving_base.py `create_streaming_error_response` (OpenAI: {"error": {"object": "error",
     // "message", "type": "BAD_REQUEST", "code": 400}}).
@@ -305,9 +307,9 @@ async fn read_stream(
         buf.push_str(std::str::from_utf8(&pending[..valid]).expect("checked above"));
         pending.drain(..valid);
         for data in drain_events(&mut buf) {
-            let event = parse_event(api, &data).map_err(|reason| ClientError::Decode {
+            let event = parse_event(api, &data).map_err(|e| ClientError::Decode {
                 url: url.clone(),
-                reason,
+                reason: e.to_string(),
             })?;
             match event {
                 Event::Done => {

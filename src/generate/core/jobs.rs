@@ -123,11 +123,12 @@ impl Core {
         let parsed = match parsed {
             Ok(p) => p,
             Err(error) => {
+                let why = error.to_string();
                 out.push(Action::Event(Event::MalformedLine {
                     line: number,
-                    error: error.clone(),
+                    error,
                 }));
-                self.fail(at, FailureReason::MalformedLine, &error, out);
+                self.fail(at, FailureReason::MalformedLine, &why, out);
                 return;
             }
         };

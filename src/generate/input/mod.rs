@@ -12,6 +12,7 @@ mod scan;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
@@ -51,6 +52,52 @@ pub enum InputError {
         expected: u64,
         at: u64,
     },
+}
+
+/// Why an id field is not an id.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum IdError {
+    #[error("{0}")]
+    BadString(Arc<serde_json::Error>),
+    #[error("an id must be a string or an integer, got {0}")]
+    NotStringOrInteger(String),
+}
+
+/// Why a line cannot be a prompt: it is recorded as failed, with this as its error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LineError {
+    #[error("not valid UTF-8 (at byte {at} of the line)")]
+    NotUtf8 { at: usize },
+    #[error("a prompt line must be a JSON object")]
+    NotAnObject,
+    #[error("not a JSON object: {0}")]
+    Json(Arc<serde_json::Error>),
+    #[error(transparent)]
+    Id(#[from] IdError),
+    #[error("Batch API url {0:?} is not supported (use /v1/chat/completions or /v1/completions)")]
+    BatchUrl(String),
+    #[error("body.{field} must be a positive integer, got {got}")]
+    MaxTokens { field: &'static str, got: Value },
+    #[error("Batch API body has neither `messages` nor `prompt`")]
+    EmptyBody,
+    #[error("has both `prompt` and `messages`; keep one")]
+    Both,
+    #[error("missing `prompt` (or `messages`, or a Batch API `body`)")]
+    Missing,
+    #[error("`{field}` must be {want}, got {got}")]
+    Kind {
+        field: &'static str,
+        want: &'static str,
+        got: &'static str,
+    },
+    #[error("`{field}` is empty")]
+    NoMessages { field: &'static str },
+}
+
+impl LineError {
+    fn json(e: serde_json::Error) -> Self {
+        LineError::Json(Arc::new(e))
+    }
 }
 
 /// Lower-case hex of a digest.
@@ -94,10 +141,11 @@ impl Id {
     }
 
     /// An id field as JSON has it: a string, or an integer kept digit for digit.
-    pub fn from_json(raw: &RawValue) -> Result<Id, String> {
+    pub fn from_json(raw: &RawValue) -> Result<Id, IdError> {
         let t = raw.get();
         if t.starts_with('"') {
-            let text: String = serde_json::from_str(t).map_err(|e| e.to_string())?;
+            let text: String =
+                serde_json::from_str(t).map_err(|e| IdError::BadString(Arc::new(e)))?;
             return Ok(Id {
                 text,
                 numeric: false,
@@ -110,7 +158,7 @@ impl Id {
                 numeric: true,
             });
         }
-        Err(format!("an id must be a string or an integer, got {t}"))
+        Err(IdError::NotStringOrInteger(t.to_string()))
     }
 }
 
@@ -184,7 +232,7 @@ pub struct PromptLine {
 }
 
 /// One non-blank input line.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Line {
     /// 1-based line number in the file.
     pub number: u64,
@@ -193,7 +241,7 @@ pub struct Line {
     /// tell whether the line was edited since.
     pub hash: u64,
     /// The prompt, or why the line is malformed.
-    pub parsed: Result<PromptLine, String>,
+    pub parsed: Result<PromptLine, LineError>,
 }
 
 /// Only the id fields: the prompt text is skipped by serde without being buffered.
@@ -218,7 +266,7 @@ pub struct Named {
     /// The explicit id; `None` when the line names none (or cannot be read as JSON).
     pub id: Option<Id>,
     /// Why the line cannot be a prompt, when that is already clear (bytes, JSON shape, id type).
-    pub problem: Option<String>,
+    pub problem: Option<LineError>,
 }
 
 /// Reads a line's bytes as far as its id: UTF-8, a JSON object, and its `id`/`custom_id`.
@@ -228,17 +276,16 @@ pub fn name(bytes: &[u8]) -> Named {
         Err(e) => {
             return Named {
                 id: None,
-                problem: Some(format!(
-                    "not valid UTF-8 (at byte {} of the line)",
-                    e.valid_up_to() + 1
-                )),
+                problem: Some(LineError::NotUtf8 {
+                    at: e.valid_up_to() + 1,
+                }),
             };
         }
     };
     if !text.trim_start().starts_with('{') {
         return Named {
             id: None,
-            problem: Some("a prompt line must be a JSON object".into()),
+            problem: Some(LineError::NotAnObject),
         };
     }
     match serde_json::from_str::<IdFields>(text) {
@@ -246,12 +293,12 @@ pub fn name(bytes: &[u8]) -> Named {
             Ok(id) => Named { id, problem: None },
             Err(why) => Named {
                 id: None,
-                problem: Some(why),
+                problem: Some(why.into()),
             },
         },
         Err(e) => Named {
             id: None,
-            problem: Some(format!("not a JSON object: {e}")),
+            problem: Some(LineError::json(e)),
         },
     }
 }
@@ -267,7 +314,7 @@ pub fn parse_line(number: u64, bytes: &[u8], ids: &mut Ids) -> Line {
         None => {
             let text = std::str::from_utf8(bytes).expect("checked by name()");
             serde_json::from_str::<RawLine>(text)
-                .map_err(|e| format!("not a JSON object: {e}"))
+                .map_err(LineError::json)
                 .and_then(prompt_of)
         }
     };
@@ -279,17 +326,13 @@ pub fn parse_line(number: u64, bytes: &[u8], ids: &mut Ids) -> Line {
     }
 }
 
-fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
+fn prompt_of(raw: RawLine) -> Result<PromptLine, LineError> {
     if let Some(mut body) = raw.body {
         let api = match raw.url.as_deref() {
             Some("/v1/chat/completions") => Some(Api::Chat),
             Some("/v1/completions") => Some(Api::Completions),
             None => None,
-            Some(other) => {
-                return Err(format!(
-                    "Batch API url {other:?} is not supported (use /v1/chat/completions or /v1/completions)"
-                ));
-            }
+            Some(other) => return Err(LineError::BatchUrl(other.to_string())),
         };
         // Both fields leave the body, so the request carries one: SGLang's chat reads
         // `max_completion_tokens or max_tokens` (srt/entrypoints/openai/protocol.py), and a
@@ -306,7 +349,7 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
                 v.as_u64()
                     .and_then(|n| u32::try_from(n).ok())
                     .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("body.{field} must be a positive integer, got {v}"))?,
+                    .ok_or(LineError::MaxTokens { field, got: v })?,
             ),
         };
         let prompt = if let Some(m) = body.remove("messages") {
@@ -314,7 +357,7 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
         } else if let Some(p) = body.remove("prompt") {
             text(p, "body.prompt")?
         } else {
-            return Err("Batch API body has neither `messages` nor `prompt`".into());
+            return Err(LineError::EmptyBody);
         };
         body.remove("stream");
         return Ok(PromptLine {
@@ -327,10 +370,8 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
     let prompt = match (raw.prompt, raw.messages) {
         (Some(p), None) => text(p, "prompt")?,
         (None, Some(m)) => messages(m, "messages")?,
-        (Some(_), Some(_)) => return Err("has both `prompt` and `messages`; keep one".into()),
-        (None, None) => {
-            return Err("missing `prompt` (or `messages`, or a Batch API `body`)".into());
-        }
+        (Some(_), Some(_)) => return Err(LineError::Both),
+        (None, None) => return Err(LineError::Missing),
     };
     Ok(PromptLine {
         prompt,
@@ -340,21 +381,26 @@ fn prompt_of(raw: RawLine) -> Result<PromptLine, String> {
     })
 }
 
-fn text(v: Value, field: &str) -> Result<Prompt, String> {
+fn text(v: Value, field: &'static str) -> Result<Prompt, LineError> {
     match v {
         Value::String(s) => Ok(Prompt::Text(s)),
-        other => Err(format!("`{field}` must be a string, got {}", kind(&other))),
+        other => Err(LineError::Kind {
+            field,
+            want: "a string",
+            got: kind(&other),
+        }),
     }
 }
 
-fn messages(v: Value, field: &str) -> Result<Prompt, String> {
+fn messages(v: Value, field: &'static str) -> Result<Prompt, LineError> {
     match &v {
         Value::Array(a) if !a.is_empty() => Ok(Prompt::Messages(v)),
-        Value::Array(_) => Err(format!("`{field}` is empty")),
-        other => Err(format!(
-            "`{field}` must be an array of messages, got {}",
-            kind(other)
-        )),
+        Value::Array(_) => Err(LineError::NoMessages { field }),
+        other => Err(LineError::Kind {
+            field,
+            want: "an array of messages",
+            got: kind(other),
+        }),
     }
 }
 

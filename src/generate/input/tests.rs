@@ -68,7 +68,9 @@ fn a_batch_body_with_both_token_fields_keeps_the_one_chat_reads() {
     .unwrap();
     assert_eq!(p.max_tokens, Some(100));
     assert_eq!(
-        both(&format!(r#"{{{m},"max_completion_tokens":-1}}"#)).unwrap_err(),
+        both(&format!(r#"{{{m},"max_completion_tokens":-1}}"#))
+            .unwrap_err()
+            .to_string(),
         "body.max_completion_tokens must be a positive integer, got -1"
     );
 }
@@ -76,26 +78,35 @@ fn a_batch_body_with_both_token_fields_keeps_the_one_chat_reads() {
 #[test]
 fn bad_lines_say_why_and_keep_an_id() {
     let l = parse(13, r#"{"id":"x","prompt":"unterminated"#);
-    assert!(l.parsed.unwrap_err().contains("not a JSON object"));
+    assert!(
+        l.parsed
+            .unwrap_err()
+            .to_string()
+            .contains("not a JSON object")
+    );
     assert!(l.id.text.starts_with("sha256:"), "named after its content");
     let l = parse(14, r#"{"id":"y","prompt":5}"#);
     assert_eq!(l.id, s("y"));
     assert_eq!(
-        l.parsed.unwrap_err(),
+        l.parsed.unwrap_err().to_string(),
         "`prompt` must be a string, got a number"
     );
     assert!(
         parse(15, r#"{"id":"z"}"#)
             .parsed
             .unwrap_err()
+            .to_string()
             .contains("missing `prompt`")
     );
     // A JSON array is not a prompt line, however many fields it would fill.
     let l = parse(16, r#"["a", "hi", null, null, null, null]"#);
-    assert_eq!(l.parsed.unwrap_err(), "a prompt line must be a JSON object");
+    assert_eq!(
+        l.parsed.unwrap_err().to_string(),
+        "a prompt line must be a JSON object"
+    );
     let l = parse(17, r#"{"id": 1.5, "prompt": "x"}"#);
     assert_eq!(
-        l.parsed.unwrap_err(),
+        l.parsed.unwrap_err().to_string(),
         "an id must be a string or an integer, got 1.5"
     );
 }
@@ -108,7 +119,7 @@ fn invalid_utf8_makes_one_line_malformed() {
         &mut Ids::default(),
     );
     assert_eq!(
-        l.parsed.unwrap_err(),
+        l.parsed.unwrap_err().to_string(),
         "not valid UTF-8 (at byte 21 of the line)"
     );
     assert!(l.id.text.starts_with("sha256:"));

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::input::Id;
 
-pub use recover::{Recovered, drop_failures, has_output, recover, reset_retries, shards};
+pub use recover::{
+    RecordError, Recovered, drop_failures, has_output, recover, reset_retries, shards,
+};
 
 /// Prompts that failed for their own reasons: final.
 pub const FAILED_FILE: &str = "failed.jsonl";
@@ -36,7 +38,7 @@ pub enum JournalError {
     Corrupt {
         path: PathBuf,
         line: u64,
-        reason: String,
+        reason: RecordError,
     },
     #[error(
         "{} already holds output of a generate run; pass --resume to continue it, or choose another --out",

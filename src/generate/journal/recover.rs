@@ -11,7 +11,21 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{FAILED_FILE, JournalError, RETRY_FILE, io, shard_index};
-use crate::generate::input::Id;
+use crate::generate::input::{Id, IdError};
+
+/// Why a journal line does not read back.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Id(#[from] IdError),
+    #[error("line_hash {value:?}: {source}")]
+    LineHash {
+        value: String,
+        source: std::num::ParseIntError,
+    },
+}
 
 /// What an output directory already holds.
 #[derive(Debug, Default)]
@@ -33,7 +47,7 @@ pub struct Recovered {
 /// the counts after the output text, which is most of the line: the text is skipped, not
 /// parsed. JSON escapes quotes inside strings, so the last `"prompt_tokens":` is the field.
 /// Anything else takes the full parse.
-pub(super) fn parse_done(line: &[u8]) -> Result<(Id, u64, u64), String> {
+pub(super) fn parse_done(line: &[u8]) -> Result<(Id, u64, u64), RecordError> {
     #[derive(Deserialize)]
     struct Full<'a> {
         #[serde(borrow)]
@@ -54,22 +68,24 @@ pub(super) fn parse_done(line: &[u8]) -> Result<(Id, u64, u64), String> {
             return Ok((Id::from_json(raw)?, p, c));
         }
     }
-    let f: Full = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let f: Full = serde_json::from_slice(line)?;
     Ok((Id::from_json(f.id)?, f.prompt_tokens, f.completion_tokens))
 }
 
 /// A `failed.jsonl` line's id and the hash of the line it failed on.
-fn parse_failed(line: &[u8]) -> Result<(Id, Option<u64>), String> {
+fn parse_failed(line: &[u8]) -> Result<(Id, Option<u64>), RecordError> {
     #[derive(Deserialize)]
     struct Failed<'a> {
         #[serde(borrow)]
         id: &'a RawValue,
         line_hash: Option<String>,
     }
-    let f: Failed = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let f: Failed = serde_json::from_slice(line)?;
     let hash = f
         .line_hash
-        .map(|h| u64::from_str_radix(&h, 16).map_err(|e| format!("line_hash {h:?}: {e}")))
+        .map(|h| {
+            u64::from_str_radix(&h, 16).map_err(|source| RecordError::LineHash { value: h, source })
+        })
         .transpose()?;
     Ok((Id::from_json(f.id)?, hash))
 }
@@ -150,7 +166,7 @@ fn truncate_torn_tail(path: &Path) -> Result<u64, JournalError> {
 /// Calls `each` with every non-blank line of `path` and its number.
 fn lines(
     path: &Path,
-    mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    mut each: impl FnMut(u64, &[u8]) -> Result<(), RecordError>,
 ) -> Result<(), JournalError> {
     let mut reader = BufReader::with_capacity(256 * 1024, File::open(path).map_err(io(path))?);
     let mut line = Vec::new();
