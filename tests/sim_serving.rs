@@ -232,15 +232,7 @@ async fn instant_mode_answers_at_once_with_consistent_bodies() {
         .split(' ')
         .count() as u64;
     assert_eq!(words, n);
-    let metrics = sim
-        .http
-        .get(sim.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = sim.metrics().await;
     // The warm-up generation (1 token) counts too, as in SGLang.
     assert!(
         metrics.contains(&format!(
@@ -311,15 +303,7 @@ async fn measured_throughput_matches_the_reported_ideal() {
     // More clients than the cap: the batch fills, and the rest wait in the queue.
     let deadline = Instant::now() + warmup + Duration::from_secs(10);
     let metrics = loop {
-        let m = sim
-            .http
-            .get(sim.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = sim.metrics().await;
         if m.contains(&format!("\nsglang:num_running_reqs{labels} 72.0\n")) {
             break m;
         }

@@ -23,11 +23,6 @@ fn words(s: &str) -> u64 {
     s.split(' ').filter(|w| !w.is_empty()).count() as u64
 }
 
-async fn metrics(sim: &Sim) -> String {
-    let r = sim.http.get(sim.url("/metrics")).send().await.unwrap();
-    r.text().await.unwrap()
-}
-
 /// The value of the first `/metrics` line that starts with `series`.
 fn value(metrics: &str, series: &str) -> Option<f64> {
     metrics
@@ -123,7 +118,7 @@ async fn a_request_that_finds_the_queue_full_is_aborted_with_a_503() {
                   pp_rank=\"0\",tp_rank=\"0\"}";
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let m = metrics(&sim).await;
+        let m = sim.metrics().await;
         let running = value(&m, &format!("sglang:num_running_reqs{labels}"));
         let queued = value(&m, &format!("sglang:num_queue_reqs{labels}"));
         if running == Some(1.0) && queued == Some(1.0) {
@@ -321,7 +316,7 @@ async fn metrics_carry_0_5_23_s_labels_and_token_usage_has_two_decimals() {
         )
         .await;
     assert_eq!(code, 200);
-    let m = metrics(&sim).await;
+    let m = sim.metrics().await;
     let gauge = "{engine_type=\"unified\",model_name=\"/models/test\",moe_ep_rank=\"0\",\
                  pp_rank=\"0\",priority=\"\",tp_rank=\"0\"}";
     assert_eq!(

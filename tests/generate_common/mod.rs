@@ -276,10 +276,12 @@ fn id_text(v: &Value) -> String {
     }
 }
 
-/// Every line of every completion shard, in shard order.
-pub fn completions(dir: &Path) -> Vec<Value> {
-    let mut shards: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
+/// The completion shards in `dir`, in order; none while it does not exist yet.
+fn shards(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut shards: Vec<_> = entries
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.file_name()
@@ -290,23 +292,18 @@ pub fn completions(dir: &Path) -> Vec<Value> {
         })
         .collect();
     shards.sort();
-    shards.iter().flat_map(|p| read_jsonl(p)).collect()
+    shards
+}
+
+/// Every line of every completion shard, in shard order.
+pub fn completions(dir: &Path) -> Vec<Value> {
+    shards(dir).iter().flat_map(|p| read_jsonl(p)).collect()
 }
 
 /// Whole lines in the completion shards so far, while a job may still be writing them.
 pub fn lines_written(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("completions-")
-        })
+    shards(dir)
+        .iter()
         .map(|p| std::fs::read(p).map_or(0, |b| b.iter().filter(|c| **c == b'\n').count()))
         .sum()
 }

@@ -123,6 +123,12 @@ impl Sim {
         r.json().await.unwrap()
     }
 
+    /// `/metrics` as it reads now.
+    pub async fn metrics(&self) -> String {
+        let r = self.http.get(self.url("/metrics")).send().await.unwrap();
+        r.text().await.unwrap()
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, String) {
         let r = self
             .http
