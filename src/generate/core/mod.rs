@@ -3,10 +3,11 @@
 //! answers with the [`Action`]s the shell must take. It does no I/O, reads no clock and draws
 //! its retry jitter from a seeded generator, so its tests drive it on fake time.
 //!
-//! It owns dispatch and per-instance in-flight limits, retries with backoff and redispatch,
-//! taking instances out and back in, pausing when nothing is healthy and the stall timeout, the
-//! watchdog, the grace period after a stop, and how the run ends. `sweep` drives the same core
-//! with a closed-loop supply of requests.
+//! It owns dispatch (which request goes to which instance is a [`placement`] policy's) and
+//! per-instance in-flight limits, retries with backoff and redispatch, taking instances out and
+//! back in, pausing when nothing is healthy and the stall timeout, the watchdog, the grace
+//! period after a stop, and how the run ends. `sweep` drives the same core with a closed-loop
+//! supply of requests.
 
 mod fleet;
 mod jobs;
@@ -17,12 +18,13 @@ mod watch;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rustc_hash::FxHashMap;
 
 use super::concurrency::{ConcurrencyMode, FileBudget};
 use super::input::{Id, Line};
@@ -259,10 +261,13 @@ pub struct Core {
     /// Decides which ready job goes to which instance; it holds their tickets.
     placement: Box<dyn Placement>,
     /// The jobs ready to go, by the ticket the placement holds.
-    ready: HashMap<Ticket, Job>,
+    ready: FxHashMap<Ticket, Job>,
     next_ticket: u64,
+    /// The instances as the placement sees them: brought up to date as each input is decided,
+    /// before dispatch, and read by [`Core::wants_input`] until the next.
+    view: Vec<ServerState>,
     delayed: BinaryHeap<Delayed>,
-    in_flight: HashMap<ReqId, InFlight>,
+    in_flight: FxHashMap<ReqId, InFlight>,
     next_id: ReqId,
     seq: u64,
     rng: SmallRng,
@@ -318,7 +323,7 @@ impl Core {
             .collect();
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
-        Core {
+        let mut core = Core {
             rng: SmallRng::seed_from_u64(cfg.seed),
             timers: Timers {
                 metrics: Time::ZERO,
@@ -330,10 +335,11 @@ impl Core {
             model,
             insts,
             placement,
-            ready: HashMap::new(),
+            ready: FxHashMap::default(),
             next_ticket: 0,
+            view: Vec::new(),
             delayed: BinaryHeap::new(),
-            in_flight: HashMap::new(),
+            in_flight: FxHashMap::default(),
             next_id: 0,
             seq: 0,
             counts: Counts::default(),
@@ -346,7 +352,9 @@ impl Core {
             files_said: false,
             out_of_files_said: false,
             finished: false,
-        }
+        };
+        core.refresh_view();
+        core
     }
 
     /// Every instance as the run starts, for the caller to show.
@@ -396,7 +404,7 @@ impl Core {
         !self.finished
             && self.input_open
             && self.stop.is_none()
-            && self.placement.wants_input(&self.server_states())
+            && self.placement.wants_input(&self.view)
     }
 
     /// When the core next needs an [`Input::Tick`] (it may get one earlier).
@@ -557,12 +565,12 @@ impl Core {
 
     /// Sends ready jobs where the placement says, while it finds them room.
     fn dispatch(&mut self, out: &mut Vec<Action>) {
+        self.refresh_view();
         if self.ready.is_empty() {
             return;
         }
-        let mut servers = self.server_states();
-        while let Some((ticket, i)) = self.placement.next(&servers) {
-            debug_assert!(servers[i].free() > 0, "placed on a server without room");
+        while let Some((ticket, i)) = self.placement.next(&self.view) {
+            debug_assert!(self.view[i].free() > 0, "placed on a server without room");
             let mut job = self
                 .ready
                 .remove(&ticket)
@@ -578,7 +586,7 @@ impl Core {
             let id = self.next_id;
             self.next_id += 1;
             self.insts[i].in_flight += 1;
-            servers[i].in_flight += 1;
+            self.view[i].in_flight += 1;
             out.push(Action::Send {
                 id,
                 inst: i,
@@ -588,20 +596,21 @@ impl Core {
         }
     }
 
-    /// The instances as the placement sees them now.
-    fn server_states(&self) -> Vec<ServerState> {
-        let failing = |host: usize| self.insts.iter().any(|i| i.host_key == Some(host) && !i.up);
-        self.insts
-            .iter()
-            .map(|i| ServerState {
-                up: i.up,
-                in_flight: i.in_flight,
-                limit: i.ctl.limit(),
-                host: i.host_key,
-                host_failing: i.host_key.is_some_and(failing),
-                completed: i.completed,
-            })
-            .collect()
+    /// Brings the placement's view of the instances up to date.
+    fn refresh_view(&mut self) {
+        let insts = &self.insts;
+        let any_down = insts.iter().any(|i| !i.up);
+        let failing =
+            |host: usize| any_down && insts.iter().any(|i| i.host_key == Some(host) && !i.up);
+        self.view.clear();
+        self.view.extend(insts.iter().map(|i| ServerState {
+            up: i.up,
+            in_flight: i.in_flight,
+            limit: i.ctl.limit(),
+            host: i.host_key,
+            host_failing: i.host_key.is_some_and(failing),
+            completed: i.completed,
+        }));
     }
 
     /// A new job, with the next ticket.
