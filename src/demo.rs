@@ -200,8 +200,8 @@ mod tests {
         let inv =
             crate::config::inventory_from_str(&inventory_yaml(), &dir.join("fleet.yaml")).unwrap();
         assert_eq!(
-            inv.hosts[0].gpus,
-            crate::config::GpuSelection::List((0..GPUS).collect())
+            inv.hosts[0].machine().map(|m| &m.gpus),
+            Some(&crate::config::GpuSelection::List((0..GPUS).collect()))
         );
     }
 

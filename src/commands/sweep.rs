@@ -1,7 +1,6 @@
 //! `fleet sweep`: builds the candidates and the workload, assigns GPUs, runs the trials with
 //! progress on stderr, prints the ranked report, and writes the winner's profile.
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,11 +11,9 @@ use tokio::sync::mpsc;
 
 use crate::cli::SweepArgs;
 use crate::config::{self, Expected, HostSpec, Override, Profile};
-use crate::launch::hosts::{Connected, connect_all};
+use crate::launch::Fleet;
 use crate::launch::plan::HostFacts;
-use crate::launch::preflight::{self, host_facts};
-use crate::launch::state;
-use crate::remote::Transport;
+use crate::launch::preflight;
 use crate::sglang::client::Api;
 use crate::sweep::assign::{self, Mode};
 use crate::sweep::file::{FileError, Store, SweepSpec};
@@ -31,7 +28,7 @@ use crate::sweep::{prune, schedule};
 
 use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome as CommandOutcome, UsageError};
-use crate::launch::env::{api_key, run_root};
+use crate::launch::env::api_key;
 
 fn usage(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> anyhow::Error {
     UsageError::new(e).into()
@@ -101,17 +98,16 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let axes = space::axes(&args.strategies, &args.set).map_err(usage)?;
     let candidates = space::candidates(&axes);
     let dir = &ctx.global.profiles_dir;
-    let root = run_root();
     // Without --profile the sweep measures from what `fleet up` started, which takes the hosts.
     let (profile_arg, early) = match &args.profile {
         Some(p) => (p.clone(), None),
         None => {
-            let (inventory, connected) = connect_every_host(ctx).await?;
-            let name = fleet_profile(&connected.transports, &root, &inventory.path).await?;
+            let fleet = connect_every_host(ctx).await?;
+            let name = fleet_profile(&fleet).await?;
             tracing::info!(
                 "measuring from profile {name}, the one the running fleet was started with"
             );
-            (name, Some((inventory, connected)))
+            (name, Some(fleet))
         }
     };
     let base = match &args.profile {
@@ -167,19 +163,20 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     }
 
     let key = api_key(&base).map_err(UsageError::new)?;
-    let (inventory, connected) = match early {
+    let mut fleet = match early {
         Some(found) => found,
         None => connect_every_host(ctx).await?,
     };
-    let looks = inventory.hosts.iter().map(|h| {
-        let t = &connected.transports[&h.name];
-        let (launcher, env) = (&base.launcher, &base.env);
-        async move { (h.clone(), host_facts(t, h, launcher, env, true).await) }
-    });
-    let mut hosts: Vec<(HostSpec, HostFacts)> = Vec::new();
-    for (host, facts) in futures::future::join_all(looks).await {
-        hosts.push((host, facts?));
+    if let Some(e) = fleet
+        .learn(&base.launcher, &base.env, true)
+        .await
+        .into_iter()
+        .next()
+    {
+        return Err(e.into());
     }
+    let hosts = fleet.hosts();
+    let root = fleet.run_root();
     let gpus = servers::host_gpus(&hosts);
     let total_gpus: usize = gpus.iter().map(|(_, g)| g.len()).sum();
     let mode = assign::choose_mode(candidates.len(), total_gpus, args.sequential);
@@ -205,7 +202,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             &assignment,
             &hosts,
             key.as_deref(),
-            &root,
+            root,
         );
     }
 
@@ -226,8 +223,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         candidates: profiles.clone(),
         assignment: &assignment,
         hosts: &hosts,
-        transports: &connected.transports,
-        run_root: &root,
+        fleet: &fleet,
         api_key: key,
         health: base.health.clone(),
         workload: Arc::new(workload.clone()),
@@ -294,10 +290,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .collect::<Vec<_>>();
         for o in &failed {
             tracing::error!(
-                "--apply: {} gpu{} :{}: {}",
-                o.host,
-                o.gpu,
-                o.port,
+                "--apply: {}: {}",
+                o.id.label(o.port),
                 o.error.as_deref().unwrap_or("")
             );
         }
@@ -330,85 +324,22 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     })
 }
 
-/// The inventory and a connection to every one of its hosts: a sweep compares like for like,
-/// and a missing host would change the assignment.
-async fn connect_every_host(ctx: &Ctx) -> anyhow::Result<(config::Inventory, Connected)> {
-    let inventory = config::load_inventory(&ctx.global.config)?;
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    if let Some(e) = connected.failed.first() {
-        anyhow::bail!("{e}\n  a sweep needs every host of the inventory; nothing was started");
-    }
-    Ok((inventory, connected))
+/// A connection to every host of the inventory: a sweep compares like for like, and a missing
+/// host would change the assignment.
+async fn connect_every_host(ctx: &Ctx) -> anyhow::Result<Fleet> {
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    fleet.every_host().map_err(|e| {
+        anyhow::anyhow!("{e}\n  a sweep needs every host of the inventory; nothing was started")
+    })
 }
 
 /// The profile the running fleet was started with, from the live records on every host.
-async fn fleet_profile(
-    transports: &BTreeMap<String, Arc<dyn Transport>>,
-    run_root: &str,
-    inventory: &Path,
-) -> anyhow::Result<String> {
-    let mut running: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (host, t) in transports {
-        for r in state::live_records(t.as_ref(), run_root).await? {
-            running
-                .entry(r.profile.clone())
-                .or_default()
-                .push(format!("{host}:{}", r.gpu));
-        }
-    }
-    one_profile(running, inventory, run_root).map_err(|e| UsageError::new(e).into())
-}
-
-/// Why the running fleet does not say which profile to measure from.
-#[derive(Debug, thiserror::Error)]
-enum FleetProfileError {
-    #[error(
-        "no --profile given, and no fleet is up on the hosts of {} (run directory {run_root}) to \
-         measure from: pass --profile P, the profile every candidate starts from",
-        .inventory.display()
-    )]
-    NoneUp {
-        inventory: PathBuf,
-        run_root: String,
-    },
-    #[error(
-        "no --profile given, and the running fleet runs {} profiles: {}; pass --profile with the \
-         one to measure from",
-        .0.len(),
-        .0.iter().map(|(p, at)| format!("{p} (on {})", at.join(", "))).collect::<Vec<_>>().join(", ")
-    )]
-    Several(Vec<(String, Vec<String>)>),
-    #[error(
-        "no --profile given, and the running fleet runs `{0}`, a candidate `fleet sweep --apply` \
-         left up rather than a profile file: pass --profile (e.g. the profile --write-profile wrote)"
-    )]
-    Candidate(String),
-}
-
-/// Decides from the profiles the hosts run (with the `host:gpu`s of each) which one to measure
-/// from: exactly one, and a profile file's name.
-fn one_profile(
-    running: BTreeMap<String, Vec<String>>,
-    inventory: &Path,
-    run_root: &str,
-) -> Result<String, FleetProfileError> {
-    let mut profiles: Vec<(String, Vec<String>)> = running.into_iter().collect();
-    match profiles.len() {
-        0 => Err(FleetProfileError::NoneUp {
-            inventory: inventory.to_path_buf(),
-            run_root: run_root.to_string(),
-        }),
-        1 => {
-            let (name, _) = profiles.remove(0);
-            // Sweep candidates are named `base[label]` (`candidate_profiles`).
-            if name.ends_with(']') && name.contains('[') {
-                Err(FleetProfileError::Candidate(name))
-            } else {
-                Ok(name)
-            }
-        }
-        _ => Err(FleetProfileError::Several(profiles)),
-    }
+async fn fleet_profile(fleet: &Fleet) -> anyhow::Result<String> {
+    let registry = fleet.servers().await.whole()?;
+    let inventory = fleet.inventory.path.clone();
+    registry
+        .running_profile(inventory, fleet.run_root())
+        .map_err(|e| UsageError::new(e).into())
 }
 
 fn dry_run(
@@ -597,50 +528,5 @@ async fn show(
     }
     if let Some(bar) = clock {
         bar.finish_and_clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn running(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
-        entries
-            .iter()
-            .map(|(p, at)| (p.to_string(), at.iter().map(|s| s.to_string()).collect()))
-            .collect()
-    }
-
-    #[test]
-    fn the_fleet_that_is_up_names_one_profile_or_says_why_not() {
-        let inv = Path::new("fleet.yaml");
-        let one = one_profile(
-            running(&[("sim", &["local:0", "local:1"])]),
-            inv,
-            "/tmp/fleet",
-        );
-        assert_eq!(one.unwrap(), "sim");
-        let none = one_profile(running(&[]), inv, "/tmp/fleet").unwrap_err();
-        assert!(
-            none.to_string()
-                .contains("no fleet is up on the hosts of fleet.yaml (run directory /tmp/fleet)"),
-            "{none}"
-        );
-        let several = one_profile(
-            running(&[("a", &["h:0"]), ("b", &["h:1", "g:0"])]),
-            inv,
-            "/r",
-        )
-        .unwrap_err();
-        assert!(
-            several
-                .to_string()
-                .contains("runs 2 profiles: a (on h:0), b (on h:1, g:0)"),
-            "{several}"
-        );
-        let candidate = one_profile(running(&[("base[no_buffer]", &["h:0"])]), inv, "/r");
-        assert!(
-            matches!(candidate, Err(FleetProfileError::Candidate(name)) if name == "base[no_buffer]")
-        );
     }
 }

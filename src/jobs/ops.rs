@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{JobError, JobRecord, JobView};
 use crate::generate::progress::{PROGRESS_FILE, Progress, Status};
+use crate::launch::backend::machine::proc;
 use crate::launch::state::{self, StateError, run_ok};
 use crate::remote::{Detached, Transport, argv};
 
@@ -54,7 +55,7 @@ pub async fn start(
             pidfile: format!("{dir}/{PIDFILE}"),
         })
         .await?;
-    let start_ticks = state::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
+    let start_ticks = proc::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
     let record = JobRecord {
         id: spec.id,
         host: t.host().to_string(),
@@ -107,7 +108,7 @@ async fn view(t: &dyn Transport, record: JobRecord) -> Result<JobView, JobError>
         .success()
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten();
-    let alive = state::proc_stat(t, record.pid)
+    let alive = proc::proc_stat(t, record.pid)
         .await?
         .is_some_and(|p| p.running() && p.start_ticks == record.start_ticks);
     let finished = progress.as_ref().is_some_and(|p| {
@@ -175,7 +176,7 @@ pub async fn stop(t: &dyn Transport, view: &JobView, wait: Duration) -> Result<J
         }
         let deadline = tokio::time::Instant::now() + wait;
         while tokio::time::Instant::now() < deadline {
-            let alive = state::proc_stat(t, view.record.pid)
+            let alive = proc::proc_stat(t, view.record.pid)
                 .await?
                 .is_some_and(|p| p.running() && p.start_ticks == view.record.start_ticks);
             if !alive {

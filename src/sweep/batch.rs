@@ -127,7 +127,7 @@ pub async fn run(
             setup.hosts,
             slots,
             setup.api_key.as_deref(),
-            setup.run_root,
+            setup.fleet.run_root(),
         )
         .map_err(|e| e.to_string())
         .and_then(|i| {
@@ -249,13 +249,14 @@ async fn groups(
     for (_, mine) in measured {
         let mut servers = Vec::new();
         for (inst, o) in mine {
-            let tunnel = setup.transports[&inst.host]
-                .forward(&inst.address, inst.port)
+            let tunnel = setup
+                .backend(inst.host())
+                .endpoint(&inst.address, inst.port)
                 .await?;
             servers.push(Server {
                 label: inst.label(),
                 endpoint: Endpoint {
-                    name: inst.label(),
+                    id: inst.id.clone(),
                     base_url: format!("http://{}", tunnel.local_addr()),
                     api_key: setup.api_key.clone(),
                 },

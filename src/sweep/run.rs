@@ -266,7 +266,7 @@ pub async fn run(
     setup.stop(losers).await;
     let profile = &setup.candidates[w].1;
     let servers =
-        plan::plan(profile, setup.hosts, None, None, setup.run_root).map_or(0, |i| i.len());
+        plan::plan(profile, setup.hosts, None, None, setup.fleet.run_root()).map_or(0, |i| i.len());
     let _ = events.send(Event::Applying {
         label: setup.candidates[w].0.label(),
         servers,
