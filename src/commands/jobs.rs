@@ -11,9 +11,9 @@ use serde_json::json;
 use crate::cli::{FetchArgs, GenerateArgs, StopArgs};
 use crate::config;
 use crate::generate::progress::{PROGRESS_FILE, Progress};
+use crate::jobs::place::place;
 use crate::jobs::{self, JobError, JobSpec, JobView, transfer};
 use crate::launch::Fleet;
-use crate::launch::state::InstanceRecord;
 use crate::remote::Transport;
 use crate::report::table;
 
@@ -127,45 +127,22 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let run_root = fleet.run_root().to_string();
     // The servers `up` started, per host, as the job will reach them there.
     let registry = fleet.servers().await.whole()?;
-    let mut servers: BTreeMap<&str, Vec<&InstanceRecord>> = BTreeMap::new();
-    for s in registry.running() {
-        servers.entry(s.record.host()).or_default().push(&s.record);
-    }
-    let host = match &args.host {
-        Some(h) => {
-            if !transports.contains_key(h) {
-                return Err(UsageError::new(format!(
-                    "--host {h}: not a host of {} that answered",
-                    ctx.global.config.display()
-                ))
-                .into());
-            }
-            h.clone()
-        }
-        None => match servers.keys().next() {
-            Some(h) => h.to_string(),
-            None if args.url.is_empty() => {
-                return Err(UsageError::new(format!(
-                    "no running instances on the hosts of {}: start them with `fleet up --profile \
-                     P`, or give --url and --host",
-                    ctx.global.config.display()
-                ))
-                .into());
-            }
-            None => transports
-                .keys()
-                .next()
-                .cloned()
-                .ok_or_else(|| UsageError::new("no host of the inventory answered"))?,
-        },
-    };
-    if servers.len() > 1 && args.host.is_none() && !ctx.global.quiet {
-        let others: Vec<&str> = servers.keys().copied().filter(|h| *h != host).collect();
+    let answered: Vec<&str> = transports.keys().map(String::as_str).collect();
+    let placed = place(
+        &registry,
+        &answered,
+        args.host.as_deref(),
+        &args.url,
+        &ctx.global.config,
+    )
+    .map_err(UsageError::new)?;
+    let host = placed.host.clone();
+    if !placed.unused.is_empty() && args.host.is_none() && !ctx.global.quiet {
         eoutln!(
             "note: the job runs on {host}, with its {} instances; the instances of {} are not \
              used (pass --host for a job there)",
-            servers.get(host.as_str()).map_or(0, Vec::len),
-            others.join(", ")
+            placed.servers,
+            placed.unused.join(", ")
         );
     }
     let t = transports[&host].clone();
@@ -212,25 +189,11 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             remote
         }
     };
-    let urls: Vec<String> = if args.url.is_empty() {
-        servers
-            .get(host.as_str())
-            .map(|rs| {
-                rs.iter()
-                    // Named as a local job names them, so completions say `host:gpuN` in
-                    // both.
-                    .map(|r| format!("{}=http://{}:{}", r.id, r.address, r.port))
-                    .collect()
-            })
-            .unwrap_or_default()
-    } else {
-        args.url.clone()
-    };
-    let mut rewritten = vec![("prompts", vec![prompts.clone()]), ("url", urls)];
+    let mut rewritten = vec![("prompts", vec![prompts.clone()]), ("url", placed.urls)];
     let mut env = BTreeMap::new();
-    if let Some(key) = servers
-        .get(host.as_str())
-        .and_then(|rs| rs.iter().find_map(|r| r.api_key_env.as_ref()))
+    if let Some(key) = placed
+        .api_key_env
+        .as_ref()
         .and_then(|v| std::env::var(v).ok())
     {
         crate::remote::add_secret(&key);

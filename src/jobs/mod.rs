@@ -5,6 +5,7 @@
 
 mod binary;
 mod ops;
+pub mod place;
 pub mod transfer;
 
 use std::path::PathBuf;
