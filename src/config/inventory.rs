@@ -442,9 +442,7 @@ fn collisions(c: &mut Checker, hosts: &[Read]) {
     // Only machines share GPUs by place.
     let machines: Vec<(&Read, &MachineSpec)> = hosts
         .iter()
-        .filter_map(|r| match &r.spec {
-            HostSpec::Machine(m) => Some((r, m)),
-        })
+        .filter_map(|r| Some((r, r.spec.machine()?)))
         .collect();
     for (j, (b, bm)) in machines.iter().enumerate() {
         for (a, am) in &machines[..j] {

@@ -120,12 +120,18 @@ mod tests {
         let p = place(&r, &["a", "b", "c"], None, &[], inv).unwrap();
         assert_eq!(p.host, "b");
         assert_eq!(p.urls, ["b:gpu0=http://127.0.0.1:30000"]);
-        assert_eq!((p.servers, p.unused.as_slice()), (1, &["c".to_string()][..]));
+        assert_eq!(
+            (p.servers, p.unused.as_slice()),
+            (1, &["c".to_string()][..])
+        );
         let there = place(&r, &["a", "b", "c"], Some("c"), &[], inv).unwrap();
         assert_eq!(there.urls, ["c:gpu1=http://127.0.0.1:30001"]);
         let given = ["http://10.0.0.9:30000".to_string()];
         let on_a = place(&r, &["a", "b", "c"], Some("a"), &given, inv).unwrap();
-        assert_eq!((on_a.host.as_str(), on_a.urls.as_slice()), ("a", &given[..]));
+        assert_eq!(
+            (on_a.host.as_str(), on_a.urls.as_slice()),
+            ("a", &given[..])
+        );
     }
 
     #[test]
@@ -137,13 +143,19 @@ mod tests {
             Err(PlaceError::NoServers { .. })
         ));
         let urls = ["http://u:1".to_string()];
-        assert_eq!(place(&empty, &["b", "a"], None, &urls, inv).unwrap().host, "a");
+        assert_eq!(
+            place(&empty, &["b", "a"], None, &urls, inv).unwrap().host,
+            "a"
+        );
         assert_eq!(
             place(&empty, &["a"], Some("z"), &urls, inv)
                 .unwrap_err()
                 .to_string(),
             "--host z: not a host of fleet.yaml that answered"
         );
-        assert_eq!(place(&empty, &[], None, &urls, inv), Err(PlaceError::NoHost));
+        assert_eq!(
+            place(&empty, &[], None, &urls, inv),
+            Err(PlaceError::NoHost)
+        );
     }
 }

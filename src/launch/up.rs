@@ -201,39 +201,22 @@ pub async fn up(
         release(locks).await;
         return Err(UpError::Conflicts(conflicts));
     }
-    // Every planned host was surveyed (or its instances failed above), so its backend exists.
-    let backend = |i: &Instance| fleet.backend(i.host()).expect("a surveyed host").as_ref();
     let launches = instances
         .iter()
         .zip(actions)
         .enumerate()
-        .map(|(key, (instance, action))| {
-            launch(key, instance, action, backend(instance), opts, run)
-        });
+        .map(|(key, (instance, action))| launch(key, instance, action, opts, run));
     let launched = futures::future::join_all(launches).await;
     release(locks).await;
     let follows = instances
         .iter()
         .zip(launched)
         .enumerate()
-        .map(|(key, (instance, launched))| {
-            follow(
-                key,
-                instance,
-                launched,
-                backend(instance),
-                health,
-                opts,
-                run,
-            )
-        });
+        .map(|(key, (instance, launched))| follow(key, instance, launched, health, opts, run));
     let results = futures::future::join_all(follows).await;
     if cancel.is_cancelled() && !opts.keep_on_interrupt {
-        let started = results
-            .iter()
-            .zip(instances)
-            .filter_map(|((_, record), i)| Some((record.as_ref()?, backend(i))));
-        let stops = started.map(|(r, b)| down::stop(b, r, opts.grace));
+        let started = results.iter().filter_map(|(_, record)| record.as_ref());
+        let stops = started.map(|r| down::stop(surveyed(run, r.host()), r, opts.grace));
         for stopped in futures::future::join_all(stops).await {
             if stopped.state == StopState::Failed {
                 tracing::warn!(
@@ -306,6 +289,12 @@ async fn lock_and_survey(
     });
     surveys.extend(futures::future::join_all(looks).await);
     (locks, surveys)
+}
+
+/// The backend of a host whose run directory `up` locked and surveyed, which it reached.
+fn surveyed<'a>(run: &Run<'a>, host: &str) -> &'a dyn Backend {
+    let b = run.fleet.backend(host);
+    b.expect("a host up surveyed is connected").as_ref()
 }
 
 async fn release(locks: Vec<HostLock>) {
@@ -391,11 +380,11 @@ async fn launch(
     key: usize,
     instance: &Instance,
     action: Action<'_>,
-    b: &dyn Backend,
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> Result<Launched, UpOutcome> {
     let outcome = outcome_of(instance);
+    let b = || surveyed(run, instance.host());
     match action {
         Action::Keep(record) => {
             return Ok(Launched {
@@ -404,7 +393,7 @@ async fn launch(
             });
         }
         Action::Replace(record) => {
-            let stopped = down::stop(b, record, opts.grace).await;
+            let stopped = down::stop(b(), record, opts.grace).await;
             if stopped.state == StopState::Failed || !stopped.port_closed {
                 let why = stopped.error.unwrap_or_default();
                 let handle = record.handle;
@@ -427,7 +416,7 @@ async fn launch(
             ..outcome
         });
     }
-    match b.start(instance).await {
+    match b().start(instance).await {
         Ok(record) => {
             let _ = run.events.send(UpEvent::Started {
                 key,
@@ -448,7 +437,6 @@ async fn follow(
     key: usize,
     instance: &Instance,
     launched: Result<Launched, UpOutcome>,
-    b: &dyn Backend,
     health: &HealthSettings,
     opts: &UpOptions,
     run: &Run<'_>,
@@ -460,6 +448,7 @@ async fn follow(
         Ok(l) => l,
         Err(outcome) => return (outcome, None),
     };
+    let b = surveyed(run, instance.host());
     let Run { events, cancel, .. } = *run;
     let mut outcome = UpOutcome {
         pid: record.handle.pid(),
