@@ -11,14 +11,12 @@ use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome};
 
 pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
-    let inventory = config::load_inventory(&ctx.global.config)?;
     // Records carry the profile's name; a path given to --profile means the same profile.
     let profile = match &args.profile {
         Some(p) => Some(config::load_profile(p, &ctx.global.profiles_dir)?.name),
         None => None,
     };
-    let run_root = crate::launch::env::run_root();
-    let fleet = Fleet::connect(inventory, &ctx.connect_options(), run_root).await;
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
     let mut partial = fleet.log_unreachable();
     if args.dry_run {
         let registry = fleet.servers().await;

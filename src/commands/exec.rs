@@ -45,8 +45,7 @@ pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
     };
     let chosen = Inventory { hosts, ..inventory };
     let runs = async {
-        let run_root = crate::launch::env::run_root();
-        let fleet = Fleet::connect(chosen, &ctx.connect_options(), run_root).await;
+        let fleet = Fleet::connect(chosen, &ctx.connect_options()).await;
         let runs = fleet
             .inventory
             .hosts

@@ -20,9 +20,6 @@ use crate::report::table;
 use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome, UsageError};
 
-/// How long `generate --detach` watches a new job for an immediate failure.
-const SETTLE: Duration = Duration::from_secs(3);
-
 /// Every host of the inventory that answers; the others are logged. None answering is an error:
 /// nothing to report on, so the command failed rather than half-succeeded.
 async fn connect(ctx: &Ctx) -> anyhow::Result<Fleet> {
@@ -226,25 +223,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         },
     )
     .await?;
-    // A job that cannot start (its --out is locked, a bad flag) dies at once: say why here.
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
-        let view = jobs::list(t.as_ref(), &run_root)
-            .await?
-            .into_iter()
-            .find(|v| v.record.id == id);
-        match view {
-            Some(v) if !v.alive && v.state == "dead" => {
-                return Err(JobError::Died {
-                    host,
-                    log_tail: v.log_tail.unwrap_or_default(),
-                }
-                .into());
-            }
-            Some(v) if v.progress.is_some() || tokio::time::Instant::now() >= deadline => break,
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    jobs::settle(t.as_ref(), &run_root, &id).await?;
     if ctx.global.json {
         super::print_json(&json!({"job": id, "host": host, "out": out}))?;
     } else {

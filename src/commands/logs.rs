@@ -12,12 +12,11 @@ use super::{Ctx, Outcome, UsageError, output};
 
 pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
-    let run_root = crate::launch::env::run_root();
     let selector = match Selector::parse(&args.instance) {
         Ok(s) => s,
         // Neither host:gpu nor a port: a detached job's id.
         Err(_) if !args.instance.contains(':') => {
-            let fleet = Fleet::connect(inventory, &ctx.connect_options(), run_root).await;
+            let fleet = Fleet::connect(inventory, &ctx.connect_options()).await;
             fleet.log_unreachable();
             let (t, view) = jobs::find(&fleet.shells(), fleet.run_root(), &args.instance)
                 .await
@@ -33,7 +32,7 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
             UsageError::new(format!("no host `{host}` in {}", inventory.path.display())).into(),
         );
     }
-    let fleet = Fleet::connect(inventory, &ctx.connect_options(), run_root).await;
+    let fleet = Fleet::connect(inventory, &ctx.connect_options()).await;
     fleet.log_unreachable();
     let (t, path) = logs::locate(&fleet, &selector).await?;
     tracing::debug!("{}: {path}", t.host());

@@ -77,6 +77,34 @@ pub async fn start(
     Ok(record)
 }
 
+/// How long a new job is watched for an immediate failure, and how often.
+const SETTLE: Duration = Duration::from_secs(3);
+const SETTLE_POLL: Duration = Duration::from_millis(200);
+
+/// Watches the job `id` just started until it writes progress, or [`SETTLE`] passes. A job that
+/// cannot start (its `--out` locked, a bad flag) dies at once: that is an error with its log.
+pub async fn settle(t: &dyn Transport, run_root: &str, id: &str) -> Result<(), JobError> {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let view = list(t, run_root)
+            .await?
+            .into_iter()
+            .find(|v| v.record.id == id);
+        match view {
+            Some(v) if !v.alive && v.state == "dead" => {
+                return Err(JobError::Died {
+                    host: t.host().to_string(),
+                    log_tail: v.log_tail.unwrap_or_default(),
+                });
+            }
+            Some(v) if v.progress.is_some() || tokio::time::Instant::now() >= deadline => {
+                return Ok(());
+            }
+            _ => tokio::time::sleep(SETTLE_POLL).await,
+        }
+    }
+}
+
 /// Every job recorded on the host, newest first, with its progress and whether it still runs.
 pub async fn list(t: &dyn Transport, run_root: &str) -> Result<Vec<JobView>, JobError> {
     let script =

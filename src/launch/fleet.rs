@@ -33,12 +33,13 @@ impl Fleet {
     /// directory root of this environment (`FLEET_RUN_DIR`).
     pub async fn open(config: &Path, opts: &ConnectOptions) -> Result<Fleet, ConfigError> {
         let inventory = config::load_inventory(config)?;
-        Ok(Fleet::connect(inventory, opts, crate::launch::env::run_root()).await)
+        Ok(Fleet::connect(inventory, opts).await)
     }
 
-    /// Connects to every host of `inventory` in parallel; a host that cannot be reached is kept
-    /// with its error so the others go on.
-    pub async fn connect(inventory: Inventory, opts: &ConnectOptions, run_root: String) -> Fleet {
+    /// Connects to every host of `inventory` in parallel, under the run directory root of this
+    /// environment; a host that cannot be reached is kept with its error so the others go on.
+    pub async fn connect(inventory: Inventory, opts: &ConnectOptions) -> Fleet {
+        let run_root = crate::launch::env::run_root();
         let attempts = inventory
             .hosts
             .iter()

@@ -80,6 +80,11 @@ async fn run_up(
     (result, seen)
 }
 
+/// What the fake shows of the log of the server on `port`.
+fn tail_of(port: u16) -> Option<String> {
+    Some(format!("the end of /tmp/fleet/{port}/server.log\n"))
+}
+
 fn calls(b: &FakeBackend) -> Vec<String> {
     let mut calls = b.table().calls.clone();
     calls.sort();
@@ -188,10 +193,7 @@ async fn a_server_that_cannot_start_or_dies_fails_alone_with_its_reason_and_log(
         o[2].error.as_deref(),
         Some("the server process exited during startup")
     );
-    assert_eq!(
-        o[2].log_tail.as_deref(),
-        Some("the end of /tmp/fleet/30002/server.log\n")
-    );
+    assert_eq!(o[2].log_tail, tail_of(30002));
 }
 
 #[tokio::test]
@@ -293,10 +295,7 @@ async fn status_reads_each_server_as_its_backend_sees_it() {
     );
     assert_eq!(statuses[0].mamba_strategy.as_deref(), Some("no_buffer"));
     assert_eq!(statuses[0].log_tail, None);
-    assert_eq!(
-        statuses[1].log_tail.as_deref(),
-        Some("the end of /tmp/fleet/30001/server.log\n")
-    );
+    assert_eq!(statuses[1].log_tail, tail_of(30001));
 }
 
 #[tokio::test]

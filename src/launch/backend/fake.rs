@@ -12,12 +12,12 @@ use async_trait::async_trait;
 use axum::Json;
 use axum::routing::get;
 
-use super::{Backend, Seen, StopState, Stopped};
+use super::{Backend, Home, Seen, StopState, Stopped};
 use crate::gpu::{GpuError, GpuReading};
 use crate::launch::plan::{HostFacts, Instance, RunFiles};
 use crate::launch::preflight::FactsError;
 use crate::launch::state::{Handle, InstanceRecord, Liveness, StateError};
-use crate::remote::{LocalTransport, RemoteError, Transport, Tunnel};
+use crate::remote::{LocalTransport, RemoteError, Tunnel};
 use crate::server::ServerId;
 
 /// A record of `host`'s `gpu` on `port` with the config `fingerprint`, started by profile `p`.
@@ -80,9 +80,7 @@ pub(crate) struct Table {
 
 #[derive(Debug)]
 pub(crate) struct FakeBackend {
-    host: String,
-    shell: Arc<dyn Transport>,
-    run_root: String,
+    home: Home,
     /// Where a running server answers.
     ready: SocketAddr,
     table: Mutex<Table>,
@@ -92,9 +90,11 @@ impl FakeBackend {
     /// `run_root` is a directory on this machine; running servers answer at `ready`.
     pub fn new(host: &str, run_root: &str, ready: SocketAddr) -> FakeBackend {
         FakeBackend {
-            host: host.to_string(),
-            shell: Arc::new(LocalTransport::new(host)),
-            run_root: run_root.to_string(),
+            home: Home {
+                host: host.to_string(),
+                shell: Arc::new(LocalTransport::new(host)),
+                run_root: run_root.to_string(),
+            },
             ready,
             table: Mutex::default(),
         }
@@ -115,7 +115,7 @@ impl FakeBackend {
 
     fn err(&self, what: &str) -> StateError {
         StateError::Command {
-            host: self.host.clone(),
+            host: self.home.host.clone(),
             command: what.to_string(),
             stderr: "refused by the test".into(),
         }
@@ -147,16 +147,8 @@ pub(crate) fn closed_port() -> SocketAddr {
 
 #[async_trait]
 impl Backend for FakeBackend {
-    fn host(&self) -> &str {
-        &self.host
-    }
-
-    fn shell(&self) -> &Arc<dyn Transport> {
-        &self.shell
-    }
-
-    fn run_root(&self) -> &str {
-        &self.run_root
+    fn home(&self) -> &Home {
+        &self.home
     }
 
     async fn facts(
@@ -197,7 +189,7 @@ impl Backend for FakeBackend {
             return Err(self.err("start"));
         }
         let mut r = record(
-            &self.host,
+            &self.home.host,
             planned.id.gpu_index().unwrap_or(0),
             planned.port,
             &planned.fingerprint,

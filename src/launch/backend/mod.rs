@@ -32,16 +32,23 @@ pub mod machine;
 /// keeps beside it; none prints. Errors name the host.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug {
-    /// The inventory host's name.
-    fn host(&self) -> &str;
+    /// Where fleet keeps this host's state.
+    fn home(&self) -> &Home;
 
-    /// The shell where fleet keeps this host's state (its run directory: records, logs, the
-    /// `up` lock, detached jobs) and runs its commands (`fleet exec`): the machine itself, or
-    /// a cluster's login node.
-    fn shell(&self) -> &Arc<dyn Transport>;
+    /// The inventory host's name.
+    fn host(&self) -> &str {
+        &self.home().host
+    }
+
+    /// The shell where fleet keeps this host's state and runs its commands.
+    fn shell(&self) -> &Arc<dyn Transport> {
+        &self.home().shell
+    }
 
     /// The run directory root on [`Backend::shell`].
-    fn run_root(&self) -> &str;
+    fn run_root(&self) -> &str {
+        &self.home().run_root
+    }
 
     /// What planning needs to know of the host, read as the profile's servers would run
     /// (`launcher` and its `env`): its `--help` when `preflight`, the SGLang version, where its
@@ -90,6 +97,18 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn link(&self) -> watch::Receiver<Link> {
         self.shell().link()
     }
+}
+
+/// Where fleet keeps a host's state, whatever its kind: the shell (the machine itself, or a
+/// cluster's login node) that holds its run directory (records, logs, the `up` lock, detached
+/// jobs) and runs its commands (`fleet exec`).
+#[derive(Debug, Clone)]
+pub struct Home {
+    /// The inventory host's name.
+    pub host: String,
+    pub shell: Arc<dyn Transport>,
+    /// The run directory root on `shell`.
+    pub run_root: String,
 }
 
 /// A recorded server and what became of it: the observed stage a survey gives.
@@ -156,12 +175,12 @@ pub async fn connect(
 ) -> Result<Arc<dyn Backend>, RemoteError> {
     match host {
         HostSpec::Machine(m) => {
-            let shell = crate::remote::connect(m, opts).await?;
-            Ok(Arc::new(machine::Machine::new(
-                m.clone(),
-                shell,
-                run_root.to_string(),
-            )))
+            let home = Home {
+                host: m.name.clone(),
+                shell: crate::remote::connect(m, opts).await?,
+                run_root: run_root.to_string(),
+            };
+            Ok(Arc::new(machine::Machine::new(m.clone(), home)))
         }
     }
 }

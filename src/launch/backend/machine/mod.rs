@@ -4,13 +4,12 @@
 //! signalling its group (never by name), SIGTERM then SIGKILL, until the port is closed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{Backend, Seen, StopState, Stopped};
+use super::{Backend, Home, Seen, StopState, Stopped};
 use crate::config::MachineSpec;
 use crate::gpu::{self, GpuError, GpuReading};
 use crate::launch::plan::{HostFacts, Instance};
@@ -27,25 +26,20 @@ const POLL: Duration = Duration::from_millis(100);
 /// How long after SIGKILL (or after the group is gone, for the port) before giving up.
 pub const AFTER_KILL: Duration = Duration::from_secs(5);
 
-/// A machine of the inventory, through its transport.
+/// A machine of the inventory, through its transport (the `home`'s shell).
 #[derive(Debug)]
 pub struct Machine {
     spec: MachineSpec,
-    shell: Arc<dyn Transport>,
-    run_root: String,
+    home: Home,
 }
 
 impl Machine {
-    pub fn new(spec: MachineSpec, shell: Arc<dyn Transport>, run_root: String) -> Machine {
-        Machine {
-            spec,
-            shell,
-            run_root,
-        }
+    pub fn new(spec: MachineSpec, home: Home) -> Machine {
+        Machine { spec, home }
     }
 
     fn t(&self) -> &dyn Transport {
-        self.shell.as_ref()
+        self.home.shell.as_ref()
     }
 
     async fn record_started(
@@ -157,16 +151,8 @@ fn seen(record: InstanceRecord, table: &ProcTable) -> Seen {
 
 #[async_trait]
 impl Backend for Machine {
-    fn host(&self) -> &str {
-        &self.spec.name
-    }
-
-    fn shell(&self) -> &Arc<dyn Transport> {
-        &self.shell
-    }
-
-    fn run_root(&self) -> &str {
-        &self.run_root
+    fn home(&self) -> &Home {
+        &self.home
     }
 
     async fn facts(
@@ -175,12 +161,12 @@ impl Backend for Machine {
         env: &BTreeMap<String, String>,
         preflight: bool,
     ) -> Result<HostFacts, FactsError> {
-        preflight::host_facts(&self.shell, &self.spec, launcher, env, preflight).await
+        preflight::host_facts(&self.home.shell, &self.spec, launcher, env, preflight).await
     }
 
     async fn survey(&self) -> Result<Vec<Seen>, StateError> {
         let (records, table) = tokio::try_join!(
-            state::read_records(self.t(), &self.run_root),
+            state::read_records(self.t(), &self.home.run_root),
             proc::proc_table(self.t())
         )?;
         Ok(records.into_iter().map(|r| seen(r, &table)).collect())
@@ -193,7 +179,7 @@ impl Backend for Machine {
     async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError> {
         state::prepare_run_dir(self.t(), &planned.files, planned.secrets.as_ref()).await?;
         let pid = self
-            .shell
+            .t()
             .spawn_detached(&Detached {
                 argv: planned.argv.clone(),
                 env: planned.env.clone(),
@@ -233,11 +219,11 @@ impl Backend for Machine {
     }
 
     async fn endpoint(&self, address: &str, port: u16) -> Result<Tunnel, RemoteError> {
-        self.shell.forward(address, port).await
+        self.t().forward(address, port).await
     }
 
     async fn gpus(&self) -> Result<Vec<GpuReading>, GpuError> {
-        gpu::read_host(self.shell.clone(), self.spec.is_local()).await
+        gpu::read_host(self.home.shell.clone(), self.spec.is_local()).await
     }
 }
 
