@@ -72,11 +72,6 @@ impl Registry {
             .filter(|s| s.liveness == Liveness::Running)
     }
 
-    /// The servers recorded on `host`.
-    pub fn on<'a>(&'a self, host: &'a str) -> impl Iterator<Item = &'a Seen> {
-        self.servers.iter().filter(move |s| s.record.host() == host)
-    }
-
     /// The server `id` serving on `port`.
     pub fn get(&self, id: &ServerId, port: u16) -> Option<&InstanceRecord> {
         self.servers
