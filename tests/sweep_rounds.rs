@@ -6,8 +6,6 @@
 mod common;
 mod sweep_common;
 
-use std::process::Stdio;
-
 use serde_json::Value;
 use sweep_common::{Fleet, row, serial, tok_per_gpu};
 
@@ -240,17 +238,10 @@ fn an_interrupted_multi_round_sweep_resumes_with_only_the_missing_candidates() {
         "--strategies",
         "no_buffer,extra_buffer,extra_buffer_lazy",
     ]);
-    let child = f
-        .command(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let sweep = f.spawn(&args);
     f.wait_trials(2);
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    let (code, err) = sweep.interrupt();
+    assert_eq!(code, Some(130), "{err}");
     assert!(f.records().is_empty(), "left running: {:?}", f.records());
     let before = f.file()["trials"].as_array().unwrap().clone();
     assert_eq!(before.len(), 2, "{before:#?}");

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{Assignment, Slot};
+use super::assign::Slot;
 use super::file::FileError;
 use super::load::Workload;
-use super::space::Candidate;
+use super::profiles::{ProfileError, Profiles};
 use super::trial::Timing;
 use crate::config::{HealthSettings, HostSpec, Profile};
 use crate::gpu;
@@ -25,9 +25,10 @@ use crate::sglang::client::{ClientError, http_client};
 
 /// Everything a sweep runs with.
 pub struct Setup<'a> {
-    /// Each candidate with its profile (the base plus the candidate's settings).
-    pub candidates: Vec<(Candidate, Profile)>,
-    pub assignment: &'a Assignment,
+    /// How each candidate becomes its profile (the base plus the candidate's settings).
+    pub profiles: Profiles,
+    /// Every GPU of the sweep, in inventory order.
+    pub slots: Vec<Slot>,
     pub hosts: &'a [(HostSpec, HostFacts)],
     pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
     pub run_root: &'a str,
@@ -54,6 +55,8 @@ pub enum SweepError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error("--apply: {0}")]
+    ApplyProfile(#[from] ProfileError),
+    #[error("--apply: {0}")]
     ApplyPlan(#[from] PlanError),
     #[error("--apply: {0}")]
     ApplyPreflight(#[from] PreflightFailure),
@@ -62,6 +65,7 @@ pub enum SweepError {
 /// A server the sweep started and has not stopped yet.
 #[derive(Debug)]
 pub struct Running {
+    /// The candidate's place among the search's proposals.
     pub candidate: usize,
     pub record: InstanceRecord,
 }
