@@ -14,7 +14,7 @@ use super::assign::Slot;
 use super::event::Event;
 use super::rank::{CacheUse, FirstWindow, Measured, Outcome, Pruned, Trial};
 use super::search::{Screen, Verdict};
-use super::servers::{Running, Setup, SweepError, facts_by_host, plan_on};
+use super::servers::{Running, Setup, SweepError, facts_by_host, plan_candidate};
 use super::space::Candidate;
 use super::trial::{self, Checkpoint, Ended, Group, Server, TrialFailure};
 use crate::launch::plan::Instance;
@@ -63,12 +63,12 @@ struct Held {
 }
 
 impl Held {
-    fn member(&self, c: usize) -> Option<&Member> {
-        self.members.iter().find(|m| m.index == c)
-    }
-
     fn slots_of(&self, c: usize) -> Vec<Slot> {
-        self.member(c).map(|m| m.slots.clone()).unwrap_or_default()
+        self.members
+            .iter()
+            .find(|m| m.index == c)
+            .map(|m| m.slots.clone())
+            .unwrap_or_default()
     }
 
     /// Hands candidate `c`'s GPUs and servers back to the sweep.
@@ -128,25 +128,20 @@ pub async fn run(
     let facts = facts_by_host(setup.hosts);
     let mut planned: Vec<(Member, Vec<Instance>)> = Vec::new();
     for m in members {
-        let checked = setup
-            .profiles
-            .of(&m.candidate)
-            .map_err(|e| e.to_string())
-            .and_then(|profile| {
-                plan_on(
-                    &profile,
-                    setup.hosts,
-                    &m.slots,
-                    setup.api_key.as_deref(),
-                    setup.run_root,
-                )
+        let checked = plan_candidate(
+            &setup.profiles,
+            &m.candidate,
+            setup.hosts,
+            &m.slots,
+            setup.api_key.as_deref(),
+            setup.run_root,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|i| {
+            preflight::preflight(&i, &facts)
+                .map(|()| i)
                 .map_err(|e| e.to_string())
-            })
-            .and_then(|i| {
-                preflight::preflight(&i, &facts)
-                    .map(|()| i)
-                    .map_err(|e| e.to_string())
-            });
+        });
         match checked {
             Ok(instances) => planned.push((m, instances)),
             Err(reason) => {

@@ -15,7 +15,7 @@ use super::rank::Trial;
 use super::report::{Plan, PlannedCandidate};
 use super::schedule;
 use super::search::{SearchSpec, Strategy, View};
-use super::servers::{facts_by_host, plan_on};
+use super::servers::{facts_by_host, plan_candidate};
 use super::space::{self, SpaceError};
 use crate::config::HostSpec;
 use crate::launch::plan::HostFacts;
@@ -114,16 +114,15 @@ pub fn dry_run(
     let mut candidates: Vec<PlannedCandidate> = Vec::new();
     for (round, members) in rounds.iter().enumerate() {
         for (candidate, gpus) in members {
-            let instances = profiles
-                .of(candidate)
-                .map_err(|e| e.to_string())
-                .and_then(|p| plan_on(&p, hosts, gpus, key, root).map_err(|e| e.to_string()));
-            let (argv, problem) = match &instances {
+            let (argv, problem) = match plan_candidate(profiles, candidate, hosts, gpus, key, root)
+            {
                 Ok(i) => (
                     i.first().map(|i| i.display_argv()).unwrap_or_default(),
-                    preflight::preflight(i, &facts).err().map(|e| e.to_string()),
+                    preflight::preflight(&i, &facts)
+                        .err()
+                        .map(|e| e.to_string()),
                 ),
-                Err(e) => (Vec::new(), Some(e.clone())),
+                Err(e) => (Vec::new(), Some(e.to_string())),
             };
             candidates.push(PlannedCandidate {
                 id: candidate.id.clone(),

@@ -12,6 +12,7 @@ use super::assign::Slot;
 use super::file::FileError;
 use super::load::Workload;
 use super::profiles::{ProfileError, Profiles};
+use super::space::Candidate;
 use super::trial::Timing;
 use crate::config::{HealthSettings, HostSpec, Profile};
 use crate::gpu;
@@ -76,6 +77,28 @@ pub fn host_gpus(hosts: &[(HostSpec, HostFacts)]) -> Vec<(String, Vec<u32>)> {
         .iter()
         .map(|(h, f)| (h.name.clone(), plan::host_gpus(h, f)))
         .collect()
+}
+
+/// Why a candidate cannot be planned on its GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum Unplanned {
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// The instances candidate `c` runs on exactly `slots`, from its profile.
+pub fn plan_candidate(
+    profiles: &Profiles,
+    c: &Candidate,
+    hosts: &[(HostSpec, HostFacts)],
+    slots: &[Slot],
+    api_key: Option<&str>,
+    run_root: &str,
+) -> Result<Vec<Instance>, Unplanned> {
+    let profile = profiles.of(c)?;
+    Ok(plan_on(&profile, hosts, slots, api_key, run_root)?)
 }
 
 /// The instances of `profile` on exactly `slots`.
