@@ -115,7 +115,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         return Ok(CommandOutcome::Ok);
     }
     let mut store = open_store(args, &planned)?;
-    let mut strategy = plan::strategy(&planned, store.trials());
+    let mut strategy = plan::strategy(&planned, store.search(), store.trials());
     let setup = Setup {
         profiles,
         slots: planned.assignment.slots.clone(),

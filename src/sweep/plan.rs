@@ -14,7 +14,7 @@ use super::prune;
 use super::rank::Trial;
 use super::report::{Plan, PlannedCandidate};
 use super::schedule;
-use super::search::{SearchSpec, Strategy, View};
+use super::search::{Model, SearchSpec, SearchState, Strategy, View};
 use super::servers::{facts_by_host, plan_candidate};
 use super::space::{self, SpaceError};
 use crate::config::HostSpec;
@@ -76,10 +76,11 @@ pub fn plan(request: Request, gpus: &[(String, Vec<u32>)]) -> Result<Planned, As
     })
 }
 
-/// The planned search's strategy, continuing from the `trials` on file (none for a fresh one).
-pub fn strategy(planned: &Planned, trials: &[Trial]) -> Box<dyn Strategy> {
-    match &planned.spec.search {
-        search @ SearchSpec::Grid { .. } => Box::new(Grid::new(
+/// The planned search's strategy, continuing from its `state` and `trials` on file (a fresh
+/// search: its spec's start, and none).
+pub fn strategy(planned: &Planned, state: &SearchState, trials: &[Trial]) -> Box<dyn Strategy> {
+    match (&planned.spec.search, &state.model) {
+        (search @ SearchSpec::Grid { .. }, Model::Grid) => Box::new(Grid::new(
             search.space(),
             planned.assignment.needs.clone(),
             trials,
@@ -98,7 +99,8 @@ pub fn dry_run(
     root: &str,
 ) -> Plan {
     let slots = &planned.assignment.slots;
-    let first = strategy(planned, &[]).propose(&View {
+    let fresh = planned.spec.search.start();
+    let first = strategy(planned, &fresh, &[]).propose(&View {
         trials: &[],
         proposed: &[],
         free: slots,
@@ -229,9 +231,11 @@ mod tests {
             cache: None,
         };
         let trials = [done];
-        let next = strategy(&planned, &trials).propose(&View {
+        let mut state = planned.spec.search.start();
+        state.propose(space.clone());
+        let next = strategy(&planned, &state, &trials).propose(&View {
             trials: &trials,
-            proposed: &space,
+            proposed: &state.proposed,
             free: &planned.assignment.slots,
             elapsed: Duration::from_secs(30),
         });

@@ -5,6 +5,8 @@
 //! given as first windows end, and freed GPUs go to the next candidates. Then the winner runs
 //! on every GPU (`--apply`) or everything the sweep started is stopped.
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -49,6 +51,26 @@ fn stop_job<'a>(
     .boxed()
 }
 
+/// How long the search has run: the time on file from its earlier runs, and this run's.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    before: Duration,
+    started: Instant,
+}
+
+impl Clock {
+    fn resume(search: &SearchState) -> Clock {
+        Clock {
+            before: Duration::try_from_secs_f64(search.elapsed_s).unwrap_or_default(),
+            started: Instant::now(),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.before + self.started.elapsed()
+    }
+}
+
 /// Records `next`'s candidates as proposed and queues them, each by its place among the
 /// proposals; returns its stop.
 fn enqueue(search: &mut SearchState, pool: &mut Pool<usize>, next: Next) -> Option<Stop> {
@@ -72,9 +94,7 @@ struct Sweep<'a, 's> {
     pool: Pool<usize>,
     /// Set once the strategy has said it proposes no more.
     done: Option<Stop>,
-    /// The search's time on file from earlier runs, and when this run started.
-    before_s: f64,
-    started: Instant,
+    clock: Clock,
     jobs: FuturesUnordered<BoxFuture<'a, Job>>,
     /// The last servers measured, kept while no candidate waits for their GPUs: `--apply`
     /// keeps the winner's.
@@ -88,10 +108,11 @@ impl Sweep<'_, '_> {
         self.abort.cancel();
     }
 
-    /// Writes `sweep.json` with the search's time so far.
+    /// Writes `sweep.json` with the strategy's model and the search's time so far.
     fn save(&mut self, trial: Option<Trial>) {
         let search = self.store.search_mut();
-        search.elapsed_s = self.before_s + self.started.elapsed().as_secs_f64();
+        search.model = self.strategy.model();
+        search.elapsed_s = self.clock.elapsed().as_secs_f64();
         let saved = match trial {
             Some(t) => self.store.record(t),
             None => self.store.save(),
@@ -110,7 +131,7 @@ impl Sweep<'_, '_> {
             trials: self.store.trials(),
             proposed: &self.store.search().proposed,
             free: self.pool.free_slots(),
-            elapsed: std::time::Duration::from_secs_f64(self.before_s) + self.started.elapsed(),
+            elapsed: self.clock.elapsed(),
         };
         let next = self.strategy.propose(&view);
         let grew = !next.run.is_empty();
@@ -192,8 +213,7 @@ pub async fn run(
         abort: &abort,
         pool: Pool::new(Vec::new(), setup.slots.clone()),
         done: None,
-        before_s: store.search().elapsed_s,
-        started: Instant::now(),
+        clock: Clock::resume(store.search()),
         store,
         strategy,
         jobs: FuturesUnordered::new(),
@@ -328,5 +348,20 @@ mod tests {
         pool.free([slot.clone()]);
         assert_eq!(pool.next_batch(), vec![(0, vec![slot])]);
         assert_eq!(pool.waiting(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_search_s_time_spans_its_runs() {
+        let mut search = SearchState::new(Model::Grid);
+        let first = Clock::resume(&search);
+        tokio::time::advance(Duration::from_secs(90)).await;
+        search.elapsed_s = first.elapsed().as_secs_f64();
+        // Interrupted, and resumed later: the time in between is not the search's.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let second = Clock::resume(&search);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(second.elapsed(), Duration::from_secs(120));
+        search.elapsed_s = f64::NAN;
+        assert_eq!(Clock::resume(&search).elapsed(), Duration::ZERO);
     }
 }
