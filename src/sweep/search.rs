@@ -113,7 +113,8 @@ pub struct Next {
     /// Queued in order; a candidate waiting for its GPUs holds back the ones after it.
     pub run: Vec<Proposal>,
     /// `Some`: these are the last; the search ends when they have run. `None`: ask again when
-    /// a GPU is free and nothing waits (an empty `run` then means "not yet").
+    /// a GPU is free and nothing waits. An empty `run` then means "not yet", which with
+    /// nothing running ends the search without a stop: propose or stop instead.
     pub stop: Option<Stop>,
 }
 
