@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{Assignment, Slot};
+use super::assign::Slot;
 use super::file::FileError;
 use super::load::Workload;
+use super::profiles::{ProfileError, Profiles};
 use super::space::Candidate;
 use super::trial::Timing;
 use crate::config::{HealthSettings, HostSpec, Profile};
@@ -27,9 +28,10 @@ use crate::sglang::client::{ClientError, http_client};
 
 /// Everything a sweep runs with.
 pub struct Setup<'a> {
-    /// Each candidate with its profile (the base plus the candidate's settings).
-    pub candidates: Vec<(Candidate, Profile)>,
-    pub assignment: &'a Assignment,
+    /// How each candidate becomes its profile (the base plus the candidate's settings).
+    pub profiles: Profiles,
+    /// Every GPU of the sweep, in inventory order.
+    pub slots: Vec<Slot>,
     pub hosts: &'a [(HostSpec, HostFacts)],
     /// Every host of the inventory, connected.
     pub fleet: &'a Fleet,
@@ -56,6 +58,8 @@ pub enum SweepError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error("--apply: {0}")]
+    ApplyProfile(#[from] ProfileError),
+    #[error("--apply: {0}")]
     ApplyPlan(#[from] PlanError),
     #[error("--apply: {0}")]
     ApplyPreflight(#[from] PreflightFailure),
@@ -64,6 +68,7 @@ pub enum SweepError {
 /// A server the sweep started and has not stopped yet.
 #[derive(Debug)]
 pub struct Running {
+    /// The candidate's place among the search's proposals.
     pub candidate: usize,
     pub record: InstanceRecord,
 }
@@ -74,6 +79,28 @@ pub fn host_gpus(hosts: &[(HostSpec, HostFacts)]) -> Vec<(String, Vec<u32>)> {
         .iter()
         .map(|(h, f)| (h.name().to_string(), plan::host_gpus(h, f)))
         .collect()
+}
+
+/// Why a candidate cannot be planned on its GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum Unplanned {
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// The instances candidate `c` runs on exactly `slots`, from its profile.
+pub fn plan_candidate(
+    profiles: &Profiles,
+    c: &Candidate,
+    hosts: &[(HostSpec, HostFacts)],
+    slots: &[Slot],
+    api_key: Option<&str>,
+    run_root: &str,
+) -> Result<Vec<Instance>, Unplanned> {
+    let profile = profiles.of(c)?;
+    Ok(plan_on(&profile, hosts, slots, api_key, run_root)?)
 }
 
 /// The instances of `profile` on exactly `slots`.
