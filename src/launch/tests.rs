@@ -85,6 +85,13 @@ fn tail_of(port: u16) -> Option<String> {
     Some(format!("the end of /tmp/fleet/{port}/server.log\n"))
 }
 
+/// Servers on GPUs `0..n` of host `h`, ports from 30000, of the config `fingerprint`.
+fn plan_on_h(n: u32, fingerprint: &str) -> Vec<plan::Instance> {
+    (0..n)
+        .map(|g| planned("h", g, 30000 + g as u16, fingerprint))
+        .collect()
+}
+
 fn calls(b: &FakeBackend) -> Vec<String> {
     let mut calls = b.table().calls.clone();
     calls.sort();
@@ -96,7 +103,7 @@ async fn up_starts_each_planned_server_through_its_backend_and_reads_its_capacit
     let dir = tempfile::tempdir().unwrap();
     let h = fake("h", &dir, ready_server(72).await);
     let fleet = fleet_of(&[&h]);
-    let plan = [planned("h", 0, 30000, "aaa"), planned("h", 1, 30001, "aaa")];
+    let plan = plan_on_h(2, "aaa");
     let (result, events) = run_up(&fleet, &plan, &options(false), &CancellationToken::new()).await;
     let outcomes = result.unwrap();
     assert_eq!(calls(&h), ["start :30000", "start :30001"]);
@@ -124,11 +131,7 @@ async fn another_config_or_a_foreign_port_starts_nothing_anywhere() {
     h.running(record("h", 0, 30000, "old"));
     h.table().foreign.insert(30001);
     let fleet = fleet_of(&[&h]);
-    let plan = [
-        planned("h", 0, 30000, "new"),
-        planned("h", 1, 30001, "new"),
-        planned("h", 2, 30002, "new"),
-    ];
+    let plan = plan_on_h(3, "new");
     let (result, _) = run_up(&fleet, &plan, &options(false), &CancellationToken::new()).await;
     let Err(UpError::Conflicts(conflicts)) = result else {
         panic!("expected conflicts, got {result:?}");
@@ -152,7 +155,7 @@ async fn replace_stops_the_old_server_before_it_starts_the_new_one() {
     let h = fake("h", &dir, ready_server(8).await);
     h.running(record("h", 0, 30000, "old"));
     let fleet = fleet_of(&[&h]);
-    let plan = [planned("h", 0, 30000, "new")];
+    let plan = plan_on_h(1, "new");
     let (result, _) = run_up(&fleet, &plan, &options(true), &CancellationToken::new()).await;
     assert_eq!(result.unwrap()[0].state, UpState::Ready);
     assert_eq!(h.table().calls, ["stop :30000", "start :30000"]);
@@ -172,11 +175,7 @@ async fn a_server_that_cannot_start_or_dies_fails_alone_with_its_reason_and_log(
     h.table().refuse.insert(30001);
     h.table().dies.insert(30002);
     let fleet = fleet_of(&[&h]);
-    let plan = [
-        planned("h", 0, 30000, "a"),
-        planned("h", 1, 30001, "a"),
-        planned("h", 2, 30002, "a"),
-    ];
+    let plan = plan_on_h(3, "a");
     let (result, _) = run_up(&fleet, &plan, &options(false), &CancellationToken::new()).await;
     let o = result.unwrap();
     let states: Vec<UpState> = o.iter().map(|o| o.state).collect();
@@ -203,7 +202,7 @@ async fn an_interrupted_up_stops_what_it_started_and_only_that() {
     let h = fake("h", &dir, closed_port());
     h.running(record("h", 1, 30001, "a"));
     let fleet = fleet_of(&[&h]);
-    let plan = [planned("h", 0, 30000, "a"), planned("h", 1, 30001, "a")];
+    let plan = plan_on_h(2, "a");
     let cancel = CancellationToken::new();
     let http = reqwest::Client::new();
     let (events, mut received) = mpsc::unbounded_channel();

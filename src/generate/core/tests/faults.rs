@@ -513,8 +513,8 @@ fn a_request_failing_on_a_failing_host_prefers_another_host() {
     h.lines(1, 2);
     let (id, first) = h.sends[0];
     assert_eq!(first, 0);
-    // pve1:gpu0 refused: it is out, and its host is failing; pve1:gpu1 has more room than pve2:gpu0 would after
-    // one more, but the retry goes to the other host.
+    // pve1:gpu0 refused: it is out, and its host is failing; pve1:gpu1 has more room than
+    // pve2:gpu0 would after one more, but the retry goes to the other host.
     h.err(id, refused());
     assert_eq!(h.sends.last().unwrap().1, 2);
 }
