@@ -6,10 +6,8 @@
 mod common;
 mod sweep_common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::watch::Watch;
 use serde_json::Value;
 use sweep_common::{Fleet, SHORT_TRIALS, row, serial, short, tok_per_gpu};
 
@@ -274,20 +272,12 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
         "--write-profile",
         "winner.yaml",
     ]);
-    let mut child = f
-        .command(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let watch = Watch::stderr(&mut child);
+    let mut sweep = f.spawn(&args);
     f.wait_trials(1);
     // Mid-sweep: the second candidate is being measured.
-    watch.wait_for("measuring ", 2, Duration::from_secs(60));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait().unwrap();
-    let err = watch.finish();
-    assert_eq!(status.code(), Some(130), "{err}");
+    sweep.wait_for_line("measuring extra_buffer_lazy");
+    let (code, err) = sweep.interrupt();
+    assert_eq!(code, Some(130), "{err}");
     assert!(err.contains("--resume"), "{err}");
     assert!(
         !f.path().join("winner.yaml").exists(),

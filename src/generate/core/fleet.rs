@@ -9,13 +9,13 @@ use super::{Action, Core, CoreConfig, DownReason, HostLoss, ProbeKind, ProbeResu
 use crate::generate::concurrency::{Capacity, Controller, Gauges};
 use crate::generate::progress::RateWindow;
 use crate::generate::{Event, InstanceInfo};
+use crate::server::ServerId;
 use crate::sglang::client::{ClientError, ServerInfo};
 use crate::sglang::metrics::Metrics;
 
 pub(super) struct Inst {
-    pub name: String,
+    pub id: ServerId,
     pub url: String,
-    pub host: Option<String>,
     /// Its host's number among the run's hosts, as the placement sees it.
     pub host_key: Option<usize>,
     pub version: Option<String>,
@@ -55,9 +55,8 @@ impl Inst {
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
         let mut inst = Inst {
-            name: s.name,
+            id: s.id,
             url: s.url,
-            host: s.host,
             host_key,
             version: None,
             up: false,
@@ -110,7 +109,7 @@ impl Inst {
 
     pub fn info(&self) -> InstanceInfo {
         InstanceInfo {
-            name: self.name.clone(),
+            name: self.id.clone(),
             url: self.url.clone(),
             version: self.version.clone(),
             server_cap: self.cap,
@@ -188,7 +187,7 @@ impl Core {
                 let cfg = &self.cfg;
                 inst.revive(&info, cfg, request_tokens);
                 out.push(Action::Event(Event::InstanceUp {
-                    name: inst.name.clone(),
+                    name: inst.id.clone(),
                     server_cap: inst.cap,
                 }));
                 if self.paused_since.take().is_some() {
@@ -230,7 +229,7 @@ impl Core {
         inst.up = false;
         inst.failures = 0;
         out.push(Action::Event(Event::InstanceDown {
-            name: inst.name.clone(),
+            name: inst.id.clone(),
             reason: reason.clone(),
         }));
         self.placement.observe(Outcome::ServerOut(i));
@@ -239,7 +238,7 @@ impl Core {
             self.paused_since = Some(now);
             out.push(Action::Event(Event::Paused {
                 stall_timeout: self.cfg.stall_timeout,
-                instance: self.insts[i].name.clone(),
+                instance: self.insts[i].id.clone(),
                 reason,
             }));
         }
@@ -259,7 +258,7 @@ impl Core {
             reason: loss.clone(),
         }));
         for i in 0..self.insts.len() {
-            if self.insts[i].host.as_deref() == Some(host) {
+            if self.insts[i].id.host() == Some(host) {
                 let reason = DownReason::HostLost {
                     host: host.to_string(),
                     loss: loss.clone(),
@@ -275,7 +274,7 @@ impl Core {
             host: host.to_string(),
         }));
         for (i, inst) in self.insts.iter_mut().enumerate() {
-            if inst.host.as_deref() == Some(host) && !inst.up && !inst.probing {
+            if inst.id.host() == Some(host) && !inst.up && !inst.probing {
                 inst.probing = true;
                 out.push(Action::Probe {
                     inst: i,

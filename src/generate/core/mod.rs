@@ -35,6 +35,7 @@ use super::upload::UploadEvent;
 use super::watchdog::{Cause, Finding};
 use super::{Event, GenerateConfig, InstanceInfo, Timing};
 use crate::config::Expected;
+use crate::server::ServerId;
 use crate::sglang::client::{Api, ClientError, Completion, CompletionRequest, ServerInfo};
 use crate::sglang::metrics::Metrics;
 
@@ -93,12 +94,11 @@ impl CoreConfig {
 }
 
 /// A server as the shell found it before the run: its `/server_info`, or why it did not answer.
+/// Its id names its inventory host, which a lost connection takes out as a whole.
 #[derive(Debug)]
 pub struct Server {
-    pub name: String,
+    pub id: ServerId,
     pub url: String,
-    /// The inventory host it runs on (`None` for a server given by URL).
-    pub host: Option<String>,
     pub info: Result<ServerInfo, ClientError>,
 }
 
@@ -312,9 +312,9 @@ impl Core {
         let insts = servers
             .into_iter()
             .map(|s| {
-                let host = s.host.as_ref().map(|h| {
+                let host = s.id.host().map(|h| {
                     hosts.iter().position(|k| k == h).unwrap_or_else(|| {
-                        hosts.push(h.clone());
+                        hosts.push(h.to_string());
                         hosts.len() - 1
                     })
                 });
