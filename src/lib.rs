@@ -22,4 +22,5 @@ pub mod report;
 pub mod sglang;
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub mod sim;
+pub mod slurm;
 pub mod sweep;

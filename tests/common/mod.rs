@@ -5,6 +5,7 @@
 //! test makes. Here: a temporary HOME with `~/.ssh/config`, keys and known_hosts for the `fleet`
 //! binary, keys, ports and ssh-agent. Use it with `mod common;`. [`local_fleet`] runs the binary
 //! on a local simulated fleet, [`generate`] serves SGLang stand-ins and reads `generate` output.
+//! [`slurm`]: a real Slurm cluster (slurmctld and several slurmd on this machine, fake GPUs).
 #![allow(dead_code)] // each test crate uses a different part of it
 
 #[path = "../generate_common/mod.rs"]
@@ -12,6 +13,7 @@ pub mod generate;
 pub mod local_fleet;
 pub mod netns;
 pub mod real;
+pub mod slurm;
 pub mod sshd;
 pub mod world;
 
