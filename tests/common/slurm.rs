@@ -63,6 +63,8 @@ pub struct SlurmNode {
 
 pub struct SlurmCluster {
     pub dir: TempDir,
+    /// slurmctld's port on 127.0.0.1.
+    pub ctl_port: u16,
     /// SLURM_CONF: `slurm.conf`, with `gres.conf` (and `cgroup.conf`) beside it.
     pub conf: PathBuf,
     pub nodes: Vec<SlurmNode>,
@@ -143,6 +145,7 @@ impl SlurmCluster {
 
         let t0 = Instant::now();
         let mut cluster = SlurmCluster {
+            ctl_port: ports.base,
             conf,
             nodes,
             proctrack: opts.proctrack,
@@ -360,8 +363,19 @@ impl SlurmCluster {
         }
     }
 
+    /// How many requests of type `rpc` (e.g. `REQUEST_JOB_STEP_CREATE`) slurmctld has
+    /// answered, from `sdiag`: how a test knows that slurmctld has seen a request.
+    pub fn rpc_count(&self, rpc: &str) -> u64 {
+        self.run(&["sdiag"])
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(rpc))
+            .and_then(|l| l.split_once("count:"))
+            .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Polls `ready` every 20 ms until it holds; panics with the cluster's logs after `limit`.
-    pub fn wait_for(&self, what: &str, limit: Duration, ready: impl Fn(&Self) -> bool) {
+    pub fn wait_for(&self, what: &str, limit: Duration, mut ready: impl FnMut(&Self) -> bool) {
         let deadline = Instant::now() + limit;
         while !ready(self) {
             assert!(
@@ -580,6 +594,12 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// The program's file name (slurmstepd runs tasks by their full path).
+    pub fn program(&self) -> &str {
+        let first = self.cmdline.first().map_or("", String::as_str);
+        first.rsplit('/').next().unwrap_or(first)
+    }
+
     fn holds(&self, path: &Path) -> bool {
         self.files.iter().any(|f| f == path)
     }
