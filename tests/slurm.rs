@@ -30,27 +30,33 @@ fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// An allocation named `name` of the test partition, for ten minutes.
+fn request(cluster: &SlurmCluster, name: &str, shape: Shape) -> AllocationRequest {
+    AllocationRequest {
+        name: name.into(),
+        partition: Some(common::slurm::PARTITION.into()),
+        shape,
+        cpus_per_task: None,
+        time: SlurmTime::Limited(Duration::from_secs(600)),
+        output: cluster
+            .dir
+            .path()
+            .join("alloc-%j.out")
+            .display()
+            .to_string(),
+        extra: vec![],
+    }
+}
+
 /// An allocation of `tasks_per_node` tasks and GPUs on each of `nodes` nodes, running.
 async fn allocation(cluster: &SlurmCluster, nodes: u32, tasks_per_node: u32) -> JobId {
     let slurm = cluster.layer();
+    let shape = Shape::PerNode {
+        nodes,
+        servers_per_node: tasks_per_node,
+    };
     let job = slurm
-        .submit(&AllocationRequest {
-            name: "fleet-facts".into(),
-            partition: Some(common::slurm::PARTITION.into()),
-            shape: Shape::PerNode {
-                nodes,
-                servers_per_node: tasks_per_node,
-            },
-            cpus_per_task: None,
-            time: SlurmTime::Limited(Duration::from_secs(600)),
-            output: cluster
-                .dir
-                .path()
-                .join("alloc-%j.out")
-                .display()
-                .to_string(),
-            extra: vec![],
-        })
+        .submit(&request(cluster, "fleet-facts", shape))
         .await
         .expect("sbatch");
     let poll = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
@@ -107,6 +113,22 @@ async fn the_cluster_comes_up_with_its_gpus_and_leaves_nothing_behind() {
             .map(|n| (n.name.clone(), n.addr.clone(), Some("gpu:8".to_string())))
             .collect();
         assert_eq!(seen, expected);
+        assert_eq!(slurm.job(JobId(999)).await.unwrap(), None, "an unknown job");
+        let refused = slurm
+            .submit(&AllocationRequest {
+                partition: Some("nope".into()),
+                ..request(&cluster, "fleet-refused", Shape::Spread { servers: 1 })
+            })
+            .await
+            .unwrap_err();
+        let shown = refused.to_string();
+        assert!(
+            shown.starts_with("slurm: `sbatch --parsable ")
+                && shown.contains("--partition=nope")
+                && shown.contains("Invalid partition name specified")
+                && shown.contains("hint: check the Slurm host's `partition:`"),
+            "{shown}"
+        );
         let names = cluster.node_names();
         let job = allocation(&cluster, 2, 1).await;
         // A task of the job, left running for the teardown to end.
@@ -416,21 +438,11 @@ async fn sixteen_sim_servers_as_steps_on_two_nodes() {
         cluster.run(&["squeue", "--noheader", "--format=%T"]).trim() == "RUNNING"
     });
     let name = "fleet-sixteen";
-    let job = slurm
-        .submit(&AllocationRequest {
-            name: name.into(),
-            partition: Some(common::slurm::PARTITION.into()),
-            shape: Shape::PerNode {
-                nodes: 2,
-                servers_per_node: 8,
-            },
-            cpus_per_task: None,
-            time: SlurmTime::Limited(Duration::from_secs(600)),
-            output: dir.join("alloc-%j.out").display().to_string(),
-            extra: vec![],
-        })
-        .await
-        .unwrap();
+    let shape = Shape::PerNode {
+        nodes: 2,
+        servers_per_node: 8,
+    };
+    let job = slurm.submit(&request(&cluster, name, shape)).await.unwrap();
     let mut reasons = BTreeSet::new();
     for _ in 0..4500 {
         let s = slurm.job(job).await.unwrap().expect("the job");
@@ -486,6 +498,20 @@ async fn sixteen_sim_servers_as_steps_on_two_nodes() {
     assert_eq!(running.node_count, 2);
     let nodes = slurm.nodes(&running.nodes).await.unwrap();
     assert_eq!(nodes.len(), 2);
+    assert_eq!(
+        slurm.hostnames(&running.nodes).await.unwrap(),
+        cluster.node_names()
+    );
+    let record = slurm.job_record(job).await.unwrap();
+    assert_eq!((record.name.as_str(), record.tasks), (name, 16));
+    assert_eq!(
+        record.batch_host.as_deref(),
+        Some(cluster.nodes[0].name.as_str())
+    );
+    assert_eq!(
+        record.allocated,
+        [(running.nodes.clone(), "gpu:8(IDX:0-7)".to_string())]
+    );
 
     // Eight servers per node on the same eight ports, each bound to its node's NodeAddr.
     let ports = common::reserve_ports(8);

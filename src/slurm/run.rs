@@ -14,6 +14,9 @@ use super::state::{JobId, StepId};
 use crate::backoff::Backoff;
 use crate::remote::{Detached, Transport, mask, quote_argv};
 
+/// What squeue and scontrol say of a job id they do not know (any more).
+const GONE: &str = "Invalid job id specified";
+
 /// Slurm's client commands on one host, with the environment they need there (`SLURM_CONF`
 /// for a cluster whose configuration is not in `/etc/slurm`).
 #[derive(Debug, Clone)]
@@ -57,7 +60,7 @@ impl Slurm {
     pub async fn job(&self, job: JobId) -> Result<Option<JobStatus>, SlurmError> {
         let argv = argv::squeue_job(job);
         let out = match self.output(&argv, &[]).await {
-            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => {
+            Err(SlurmError::Failed { stderr, .. }) if stderr.contains(GONE) => {
                 return Ok(None);
             }
             other => other?,
@@ -77,7 +80,7 @@ impl Slurm {
     pub async fn job_record(&self, job: JobId) -> Result<JobRecord, SlurmError> {
         let argv = argv::scontrol_job(job);
         let out = match self.output(&argv, &[]).await {
-            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => {
+            Err(SlurmError::Failed { stderr, .. }) if stderr.contains(GONE) => {
                 return Err(SlurmError::UnknownJob {
                     host: self.host().to_string(),
                     job,
@@ -107,7 +110,7 @@ impl Slurm {
     pub async fn steps(&self, job: JobId) -> Result<Vec<StepStatus>, SlurmError> {
         let argv = argv::squeue_steps(job);
         let out = match self.output(&argv, &[]).await {
-            Err(SlurmError::Failed { stderr, .. }) if stderr.contains("Invalid job id") => {
+            Err(SlurmError::Failed { stderr, .. }) if stderr.contains(GONE) => {
                 return Ok(Vec::new());
             }
             other => other?,
@@ -340,22 +343,17 @@ mod tests {
 
     #[test]
     fn hints_for_what_slurm_says() {
-        let partition = "sbatch: error: invalid partition specified: nope\nsbatch: error: \
-                         Batch job submission failed: Invalid partition name specified";
-        assert!(hint(Some(1), partition).unwrap().contains("partition:"));
-        assert!(
-            hint(
-                Some(1),
-                "srun: error: Unable to confirm allocation for job 1: Job is pending execution"
-            )
-            .unwrap()
-            .contains("RUNNING")
-        );
-        assert!(
-            hint(Some(127), "bash: sbatch: command not found")
-                .unwrap()
-                .contains("PATH")
-        );
+        let fixture = |name: &str| {
+            let path = format!("{}/tests/fixtures/slurm/{name}", env!("CARGO_MANIFEST_DIR"));
+            std::fs::read_to_string(path).unwrap()
+        };
+        let partition = fixture("sbatch_invalid_partition.stderr");
+        assert!(hint(Some(1), &partition).unwrap().contains("`partition:`"));
+        let pending = fixture("srun_pending.stderr");
+        assert!(hint(Some(1), &pending).unwrap().contains("RUNNING"));
+        assert!(fixture("squeue_invalid_job.stderr").contains(GONE));
+        let missing = hint(Some(127), "bash: line 1: sbatch: command not found").unwrap();
+        assert!(missing.contains("PATH"));
         assert_eq!(hint(Some(1), "something new"), None);
     }
 }

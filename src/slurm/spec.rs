@@ -144,12 +144,13 @@ const RESERVED: &[(&str, Option<char>, &str)] = &[
     ("test-only", None, "fleet submits a real allocation"),
 ];
 
-/// Splits `sbatch_args` into `--cpus-per-task` (which steps need too) and the options passed
-/// through, reporting each item that fleet sets itself or that is no option. `Err` holds the
-/// index and problem of every bad item.
-pub fn sbatch_args(
-    args: &[String],
-) -> Result<(Option<u32>, Vec<String>), Vec<(usize, SpecProblem)>> {
+/// `sbatch_args` read: `--cpus-per-task` (which steps need too) and the options passed through.
+pub type SbatchArgs = (Option<u32>, Vec<String>);
+
+/// Splits `sbatch_args` into `--cpus-per-task` and the options passed through, reporting each
+/// item that fleet sets itself or that is no option. `Err` holds the index and problem of
+/// every bad item.
+pub fn sbatch_args(args: &[String]) -> Result<SbatchArgs, Vec<(usize, SpecProblem)>> {
     let mut problems = Vec::new();
     let mut kept = Vec::new();
     let mut cpus = None;
