@@ -131,16 +131,33 @@ async fn the_cluster_comes_up_with_its_gpus_and_leaves_nothing_behind() {
         );
         let names = cluster.node_names();
         let job = allocation(&cluster, 2, 1).await;
-        // A task of the job, left running for the teardown to end.
-        let log = cluster.dir.path().join("sleeper.log");
-        let mut sleeper = srun(
-            &cluster,
-            &[&format!("--jobid={job}"), "--exact", "-n1", "sleep", "300"],
-            &log,
+        let jobid = format!("--jobid={job}");
+        let task = |secs: &str| {
+            cluster
+                .job_processes()
+                .into_iter()
+                .find(|p| {
+                    p.program() == "sleep" && p.cmdline.last().map(String::as_str) == Some(secs)
+                })
+                .map(|p| p.pid)
+        };
+        // srun is its step's lifeline: when the client dies, Slurm ends the step.
+        let log = cluster.dir.path().join("lifeline.log");
+        let mut lifeline = srun(&cluster, &[&jobid, "--exact", "-n1", "sleep", "300"], &log);
+        wait_until("the step's task", LONG, || task("300").is_some());
+        let pid = task("300").unwrap();
+        lifeline.kill().unwrap();
+        lifeline.wait().unwrap();
+        let t0 = Instant::now();
+        wait_until("the step to end with its srun", LONG, || !alive(pid));
+        eprintln!(
+            "{proctrack:?}: step ended {:?} after its srun was killed",
+            t0.elapsed()
         );
-        wait_until("a task of the job", LONG, || {
-            !cluster.job_processes().is_empty()
-        });
+        // A task left running for the teardown to end.
+        let log = cluster.dir.path().join("sleeper.log");
+        let mut sleeper = srun(&cluster, &[&jobid, "--exact", "-n1", "sleep", "301"], &log);
+        wait_until("a task of the job", LONG, || task("301").is_some());
         cluster.stop();
         let _ = sleeper.wait();
         let left: Vec<_> = common::slurm::scan()
@@ -255,6 +272,73 @@ async fn overlapping_steps_share_the_first_gpu_and_a_whole_allocation_step_block
         said.contains("step creation temporarily disabled, retrying (Requested nodes are busy)"),
         "{said}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spread_allocation_gives_each_step_its_own_gpu() {
+    let cluster = SlurmCluster::start(Options::default());
+    let slurm = cluster.layer();
+    let job = slurm
+        .submit(&request(
+            &cluster,
+            "fleet-spread",
+            Shape::Spread { servers: 16 },
+        ))
+        .await
+        .unwrap();
+    let poll = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
+    let cancel = CancellationToken::new();
+    let running = tokio::time::timeout(LONG, slurm.wait_running(job, poll, &cancel, |_| {}))
+        .await
+        .expect("running in time")
+        .unwrap();
+    // Eight GPUs a node: Slurm put eight tasks on each.
+    let record = slurm.job_record(job).await.unwrap();
+    assert_eq!(
+        record.allocated,
+        [(running.nodes.clone(), "gpu:8(IDX:0-7)".to_string())]
+    );
+    let d = cluster.dir.path().join("spread");
+    std::fs::create_dir_all(&d).unwrap();
+    let ds = d.display().to_string();
+    let jobid = format!("--jobid={job}");
+    let mut sruns = Vec::new();
+    for node in slurm.hostnames(&running.nodes).await.unwrap() {
+        let nd = d.join(&node);
+        std::fs::create_dir_all(&nd).unwrap();
+        for k in 0..8 {
+            let nodelist = format!("--nodelist={node}");
+            let dir = format!("{ds}/{node}");
+            let args = [
+                jobid.as_str(),
+                "--exact",
+                "-N1",
+                "-n1",
+                "--gres=gpu:1",
+                &nodelist,
+                "sh",
+                "-c",
+                REPORT_AND_WAIT,
+                &dir,
+            ];
+            sruns.push(srun(&cluster, &args, &nd.join(format!("srun-{k}.log"))));
+        }
+        let gpus = || -> BTreeSet<String> {
+            std::fs::read_dir(&nd)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("cvd."))
+                .map(|e| read(e.path()).trim().to_string())
+                .collect()
+        };
+        wait_until("eight steps on the node", LONG, || gpus().len() == 8);
+        let all: BTreeSet<String> = (0..8).map(|g| g.to_string()).collect();
+        assert_eq!(gpus(), all, "{node}");
+        std::fs::write(nd.join("go"), "").unwrap();
+    }
+    for mut s in sruns {
+        assert!(s.wait().unwrap().success());
+    }
 }
 
 /// A step whose program starts a process that leaves it (`setsid`, `nohup ... &`) and exits.
@@ -639,9 +723,7 @@ async fn sixteen_sim_servers_as_steps_on_two_nodes() {
         assert!(t0.elapsed() < LONG, "squeue still lists {left:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ended = slurm.job(job).await.unwrap();
-    assert!(
-        ended.as_ref().is_none_or(|s| s.state.is_over()),
-        "{ended:?}"
-    );
+    // squeue --states=all still shows it, for MinJobAge (300 s).
+    let ended = slurm.job(job).await.unwrap().expect("the ended job");
+    assert_eq!(ended.state, JobState::Cancelled);
 }
