@@ -14,6 +14,7 @@ use criterion::{BatchSize, Criterion, Throughput};
 use fleet::generate::input::Id;
 use fleet::generate::journal::{self, CompletionRecord, Entry, Journal, SyncPolicy};
 use fleet::generate::progress::{self, InstanceProgress, Progress, RateWindow, Status};
+use fleet::server::ServerId;
 use fleet::sglang::client::{Api, CompletionRequest, Prompt, parse_completion};
 use serde_json::json;
 
@@ -98,6 +99,7 @@ fn journal_append(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let ids: Vec<Id> = (0..JOURNAL_LINES as u64).map(Id::line).collect();
     let mut g = c.benchmark_group("journal");
     g.throughput(Throughput::Elements(JOURNAL_LINES as u64));
+    let server = ServerId::gpu("ct200", 3);
     g.bench_function("append_1000_completions", |b| {
         b.to_async(rt).iter_batched(
             || tempfile::tempdir().unwrap(),
@@ -111,7 +113,7 @@ fn journal_append(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                         prompt_tokens: 96,
                         completion_tokens: 988,
                         finish_reason: Some("length"),
-                        instance: "ct200-gpu3",
+                        instance: &server,
                         latency_s: 41.207,
                     })))
                     .unwrap();
@@ -162,7 +164,7 @@ fn progress_snapshot(c: &mut Criterion) {
                 .map(|(i, w)| {
                     let (rate, tok) = w.rates();
                     InstanceProgress {
-                        name: format!("ct200-gpu{i}"),
+                        name: ServerId::gpu("ct200", i as u32),
                         url: format!("http://127.0.0.1:{}", 30_000 + i),
                         healthy: true,
                         in_flight: 71,

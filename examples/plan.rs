@@ -36,7 +36,10 @@ fn main() -> anyhow::Result<()> {
                 let facts = HostFacts {
                     help: Some(HelpSpec::parse(help)),
                     version: Some(version.to_string()),
-                    address: h.address.clone().unwrap_or_else(|| "127.0.0.1".into()),
+                    address: h
+                        .machine()
+                        .and_then(|m| m.address.clone())
+                        .unwrap_or_else(|| "127.0.0.1".into()),
                     gpus_present: (0..8).collect(),
                 };
                 (h.clone(), facts)
@@ -45,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         let instances = plan::plan(&profile, &hosts, None, None, plan::DEFAULT_RUN_ROOT)?;
         let versions: BTreeMap<_, _> = hosts
             .iter()
-            .map(|(h, f)| (h.name.clone(), f.version.clone()))
+            .map(|(h, f)| (h.name().to_string(), f.version.clone()))
             .collect();
         println!(
             "== SGLang {version}: the mamba strategy flag is rendered as the host's --help names it"
@@ -57,7 +60,10 @@ fn main() -> anyhow::Result<()> {
         let mut lazy = profile.clone();
         lazy.server.mamba_strategy = Some(MambaStrategy::ExtraBufferLazy);
         let instances = plan::plan(&lazy, &hosts, None, None, plan::DEFAULT_RUN_ROOT)?;
-        let facts: BTreeMap<_, _> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
+        let facts: BTreeMap<_, _> = hosts
+            .into_iter()
+            .map(|(h, f)| (h.name().to_string(), f))
+            .collect();
         match preflight::preflight(&instances, &facts) {
             Ok(()) => println!("preflight of mamba_strategy: extra_buffer_lazy: ok\n"),
             Err(e) => println!("preflight of mamba_strategy: extra_buffer_lazy:\n{e}\n"),

@@ -200,8 +200,8 @@ mod tests {
         let inv =
             crate::config::inventory_from_str(&inventory_yaml(), &dir.join("fleet.yaml")).unwrap();
         assert_eq!(
-            inv.hosts[0].gpus,
-            crate::config::GpuSelection::List((0..GPUS).collect())
+            inv.hosts[0].machine().map(|m| &m.gpus),
+            Some(&crate::config::GpuSelection::List((0..GPUS).collect()))
         );
     }
 
@@ -209,9 +209,13 @@ mod tests {
     fn sweep_results_scale_back_to_real_time() {
         use crate::sweep::file::{FORMAT, SweepSpec};
         use crate::sweep::rank::{Measured, Trial};
-        use crate::sweep::space::{axes, candidates};
+        use crate::sweep::search::SearchSpec;
+        use crate::sweep::space::axes;
         let strategies = ["extra_buffer", "no_buffer", "extra_buffer_lazy"].map(String::from);
-        let candidates = candidates(&axes(&strategies, &[]).unwrap());
+        let search = SearchSpec::Grid {
+            axes: axes(&strategies, &[]).unwrap(),
+        };
+        let candidates = search.space();
         let measured = |tok: f64, cap: u32| {
             Outcome::Ok(Measured {
                 gpus: 4,
@@ -245,7 +249,7 @@ mod tests {
             format: FORMAT,
             spec: SweepSpec {
                 profile: "seed".into(),
-                candidates: candidates.clone(),
+                search: search.clone(),
                 mode: crate::sweep::assign::Mode::Parallel,
                 workload: crate::sweep::load::WorkloadSpec::Synthetic {
                     input_len: 1,
@@ -255,6 +259,7 @@ mod tests {
                 duration_s: 1.0,
                 first_window_s: None,
             },
+            search: search.start(),
             trials: candidates
                 .into_iter()
                 .zip(outcomes)

@@ -19,6 +19,7 @@ pub mod jobs;
 pub mod launch;
 pub mod remote;
 pub mod report;
+pub mod server;
 pub mod sglang;
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub mod sim;

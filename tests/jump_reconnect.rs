@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::Sshd;
 use common::netns::Hops;
-use fleet::config::{GpuSelection, HostSpec, parse_ssh_target};
+use fleet::config::{GpuSelection, MachineSpec, parse_ssh_target};
 use fleet::remote::{self, ConnectOptions, Detached, Link};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -34,7 +34,7 @@ async fn a_lost_jump_host_connection_rebuilds_the_chain_and_the_forward_keeps_it
     let home = hops.home("pve");
     // SAFETY: the only test of this binary, before it starts any thread of its own.
     unsafe { std::env::set_var("HOME", home.path()) };
-    let spec = HostSpec {
+    let spec = MachineSpec {
         name: "ct200".into(),
         ssh: Some(parse_ssh_target("pve").unwrap()),
         container: Some(200),

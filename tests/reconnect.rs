@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Sshd, keygen};
-use fleet::config::HostSpec;
+use fleet::config::MachineSpec;
 use fleet::remote::{self, ConnectOptions, Link, LinkLoss, RemoteError, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -20,7 +20,7 @@ fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|s| s.to_string()).collect()
 }
 
-async fn connect(spec: &HostSpec, opts: &ConnectOptions) -> Arc<dyn Transport> {
+async fn connect(spec: &MachineSpec, opts: &ConnectOptions) -> Arc<dyn Transport> {
     match remote::connect(spec, opts).await {
         Ok(t) => t,
         Err(e) => panic!("connect {}: {e}", spec.name),

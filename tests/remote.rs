@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Sshd, keygen, unique};
-use fleet::config::{GpuSelection, HostSpec};
+use fleet::config::{GpuSelection, MachineSpec};
 use fleet::remote::{self, ConnectOptions, Detached, RemoteError, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -18,14 +18,14 @@ fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|s| s.to_string()).collect()
 }
 
-async fn connect(spec: &HostSpec) -> Arc<dyn Transport> {
+async fn connect(spec: &MachineSpec) -> Arc<dyn Transport> {
     match remote::connect(spec, &ConnectOptions::default()).await {
         Ok(t) => t,
         Err(e) => panic!("connect {}: {e}", spec.name),
     }
 }
 
-async fn connect_err(spec: &HostSpec, opts: &ConnectOptions) -> RemoteError {
+async fn connect_err(spec: &MachineSpec, opts: &ConnectOptions) -> RemoteError {
     match remote::connect(spec, opts).await {
         Ok(t) => panic!("connecting to {} should fail, got {t:?}", spec.name),
         Err(e) => e,
@@ -320,7 +320,7 @@ async fn a_detached_process_outlives_the_command_and_the_ssh_session() {
 
 #[tokio::test]
 async fn local_transport_runs_spawns_and_forwards_directly() {
-    let spec = HostSpec {
+    let spec = MachineSpec {
         name: "here".into(),
         ssh: None,
         container: None,

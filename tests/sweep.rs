@@ -6,7 +6,6 @@
 mod common;
 mod sweep_common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -273,19 +272,12 @@ fn an_interrupted_sweep_stops_its_servers_and_resume_runs_only_the_missing_trial
         "--write-profile",
         "winner.yaml",
     ]);
-    let child = f
-        .command(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut sweep = f.spawn(&args);
     f.wait_trials(1);
-    // Mid-sweep: the second candidate is starting or being measured.
-    std::thread::sleep(Duration::from_millis(1500));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    // Mid-sweep: the second candidate is being measured.
+    sweep.wait_for_line("measuring extra_buffer_lazy");
+    let (code, err) = sweep.interrupt();
+    assert_eq!(code, Some(130), "{err}");
     assert!(err.contains("--resume"), "{err}");
     assert!(
         !f.path().join("winner.yaml").exists(),

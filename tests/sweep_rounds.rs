@@ -6,8 +6,6 @@
 mod common;
 mod sweep_common;
 
-use std::process::Stdio;
-
 use serde_json::Value;
 use sweep_common::{Fleet, row, serial, tok_per_gpu};
 
@@ -107,8 +105,16 @@ fn clear_losers_are_pruned_after_the_first_window_and_twins_with_the_best_ideal_
     assert!(w["first_window"]["estimate"]["mean"].as_f64().unwrap() > 0.0);
     // sweep.json holds the same, and nothing is left running.
     let file = f.file();
-    assert_eq!(file["format"], 2);
+    assert_eq!(file["format"], 3);
     assert_eq!(file["spec"]["mode"], "rounds");
+    // The search it ran: the grid's axes, every candidate proposed, and why it stopped.
+    assert_eq!(file["spec"]["search"]["strategy"], "grid");
+    assert_eq!(file["search"]["proposed"].as_array().unwrap().len(), 4);
+    assert_eq!(file["search"]["stopped"], "exhausted");
+    assert!(
+        file["search"]["elapsed_s"].as_f64().unwrap() > 4.0,
+        "{file:#}"
+    );
     let states: Vec<&str> = file["trials"]
         .as_array()
         .unwrap()
@@ -240,23 +246,30 @@ fn an_interrupted_multi_round_sweep_resumes_with_only_the_missing_candidates() {
         "--strategies",
         "no_buffer,extra_buffer,extra_buffer_lazy",
     ]);
-    let child = f
-        .command(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let sweep = f.spawn(&args);
     f.wait_trials(2);
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    let (code, err) = sweep.interrupt();
+    assert_eq!(code, Some(130), "{err}");
     assert!(f.records().is_empty(), "left running: {:?}", f.records());
     let before = f.file()["trials"].as_array().unwrap().clone();
     assert_eq!(before.len(), 2, "{before:#?}");
     assert_eq!(before[0]["outcome"]["state"], "ok");
     assert_eq!(before[1]["outcome"]["state"], "pruned");
 
+    // The search goes on where it stopped: everything proposed, nothing stopped it yet.
+    let file = f.file();
+    assert_eq!(file["search"]["proposed"].as_array().unwrap().len(), 3);
+    assert!(file["search"]["stopped"].is_null(), "{file:#}");
+
+    // The file as fleet wrote it before sweeps had a search state (format 2: the candidate
+    // list in the spec) resumes the same.
+    let mut old = file.clone();
+    old["format"] = 2.into();
+    old["spec"]["candidates"] = file["search"]["proposed"].clone();
+    let spec = old["spec"].as_object_mut().unwrap();
+    spec.remove("search");
+    old.as_object_mut().unwrap().remove("search");
+    std::fs::write(f.path().join("sweep.json"), old.to_string()).unwrap();
     let mut resumed = args.clone();
     resumed.push("--resume");
     let (code, out, err) = f.fleet(&resumed);
@@ -265,6 +278,7 @@ fn an_interrupted_multi_round_sweep_resumes_with_only_the_missing_candidates() {
         err.contains("resuming: 2 of 3 trials already finished"),
         "{err}"
     );
+    assert_eq!(f.file()["format"], 3);
     let r: Value = serde_json::from_str(&out).unwrap();
     let trials = f.file()["trials"].as_array().unwrap().clone();
     assert_eq!(trials.len(), 3);

@@ -2,54 +2,39 @@
 
 use crate::cli::DownArgs;
 use crate::config;
-use crate::gpu;
-use crate::launch::down::{RELEASED_MIB, StopState, confirm_gpus_released, down_host};
-use crate::launch::hosts::connect_all;
+use crate::launch::Fleet;
+use crate::launch::backend::StopState;
+use crate::launch::down::{RELEASED_MIB, confirm_gpus_released, down_host};
 use crate::launch::report;
-use crate::launch::state::{self, StateError};
 
 use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome};
-use crate::launch::env::run_root;
 
 pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
-    let inventory = config::load_inventory(&ctx.global.config)?;
     // Records carry the profile's name; a path given to --profile means the same profile.
     let profile = match &args.profile {
         Some(p) => Some(config::load_profile(p, &ctx.global.profiles_dir)?.name),
         None => None,
     };
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    let mut partial = !connected.failed.is_empty();
-    for e in &connected.failed {
-        tracing::error!("{e}");
-    }
-    let run_root = run_root();
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    let mut partial = fleet.log_unreachable();
     if args.dry_run {
-        let mut rows = Vec::new();
-        for t in connected.transports.values() {
-            match state::read_records(t.as_ref(), &run_root).await {
-                Ok(records) => rows.extend(
-                    records
-                        .into_iter()
-                        .filter(|r| profile.as_ref().is_none_or(|p| &r.profile == p)),
-                ),
-                Err(e) => {
-                    tracing::error!("{e}");
-                    partial = true;
-                }
-            }
-        }
+        let registry = fleet.servers().await;
+        partial |= registry.log_unread();
+        let rows: Vec<_> = registry
+            .all()
+            .iter()
+            .map(|s| &s.record)
+            .filter(|r| profile.as_ref().is_none_or(|p| &r.profile == p))
+            .collect();
         if ctx.global.json {
             outln!("{}", serde_json::to_string_pretty(&rows)?);
         } else {
             for r in &rows {
                 outln!(
-                    "would stop {} gpu{} :{} (pid {}, profile {})",
-                    r.host,
-                    r.gpu,
-                    r.port,
-                    r.pid,
+                    "would stop {} ({}, profile {})",
+                    r.label(),
+                    r.handle,
                     r.profile
                 );
             }
@@ -60,14 +45,11 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             Outcome::Ok
         });
     }
-    let (run_root, profile) = (&run_root, profile.as_deref());
-    let stops = inventory.hosts.iter().filter_map(|h| {
-        let t = connected.transports.get(&h.name)?;
-        Some(async move {
-            let mut outcomes = down_host(t.as_ref(), run_root, profile, args.grace).await?;
-            confirm_gpus_released(&mut outcomes, || gpu::read_host(t.clone(), h.is_local())).await;
-            Ok::<_, StateError>(outcomes)
-        })
+    let profile = profile.as_deref();
+    let stops = fleet.backends().map(|b| async move {
+        let mut outcomes = down_host(b.as_ref(), profile, args.grace).await?;
+        confirm_gpus_released(b.as_ref(), &mut outcomes).await;
+        Ok::<_, crate::launch::state::StateError>(outcomes)
     });
     let mut outcomes = Vec::new();
     for result in futures::future::join_all(stops).await {
@@ -80,16 +62,12 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
         }
     }
     for o in &outcomes {
+        let label = o.id.label(o.port);
         if let Some(e) = &o.error {
-            tracing::error!("{} gpu{} :{}: {e}", o.host, o.gpu, o.port);
+            tracing::error!("{label}: {e}");
         }
         if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > RELEASED_MIB) {
-            tracing::warn!(
-                "{} gpu{}: still {used} MiB in use after stopping :{}",
-                o.host,
-                o.gpu,
-                o.port
-            );
+            tracing::warn!("{label}: still {used} MiB in use on its GPU after stopping");
         }
     }
     if ctx.global.json {

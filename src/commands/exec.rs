@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use crate::cli::ExecArgs;
-use crate::config::HostSpec;
-use crate::remote::{self, ConnectOptions};
+use crate::config::Inventory;
+use crate::launch::Fleet;
 
 use super::output::{out, outln};
 use super::{Ctx, Outcome, UsageError};
@@ -28,12 +28,12 @@ impl HostRun {
 
 pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
     let inventory = crate::config::load_inventory(&ctx.global.config)?;
-    let hosts: Vec<&HostSpec> = match &args.host {
-        None => inventory.hosts.iter().collect(),
-        Some(name) => match inventory.hosts.iter().find(|h| &h.name == name) {
-            Some(h) => vec![h],
+    let hosts = match &args.host {
+        None => inventory.hosts.clone(),
+        Some(name) => match inventory.hosts.iter().find(|h| h.name() == name) {
+            Some(h) => vec![h.clone()],
             None => {
-                let known: Vec<&str> = inventory.hosts.iter().map(|h| h.name.as_str()).collect();
+                let known: Vec<&str> = inventory.hosts.iter().map(|h| h.name()).collect();
                 return Err(UsageError::new(format!(
                     "--host {name}: no such host in {} (hosts: {})",
                     inventory.path.display(),
@@ -43,10 +43,18 @@ pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
             }
         },
     };
-    let opts = ctx.connect_options();
-    let runs = hosts.iter().map(|host| run_on(host, &args.argv, &opts));
+    let chosen = Inventory { hosts, ..inventory };
+    let runs = async {
+        let fleet = Fleet::connect(chosen, &ctx.connect_options()).await;
+        let runs = fleet
+            .inventory
+            .hosts
+            .iter()
+            .map(|h| run_on(&fleet, h.name(), &args.argv));
+        futures::future::join_all(runs).await
+    };
     let results = tokio::select! {
-        results = futures::future::join_all(runs) => results,
+        results = runs => results,
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
     if ctx.global.json {
@@ -61,25 +69,28 @@ pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
     })
 }
 
-async fn run_on(host: &HostSpec, argv: &[String], opts: &ConnectOptions) -> HostRun {
-    let result = match remote::connect(host, opts).await {
-        Ok(t) => t.run(argv).await,
-        Err(e) => Err(e),
+/// Runs `argv` on `host`'s shell.
+async fn run_on(fleet: &Fleet, host: &str, argv: &[String]) -> HostRun {
+    let result = match fleet.backend(host) {
+        Some(b) => b.shell().run(argv).await.map_err(|e| e.to_string()),
+        None => Err(fleet
+            .why_unreachable(host)
+            .map_or_else(String::new, ToString::to_string)),
     };
     match result {
         Ok(out) => HostRun {
-            host: host.name.clone(),
+            host: host.to_string(),
             status: out.status,
             stdout: out.stdout_lossy(),
             stderr: out.stderr_lossy(),
             error: None,
         },
         Err(e) => HostRun {
-            host: host.name.clone(),
+            host: host.to_string(),
             status: None,
             stdout: String::new(),
             stderr: String::new(),
-            error: Some(e.to_string()),
+            error: Some(e),
         },
     }
 }

@@ -17,7 +17,10 @@ use crate::generate::progress::Progress;
 use crate::generate::upload::{Destination, UploadEvent};
 use crate::generate::{
     self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError, RetryFailed,
+    Targets,
 };
+use crate::launch::Fleet;
+use crate::server::ServerId;
 use crate::sglang::client::Api;
 
 use super::nofile;
@@ -49,19 +52,18 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             );
         }
     }
-    // Without --url: every instance `fleet up` started, through port forwards held for the run.
-    let fleet = if args.url.is_empty() {
-        Some(super::instances::reachable(ctx).await?)
-    } else {
-        None
-    };
-    let targets = match &fleet {
-        Some(f) => f.targets(),
-        None => endpoints_from(args, profile.as_ref())?.into(),
+    // Without --url: every instance `fleet up` started, through port forwards held for the run
+    // over the fleet's connections, which outlive it.
+    let (fleet, targets) = match args.url.is_empty() {
+        true => {
+            let (fleet, targets) = fleet_targets(ctx).await?;
+            (Some(fleet), targets)
+        }
+        false => (None, endpoints_from(args, profile.as_ref())?.into()),
     };
     // Through fleet's own forwards a request holds two descriptors: the client's socket and
     // the one the forward accepts.
-    let fds_per_request = if fleet.is_some() { 2 } else { 1 };
+    let fds_per_request = if targets.tunnels.is_empty() { 1 } else { 2 };
     config.files = nofile::soft_limit().map(|limit| {
         FileBudget::new(
             limit,
@@ -73,9 +75,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let json = ctx.global.json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
     let result = generate::run(config, targets, |e| view.show(e), ctx.cancel.clone()).await;
-    if let Some(f) = fleet {
-        f.close().await;
-    }
+    drop(fleet);
     let summary = result.map_err(|e| match e {
         // The user's input or --out choice, not a failure of the fleet.
         GenerateError::Journal(JournalError::NotEmpty { .. })
@@ -160,6 +160,26 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             )
         }
     }
+}
+
+/// The running servers of every host of the inventory, each behind a port forward; none is a
+/// usage error.
+async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets)> {
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    fleet.log_unreachable();
+    let registry = fleet.servers().await;
+    registry.log_unread();
+    let targets = fleet.reach(&registry).await;
+    if targets.endpoints.is_empty() {
+        return Err(UsageError::new(format!(
+            "no running instances found on the hosts of {} (run directory {}): start them \
+             with `fleet up --profile P`, or pass --url http://HOST:PORT once per server",
+            ctx.global.config.display(),
+            fleet.run_root()
+        ))
+        .into());
+    }
+    Ok((fleet, targets))
 }
 
 /// The prompts must be a regular file: the job reads it twice (the id pre-pass, then the run)
@@ -258,7 +278,7 @@ fn endpoints_from(args: &GenerateArgs, profile: Option<&Profile>) -> anyhow::Res
             }
             let mut e = Endpoint::from_url(u);
             if let Some(name) = name {
-                e.name = name.to_string();
+                e.id = ServerId::named(name);
             }
             e.api_key = api_key.clone();
             Ok(e)

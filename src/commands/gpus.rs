@@ -1,33 +1,35 @@
 //! `fleet gpus`: the GPU table of every host, read in parallel.
 
+use crate::launch::Fleet;
 use crate::report::{self, HostGpus};
 
 use super::output::{out, outln};
 use super::{Ctx, Outcome};
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let inventory = crate::config::load_inventory(&ctx.global.config)?;
     let opts = ctx.connect_options();
-    let reads = inventory.hosts.iter().map(|host| {
-        let opts = opts.clone();
+    let opened = Fleet::open(&ctx.global.config, &opts);
+    let fleet = tokio::select! {
+        fleet = opened => fleet?,
+        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
+    };
+    let reads = fleet.inventory.hosts.iter().map(|h| {
+        let fleet = &fleet;
         async move {
-            let result = match crate::remote::connect(host, &opts).await {
-                Ok(t) => crate::gpu::read_host(t, host.is_local())
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+            let result = match fleet.backend(h.name()) {
+                Some(b) => b.gpus().await.map_err(|e| e.to_string()),
+                None => Err(fleet
+                    .why_unreachable(h.name())
+                    .map_or_else(String::new, ToString::to_string)),
             };
-            match result {
-                Ok(gpus) => HostGpus {
-                    host: host.name.clone(),
-                    gpus,
-                    error: None,
-                },
-                Err(e) => HostGpus {
-                    host: host.name.clone(),
-                    gpus: vec![],
-                    error: Some(e),
-                },
+            let (gpus, error) = match result {
+                Ok(gpus) => (gpus, None),
+                Err(e) => (vec![], Some(e)),
+            };
+            HostGpus {
+                host: h.name().to_string(),
+                gpus,
+                error,
             }
         }
     });

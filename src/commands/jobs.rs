@@ -11,35 +11,20 @@ use serde_json::json;
 use crate::cli::{FetchArgs, GenerateArgs, StopArgs};
 use crate::config;
 use crate::generate::progress::{PROGRESS_FILE, Progress};
+use crate::jobs::place::place;
 use crate::jobs::{self, JobError, JobSpec, JobView, transfer};
-use crate::launch::hosts::connect_all;
-use crate::launch::state::{self, Liveness};
+use crate::launch::Fleet;
 use crate::remote::Transport;
 use crate::report::table;
 
 use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome, UsageError};
-use crate::launch::env::run_root;
 
-/// How long `generate --detach` watches a new job for an immediate failure.
-const SETTLE: Duration = Duration::from_secs(3);
-
-/// Every host of the inventory that answers; the others are logged. None answering is an error.
-async fn connect(ctx: &Ctx) -> anyhow::Result<(BTreeMap<String, Arc<dyn Transport>>, bool)> {
-    let inventory = config::load_inventory(&ctx.global.config)?;
-    let mut connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    // No host answered: nothing to report on, so the command failed rather than half-succeeded.
-    if connected.transports.is_empty() && !connected.failed.is_empty() {
-        let last = connected.failed.remove(connected.failed.len() - 1);
-        for e in &connected.failed {
-            tracing::error!("{e}");
-        }
-        return Err(last.into());
-    }
-    for e in &connected.failed {
-        tracing::error!("{e}");
-    }
-    Ok((connected.transports, !connected.failed.is_empty()))
+/// Every host of the inventory that answers; the others are logged. None answering is an error:
+/// nothing to report on, so the command failed rather than half-succeeded.
+async fn connect(ctx: &Ctx) -> anyhow::Result<Fleet> {
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    Ok(fleet.some_host()?)
 }
 
 /// A new job's id: when it started (UTC), and four random hex digits.
@@ -134,62 +119,27 @@ fn job_argv(
 
 /// `fleet generate --detach`: starts the job on a host of the inventory, beside its servers.
 pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
-    let (transports, _) = connect(ctx).await?;
-    let run_root = run_root();
+    let fleet = connect(ctx).await?;
+    let transports = fleet.shells();
+    let run_root = fleet.run_root().to_string();
     // The servers `up` started, per host, as the job will reach them there.
-    let mut servers: BTreeMap<String, Vec<state::InstanceRecord>> = BTreeMap::new();
-    for (name, t) in &transports {
-        let (records, table) = tokio::try_join!(
-            state::read_records(t.as_ref(), &run_root),
-            state::proc_table(t.as_ref())
-        )?;
-        let live: Vec<_> = records
-            .into_iter()
-            .filter(|r| table.liveness(r.pid, r.start_ticks) == Liveness::Running)
-            .collect();
-        if !live.is_empty() {
-            servers.insert(name.clone(), live);
-        }
-    }
-    let host = match &args.host {
-        Some(h) => {
-            if !transports.contains_key(h) {
-                return Err(UsageError::new(format!(
-                    "--host {h}: not a host of {} that answered",
-                    ctx.global.config.display()
-                ))
-                .into());
-            }
-            h.clone()
-        }
-        None => match servers.keys().next() {
-            Some(h) => h.clone(),
-            None if args.url.is_empty() => {
-                return Err(UsageError::new(format!(
-                    "no running instances on the hosts of {}: start them with `fleet up --profile \
-                     P`, or give --url and --host",
-                    ctx.global.config.display()
-                ))
-                .into());
-            }
-            None => transports
-                .keys()
-                .next()
-                .cloned()
-                .ok_or_else(|| UsageError::new("no host of the inventory answered"))?,
-        },
-    };
-    if servers.len() > 1 && args.host.is_none() && !ctx.global.quiet {
-        let others: Vec<&String> = servers.keys().filter(|h| **h != host).collect();
+    let registry = fleet.servers().await.whole()?;
+    let answered: Vec<&str> = transports.keys().map(String::as_str).collect();
+    let placed = place(
+        &registry,
+        &answered,
+        args.host.as_deref(),
+        &args.url,
+        &ctx.global.config,
+    )
+    .map_err(UsageError::new)?;
+    let host = placed.host.clone();
+    if !placed.unused.is_empty() && args.host.is_none() && !ctx.global.quiet {
         eoutln!(
             "note: the job runs on {host}, with its {} instances; the instances of {} are not \
              used (pass --host for a job there)",
-            servers.get(&host).map_or(0, Vec::len),
-            others
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            placed.servers,
+            placed.unused.join(", ")
         );
     }
     let t = transports[&host].clone();
@@ -236,25 +186,11 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             remote
         }
     };
-    let urls: Vec<String> = if args.url.is_empty() {
-        servers
-            .get(&host)
-            .map(|rs| {
-                rs.iter()
-                    // Named as a local job names them, so completions say `host:gpuN` in
-                    // both.
-                    .map(|r| format!("{}:gpu{}=http://{}:{}", r.host, r.gpu, r.address, r.port))
-                    .collect()
-            })
-            .unwrap_or_default()
-    } else {
-        args.url.clone()
-    };
-    let mut rewritten = vec![("prompts", vec![prompts.clone()]), ("url", urls)];
+    let mut rewritten = vec![("prompts", vec![prompts.clone()]), ("url", placed.urls)];
     let mut env = BTreeMap::new();
-    if let Some(key) = servers
-        .get(&host)
-        .and_then(|rs| rs.iter().find_map(|r| r.api_key_env.as_ref()))
+    if let Some(key) = placed
+        .api_key_env
+        .as_ref()
         .and_then(|v| std::env::var(v).ok())
     {
         crate::remote::add_secret(&key);
@@ -287,25 +223,7 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         },
     )
     .await?;
-    // A job that cannot start (its --out is locked, a bad flag) dies at once: say why here.
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
-        let view = jobs::list(t.as_ref(), &run_root)
-            .await?
-            .into_iter()
-            .find(|v| v.record.id == id);
-        match view {
-            Some(v) if !v.alive && v.state == "dead" => {
-                return Err(JobError::Died {
-                    host,
-                    log_tail: v.log_tail.unwrap_or_default(),
-                }
-                .into());
-            }
-            Some(v) if v.progress.is_some() || tokio::time::Instant::now() >= deadline => break,
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    jobs::settle(t.as_ref(), &run_root, &id).await?;
     if ctx.global.json {
         super::print_json(&json!({"job": id, "host": host, "out": out}))?;
     } else {
@@ -336,11 +254,11 @@ fn ago(unix: u64) -> String {
 
 /// `fleet jobs`: every job on every reachable host.
 pub async fn list(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let (transports, mut partial) = connect(ctx).await?;
-    let run_root = run_root();
-    let lists = transports
-        .values()
-        .map(|t| jobs::list(t.as_ref(), &run_root));
+    let fleet = connect(ctx).await?;
+    let mut partial = !fleet.unreachable.is_empty();
+    let lists = fleet
+        .backends()
+        .map(|b| jobs::list(b.shell().as_ref(), b.run_root()));
     let mut views: Vec<JobView> = Vec::new();
     for found in futures::future::join_all(lists).await {
         match found {
@@ -401,8 +319,8 @@ pub async fn list(ctx: &Ctx) -> anyhow::Result<Outcome> {
 
 /// The job `id`, wherever it is.
 async fn find(ctx: &Ctx, id: &str) -> anyhow::Result<(Arc<dyn Transport>, JobView)> {
-    let (transports, _) = connect(ctx).await?;
-    match jobs::find(&transports, &run_root(), id).await {
+    let fleet = connect(ctx).await?;
+    match jobs::find(&fleet.shells(), fleet.run_root(), id).await {
         Ok(found) => Ok(found),
         Err(e @ JobError::NotFound { .. }) => Err(UsageError::new(e).into()),
         Err(e) => Err(e.into()),

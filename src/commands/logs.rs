@@ -5,11 +5,10 @@ use tokio::sync::mpsc;
 use crate::cli::LogsArgs;
 use crate::config;
 use crate::jobs;
-use crate::launch::hosts::connect_all;
+use crate::launch::Fleet;
 use crate::launch::logs::{self, Selector};
 
 use super::{Ctx, Outcome, UsageError, output};
-use crate::launch::env::run_root;
 
 pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
@@ -17,11 +16,9 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
         Ok(s) => s,
         // Neither host:gpu nor a port: a detached job's id.
         Err(_) if !args.instance.contains(':') => {
-            let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-            for e in &connected.failed {
-                tracing::error!("{e}");
-            }
-            let (t, view) = jobs::find(&connected.transports, &run_root(), &args.instance)
+            let fleet = Fleet::connect(inventory, &ctx.connect_options()).await;
+            fleet.log_unreachable();
+            let (t, view) = jobs::find(&fleet.shells(), fleet.run_root(), &args.instance)
                 .await
                 .map_err(UsageError::new)?;
             return follow(ctx, t, &jobs::log_path(&view.record), args).await;
@@ -29,20 +26,17 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
         Err(e) => return Err(UsageError::new(e).into()),
     };
     if let Selector::HostGpu { host, .. } = &selector
-        && !inventory.hosts.iter().any(|h| &h.name == host)
+        && !inventory.hosts.iter().any(|h| h.name() == host)
     {
         return Err(
             UsageError::new(format!("no host `{host}` in {}", inventory.path.display())).into(),
         );
     }
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    for e in &connected.failed {
-        tracing::error!("{e}");
-    }
-    let run_root = run_root();
-    let (host, path) = logs::locate(&connected.transports, &run_root, &selector).await?;
-    tracing::debug!("{host}: {path}");
-    follow(ctx, connected.transports[&host].clone(), &path, args).await
+    let fleet = Fleet::connect(inventory, &ctx.connect_options()).await;
+    fleet.log_unreachable();
+    let (t, path) = logs::locate(&fleet, &selector).await?;
+    tracing::debug!("{}: {path}", t.host());
+    follow(ctx, t, &path, args).await
 }
 
 /// Prints the last lines of `path` on `t`, and with `-f` what is appended until Ctrl-C.

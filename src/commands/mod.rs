@@ -15,7 +15,6 @@ pub mod down;
 pub mod exec;
 pub mod generate;
 pub mod gpus;
-pub mod instances;
 pub mod jobs;
 pub mod logs;
 pub mod nofile;

@@ -3,41 +3,27 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::cli::StatusArgs;
-use crate::config;
-use crate::gpu;
-use crate::launch::hosts::connect_all;
 use crate::launch::report;
 use crate::launch::state::Liveness;
 use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
+use crate::launch::{Fleet, PROBE_HTTP};
+use crate::sglang::client::http_client;
 
 use super::output::{eout, eoutln, out, outln};
 use super::{Ctx, Outcome};
-use crate::launch::{PROBE_HTTP, env};
-use crate::sglang::client::http_client;
 
 pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
-    let inventory = config::load_inventory(&ctx.global.config)?;
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    let mut partial = !connected.failed.is_empty();
-    for e in &connected.failed {
-        tracing::error!("{e}");
-    }
-    let run_root = env::run_root();
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    let mut partial = fleet.log_unreachable();
     let http = http_client(PROBE_HTTP)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let verbose = ctx.global.verbose > 0;
-    let (run_root, http) = (&run_root, &http);
-    let looks = inventory.hosts.iter().filter_map(|h| {
-        let t = connected.transports.get(&h.name)?;
-        Some(async move {
-            let (status, gpus) = tokio::join!(
-                host_status(t.as_ref(), run_root, http, verbose, now),
-                gpu::read_host(t.clone(), h.is_local())
-            );
-            (h.name.as_str(), status, gpus)
-        })
+    let http = &http;
+    let looks = fleet.backends().map(|b| async move {
+        let (status, gpus) = tokio::join!(host_status(b.as_ref(), http, verbose, now), b.gpus());
+        (b.host(), status, gpus)
     });
     let results = tokio::select! {
         r = futures::future::join_all(looks) => r,

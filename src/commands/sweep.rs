@@ -1,9 +1,8 @@
-//! `fleet sweep`: builds the candidates and the workload, assigns GPUs, runs the trials with
-//! progress on stderr, prints the ranked report, and writes the winner's profile.
+//! `fleet sweep`: turns the arguments into a planned search, connects the hosts, runs it with
+//! progress on stderr, prints the ranked report (or the `--dry-run` plan), and writes the
+//! winner's profile.
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,61 +10,26 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
 use crate::cli::SweepArgs;
-use crate::config::{self, Expected, HostSpec, Override, Profile};
-use crate::launch::hosts::{Connected, connect_all};
-use crate::launch::plan::HostFacts;
-use crate::launch::preflight::{self, host_facts};
-use crate::launch::state;
-use crate::remote::Transport;
+use crate::config::{self, Profile};
+use crate::launch::Fleet;
 use crate::sglang::client::Api;
-use crate::sweep::assign::{self, Mode};
-use crate::sweep::file::{FileError, Store, SweepSpec};
-use crate::sweep::load::{self, WorkloadSpec};
+use crate::sweep::event::Event;
+use crate::sweep::file::{FileError, Store};
+use crate::sweep::load::{Workload, WorkloadSpec};
+use crate::sweep::plan::{self, Planned, Request};
+use crate::sweep::profiles::{self, Profiles};
 use crate::sweep::rank::{self, Dataset, Outcome, Trial};
-use crate::sweep::report::{self, Plan, PlannedCandidate};
-use crate::sweep::run::{self, Event};
+use crate::sweep::report;
+use crate::sweep::run;
 use crate::sweep::servers::{self, Setup};
-use crate::sweep::space::{self, Candidate};
 use crate::sweep::trial::Timing;
-use crate::sweep::{prune, schedule};
 
 use super::output::{eoutln, out, outln};
 use super::{Ctx, Outcome as CommandOutcome, UsageError};
-use crate::launch::env::{api_key, run_root};
+use crate::launch::env::api_key;
 
 fn usage(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> anyhow::Error {
     UsageError::new(e).into()
-}
-
-/// Each candidate's profile: the base with the candidate's settings applied and validated.
-fn candidate_profiles(
-    base: &str,
-    dir: &Path,
-    candidates: &[Candidate],
-) -> anyhow::Result<Vec<(Candidate, Profile)>> {
-    candidates
-        .iter()
-        .map(|c| {
-            let overrides = overrides(c);
-            let mut p = config::load_profile_with(base, dir, &overrides)
-                .with_context(|| format!("candidate {}", c.label()))?;
-            // `fleet status`/`down` show which candidate a server runs, not just the base.
-            if !c.settings.is_empty() {
-                p.name = format!("{}[{}]", p.name, c.label());
-            }
-            Ok((c.clone(), p))
-        })
-        .collect()
-}
-
-fn overrides(c: &Candidate) -> Vec<Override> {
-    c.settings
-        .iter()
-        .map(|(key, value)| Override {
-            key: key.clone(),
-            value: value.clone(),
-        })
-        .collect()
 }
 
 fn check_args(args: &SweepArgs) -> anyhow::Result<()> {
@@ -96,138 +60,70 @@ fn check_args(args: &SweepArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn workload_spec(args: &SweepArgs) -> WorkloadSpec {
+    match &args.prompts {
+        Some(path) => WorkloadSpec::Prompts {
+            path: path.clone(),
+            sample: args.sample,
+            seed: args.seed,
+            max_tokens: args.max_tokens,
+        },
+        None => WorkloadSpec::Synthetic {
+            input_len: args.input_len,
+            output_len: args.output_len,
+        },
+    }
+}
+
 pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> {
     check_args(args)?;
-    let axes = space::axes(&args.strategies, &args.set).map_err(usage)?;
-    let candidates = space::candidates(&axes);
-    let dir = &ctx.global.profiles_dir;
-    let root = run_root();
-    // Without --profile the sweep measures from what `fleet up` started, which takes the hosts.
-    let (profile_arg, early) = match &args.profile {
-        Some(p) => (p.clone(), None),
-        None => {
-            let (inventory, connected) = connect_every_host(ctx).await?;
-            let name = fleet_profile(&connected.transports, &root, &inventory.path).await?;
-            tracing::info!(
-                "measuring from profile {name}, the one the running fleet was started with"
-            );
-            (name, Some((inventory, connected)))
-        }
-    };
-    let base = match &args.profile {
-        Some(_) => config::load_profile(&profile_arg, dir)?,
-        None => config::load_profile(&profile_arg, dir).with_context(|| {
-            format!(
-                "the running fleet's profile `{profile_arg}`, read from its records on the hosts"
-            )
-        })?,
-    };
-    let profiles = candidate_profiles(&profile_arg, dir, &candidates)?;
-    let endpoint = args
-        .endpoint
-        .as_deref()
-        .map(str::parse::<Api>)
-        .transpose()
-        .map_err(usage)?;
-    let model = base
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| base.model.clone());
-    let (workload, workload_spec) = match &args.prompts {
-        Some(path) => (
-            load::sample_prompts(
-                path,
-                args.sample,
-                args.seed,
-                args.max_tokens,
-                endpoint,
-                Some(&model),
-            )
-            .map_err(usage)?,
-            WorkloadSpec::Prompts {
-                path: path.clone(),
-                sample: args.sample,
-                seed: args.seed,
-                max_tokens: args.max_tokens,
-            },
-        ),
-        None => (
-            load::synthetic(args.input_len, args.output_len, endpoint, Some(&model)),
-            WorkloadSpec::Synthetic {
-                input_len: args.input_len,
-                output_len: args.output_len,
-            },
-        ),
-    };
-    if workload.malformed > 0 {
-        tracing::warn!(
-            "{} lines of the prompt file are not usable prompts; they are not sampled",
-            workload.malformed
-        );
-    }
-
+    let search = plan::search(&args.strategies, &args.set).map_err(usage)?;
+    let (base_name, base, early) = base_profile(ctx, args).await?;
+    let profiles = Profiles::load(&base_name, &ctx.global.profiles_dir, &search.space())?;
+    let workload_spec = workload_spec(args);
+    let workload = workload(args, &base, &workload_spec)?;
     let key = api_key(&base).map_err(UsageError::new)?;
-    let (inventory, connected) = match early {
+    let mut fleet = match early {
         Some(found) => found,
         None => connect_every_host(ctx).await?,
     };
-    let looks = inventory.hosts.iter().map(|h| {
-        let t = &connected.transports[&h.name];
-        let (launcher, env) = (&base.launcher, &base.env);
-        async move { (h.clone(), host_facts(t, h, launcher, env, true).await) }
-    });
-    let mut hosts: Vec<(HostSpec, HostFacts)> = Vec::new();
-    for (host, facts) in futures::future::join_all(looks).await {
-        hosts.push((host, facts?));
+    // Every host's facts (SGLang's `--help` and version, GPUs) for the base's launcher.
+    if let Some(e) = fleet
+        .learn(&base.launcher, &base.env, true)
+        .await
+        .into_iter()
+        .next()
+    {
+        return Err(e.into());
     }
-    let gpus = servers::host_gpus(&hosts);
-    let total_gpus: usize = gpus.iter().map(|(_, g)| g.len()).sum();
-    let mode = assign::choose_mode(candidates.len(), total_gpus, args.sequential);
-    let assignment = assign::assign(&gpus, candidates.len(), mode).map_err(usage)?;
-    // Pruning saves time only where a freed GPU has a next candidate to take it.
-    let first_window =
-        (mode == Mode::Rounds && !args.no_prune).then(|| prune::first_window(args.duration));
-    let spec = SweepSpec {
-        profile: profile_arg.clone(),
-        candidates: candidates.clone(),
-        mode,
+    let hosts = fleet.hosts();
+    let root = fleet.run_root();
+    let request = Request {
+        profile: base_name,
+        search,
+        sequential: args.sequential,
+        prune: !args.no_prune,
         workload: workload_spec,
-        warmup_s: args.warmup.as_secs_f64(),
-        duration_s: args.duration.as_secs_f64(),
-        first_window_s: first_window.map(|d| d.as_secs_f64()),
+        warmup: args.warmup,
+        duration: args.duration,
     };
-
+    let planned = plan::plan(request, &servers::host_gpus(&hosts)).map_err(usage)?;
     if args.dry_run {
-        return dry_run(
-            ctx,
-            &spec,
-            &profiles,
-            &assignment,
-            &hosts,
-            key.as_deref(),
-            &root,
-        );
+        let p = plan::dry_run(&planned, &profiles, &hosts, key.as_deref(), root);
+        if ctx.global.json {
+            outln!("{}", serde_json::to_string_pretty(&p)?);
+        } else {
+            out!("{}", report::plan_text(&p));
+        }
+        return Ok(CommandOutcome::Ok);
     }
-
-    let mut store = Store::open(&args.out, spec.clone(), args.resume).map_err(|e| match e {
-        FileError::Exists { .. } | FileError::Mismatch { .. } | FileError::Parse { .. } => usage(e),
-        other => other.into(),
-    })?;
-    let skipped = candidates.iter().filter(|c| store.is_done(&c.id)).count();
-    if skipped > 0 {
-        tracing::info!(
-            "resuming: {skipped} of {} trials already finished in {}",
-            candidates.len(),
-            args.out.display()
-        );
-    }
-    store.save()?;
+    let mut store = open_store(args, &planned)?;
+    let mut strategy = plan::strategy(&planned, store.search(), store.trials());
     let setup = Setup {
-        candidates: profiles.clone(),
-        assignment: &assignment,
+        profiles,
+        slots: planned.assignment.slots.clone(),
         hosts: &hosts,
-        transports: &connected.transports,
-        run_root: &root,
+        fleet: &fleet,
         api_key: key,
         health: base.health.clone(),
         workload: Arc::new(workload.clone()),
@@ -235,7 +131,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             warmup: args.warmup,
             duration: args.duration,
         },
-        first_window,
+        first_window: planned.first_window,
         grace: args.grace,
     };
     let (events, receiver) = mpsc::unbounded_channel();
@@ -247,7 +143,16 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .find(|r| r.winner)
             .map(|r| r.trial.candidate.id)
     };
-    let ended = run::run(&setup, &mut store, args.apply, winner, &events, &ctx.cancel).await;
+    let ended = run::run(
+        &setup,
+        &mut store,
+        strategy.as_mut(),
+        args.apply,
+        winner,
+        &events,
+        &ctx.cancel,
+    )
+    .await;
     drop(events);
     shown.await.context("the progress display failed")?;
     let ended = ended?;
@@ -263,9 +168,9 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         .map(|(prompts, tokens)| Dataset {
             prompts,
             output_tokens_per_prompt: tokens,
-            gpus: total_gpus,
+            gpus: setup.slots.len(),
         });
-    let mut r = report::build(&spec, trials, dataset);
+    let mut r = report::build(&planned.spec, &store.search().proposed, trials, dataset);
     r.unfit = workload.unfit();
     r.repeated = workload.repeated();
     if ctx.global.json {
@@ -277,16 +182,79 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
     let winner = r.winning().filter(|_| !ended.interrupted);
     if let (Some(path), Some(w)) = (&args.write_profile, winner) {
-        let profile = &profiles
-            .iter()
-            .find(|(c, _)| c.id == w.trial.candidate.id)
-            .expect("the winner is a candidate")
-            .1;
-        write_profile(path, &profile_arg, &base, &w.trial, profile, dir)?;
+        let profile = setup.profiles.of(&w.trial.candidate)?;
+        profiles::write_winner(path, &setup.profiles, &base, &w.trial, &profile)?;
         eoutln!("wrote {}", path.display());
     } else if args.write_profile.is_some() {
         tracing::warn!("no winner: no profile written");
     }
+    Ok(outcome(&r, &ended))
+}
+
+/// What the sweep measures from: `--profile`, or without it the profile of the fleet `fleet
+/// up` started (which takes connecting to the hosts: the connection comes back for reuse).
+async fn base_profile(
+    ctx: &Ctx,
+    args: &SweepArgs,
+) -> anyhow::Result<(String, Profile, Option<Fleet>)> {
+    let dir = &ctx.global.profiles_dir;
+    if let Some(p) = &args.profile {
+        return Ok((p.clone(), config::load_profile(p, dir)?, None));
+    }
+    let fleet = connect_every_host(ctx).await?;
+    let name = fleet_profile(&fleet).await?;
+    tracing::info!("measuring from profile {name}, the one the running fleet was started with");
+    let base = config::load_profile(&name, dir).with_context(|| {
+        format!("the running fleet's profile `{name}`, read from its records on the hosts")
+    })?;
+    Ok((name, base, Some(fleet)))
+}
+
+/// The trials' workload, with requests for the base's model.
+fn workload(args: &SweepArgs, base: &Profile, spec: &WorkloadSpec) -> anyhow::Result<Workload> {
+    let endpoint = args
+        .endpoint
+        .as_deref()
+        .map(str::parse::<Api>)
+        .transpose()
+        .map_err(usage)?;
+    let model = base.served_model_name.as_deref().unwrap_or(&base.model);
+    let workload = spec.load(endpoint, Some(model)).map_err(usage)?;
+    if workload.malformed > 0 {
+        tracing::warn!(
+            "{} lines of the prompt file are not usable prompts; they are not sampled",
+            workload.malformed
+        );
+    }
+    Ok(workload)
+}
+
+/// `--out`, fresh or (`--resume`) with the search it continues.
+fn open_store(args: &SweepArgs, planned: &Planned) -> anyhow::Result<Store> {
+    let spec = planned.spec.clone();
+    let store = Store::open(&args.out, spec, args.resume).map_err(|e| match e {
+        FileError::Exists { .. }
+        | FileError::Mismatch { .. }
+        | FileError::Parse { .. }
+        | FileError::NotAGrid { .. }
+        | FileError::Newer { .. } => usage(e),
+        other => other.into(),
+    })?;
+    let space = planned.spec.search.space();
+    let skipped = space.iter().filter(|c| store.is_done(&c.id)).count();
+    if skipped > 0 {
+        tracing::info!(
+            "resuming: {skipped} of {} trials already finished in {}",
+            space.len(),
+            args.out.display()
+        );
+    }
+    store.save()?;
+    Ok(store)
+}
+
+/// Says how `--apply` went and what the exit code is.
+fn outcome(r: &report::Report, ended: &run::Ended) -> CommandOutcome {
     if let Some(applied) = &ended.applied {
         let failed = applied
             .iter()
@@ -294,10 +262,8 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .collect::<Vec<_>>();
         for o in &failed {
             tracing::error!(
-                "--apply: {} gpu{} :{}: {}",
-                o.host,
-                o.gpu,
-                o.port,
+                "--apply: {}: {}",
+                o.id.label(o.port),
                 o.error.as_deref().unwrap_or("")
             );
         }
@@ -313,7 +279,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         eoutln!(
             "interrupted: stopped the servers the sweep started; continue with the same command plus --resume"
         );
-        return Ok(CommandOutcome::Interrupted);
+        return CommandOutcome::Interrupted;
     }
     let any_failed = r
         .rows
@@ -323,209 +289,29 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             .applied
             .as_ref()
             .is_some_and(|a| a.iter().any(|o| o.error.is_some()));
-    Ok(if any_failed {
+    if any_failed {
         CommandOutcome::Partial
     } else {
         CommandOutcome::Ok
+    }
+}
+
+/// A connection to every host of the inventory: a sweep compares like for like, and a missing
+/// host would change the assignment.
+async fn connect_every_host(ctx: &Ctx) -> anyhow::Result<Fleet> {
+    let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    fleet.every_host().map_err(|e| {
+        anyhow::anyhow!("{e}\n  a sweep needs every host of the inventory; nothing was started")
     })
 }
 
-/// The inventory and a connection to every one of its hosts: a sweep compares like for like,
-/// and a missing host would change the assignment.
-async fn connect_every_host(ctx: &Ctx) -> anyhow::Result<(config::Inventory, Connected)> {
-    let inventory = config::load_inventory(&ctx.global.config)?;
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    if let Some(e) = connected.failed.first() {
-        anyhow::bail!("{e}\n  a sweep needs every host of the inventory; nothing was started");
-    }
-    Ok((inventory, connected))
-}
-
 /// The profile the running fleet was started with, from the live records on every host.
-async fn fleet_profile(
-    transports: &BTreeMap<String, Arc<dyn Transport>>,
-    run_root: &str,
-    inventory: &Path,
-) -> anyhow::Result<String> {
-    let mut running: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (host, t) in transports {
-        for r in state::live_records(t.as_ref(), run_root).await? {
-            running
-                .entry(r.profile.clone())
-                .or_default()
-                .push(format!("{host}:{}", r.gpu));
-        }
-    }
-    one_profile(running, inventory, run_root).map_err(|e| UsageError::new(e).into())
-}
-
-/// Why the running fleet does not say which profile to measure from.
-#[derive(Debug, thiserror::Error)]
-enum FleetProfileError {
-    #[error(
-        "no --profile given, and no fleet is up on the hosts of {} (run directory {run_root}) to \
-         measure from: pass --profile P, the profile every candidate starts from",
-        .inventory.display()
-    )]
-    NoneUp {
-        inventory: PathBuf,
-        run_root: String,
-    },
-    #[error(
-        "no --profile given, and the running fleet runs {} profiles: {}; pass --profile with the \
-         one to measure from",
-        .0.len(),
-        .0.iter().map(|(p, at)| format!("{p} (on {})", at.join(", "))).collect::<Vec<_>>().join(", ")
-    )]
-    Several(Vec<(String, Vec<String>)>),
-    #[error(
-        "no --profile given, and the running fleet runs `{0}`, a candidate `fleet sweep --apply` \
-         left up rather than a profile file: pass --profile (e.g. the profile --write-profile wrote)"
-    )]
-    Candidate(String),
-}
-
-/// Decides from the profiles the hosts run (with the `host:gpu`s of each) which one to measure
-/// from: exactly one, and a profile file's name.
-fn one_profile(
-    running: BTreeMap<String, Vec<String>>,
-    inventory: &Path,
-    run_root: &str,
-) -> Result<String, FleetProfileError> {
-    let mut profiles: Vec<(String, Vec<String>)> = running.into_iter().collect();
-    match profiles.len() {
-        0 => Err(FleetProfileError::NoneUp {
-            inventory: inventory.to_path_buf(),
-            run_root: run_root.to_string(),
-        }),
-        1 => {
-            let (name, _) = profiles.remove(0);
-            // Sweep candidates are named `base[label]` (`candidate_profiles`).
-            if name.ends_with(']') && name.contains('[') {
-                Err(FleetProfileError::Candidate(name))
-            } else {
-                Ok(name)
-            }
-        }
-        _ => Err(FleetProfileError::Several(profiles)),
-    }
-}
-
-fn dry_run(
-    ctx: &Ctx,
-    spec: &SweepSpec,
-    profiles: &[(Candidate, Profile)],
-    assignment: &assign::Assignment,
-    hosts: &[(HostSpec, HostFacts)],
-    key: Option<&str>,
-    root: &str,
-) -> anyhow::Result<CommandOutcome> {
-    let facts = servers::facts_by_host(hosts);
-    let queue = assignment.needs.iter().cloned().enumerate().collect();
-    let rounds = schedule::rounds(queue, assignment.slots.clone());
-    let mut planned: Vec<PlannedCandidate> = Vec::new();
-    for (round, members) in rounds.iter().enumerate() {
-        for (c, slots) in members {
-            let (candidate, profile) = &profiles[*c];
-            let instances = servers::plan_on(profile, hosts, slots, key, root);
-            let (argv, problem) = match &instances {
-                Ok(i) => (
-                    i.first().map(|i| i.display_argv()).unwrap_or_default(),
-                    preflight::preflight(i, &facts).err().map(|e| e.to_string()),
-                ),
-                Err(e) => (Vec::new(), Some(e.to_string())),
-            };
-            planned.push(PlannedCandidate {
-                id: candidate.id.clone(),
-                label: candidate.label(),
-                round: round + 1,
-                gpus: slots.clone(),
-                argv,
-                problem,
-            });
-        }
-    }
-    let plan = Plan {
-        mode: assignment.mode,
-        gpus: assignment.slots.len(),
-        rounds: match assignment.mode {
-            Mode::Rounds => rounds.len(),
-            Mode::Parallel | Mode::Sequential => 1,
-        },
-        warmup_s: spec.warmup_s,
-        duration_s: spec.duration_s,
-        first_window_s: spec.first_window_s,
-        candidates: planned,
-    };
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&plan)?);
-    } else {
-        out!("{}", report::plan_text(&plan));
-    }
-    Ok(CommandOutcome::Ok)
-}
-
-/// `extends:` names the base the way `fleet profile show` will find it from the new file: by
-/// name when the new file sits in the profiles directory, else by absolute path.
-fn base_reference(profile_arg: &str, base: &Profile, path: &Path, dir: &Path) -> String {
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let same_dir = match (
-        parent.map(std::fs::canonicalize),
-        std::fs::canonicalize(dir),
-    ) {
-        (Some(Ok(a)), Ok(b)) => a == b,
-        _ => false,
-    };
-    let by_name = !profile_arg.contains('/') && !profile_arg.ends_with(".yaml");
-    if same_dir && by_name {
-        profile_arg.to_string()
-    } else {
-        std::fs::canonicalize(&base.path)
-            .unwrap_or_else(|_| PathBuf::from(&base.path))
-            .display()
-            .to_string()
-    }
-}
-
-fn write_profile(
-    path: &Path,
-    profile_arg: &str,
-    base: &Profile,
-    trial: &Trial,
-    profile: &Profile,
-    dir: &Path,
-) -> anyhow::Result<()> {
-    let Outcome::Ok(m) = &trial.outcome else {
-        unreachable!("a winner is always measured")
-    };
-    let expected = Expected {
-        output_tok_s_per_gpu: (m.output_tok_s_per_gpu * 10.0).round() / 10.0,
-        max_running_requests: m.cap,
-    };
-    let comment = format!(
-        "Written by `fleet sweep` from {}: the winner {} ({:.1} output tok/s per GPU, cap {}).",
-        profile_arg,
-        trial.candidate.label(),
-        m.output_tok_s_per_gpu,
-        m.cap
-    );
-    let text = config::derived_profile_yaml(
-        &base_reference(profile_arg, base, path, dir),
-        &overrides(&trial.candidate),
-        Some(&expected),
-        &comment,
-    );
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    // The written file must load back to the winner's config.
-    let back = config::load_profile_file(path, dir, &[])
-        .with_context(|| format!("{} does not load back", path.display()))?;
-    if back.server != profile.server {
-        anyhow::bail!(
-            "{} loads back with other server settings than the winner's",
-            path.display()
-        );
-    }
-    Ok(())
+async fn fleet_profile(fleet: &Fleet) -> anyhow::Result<String> {
+    let registry = fleet.servers().await.whole()?;
+    let inventory = fleet.inventory.path.clone();
+    registry
+        .running_profile(inventory, fleet.run_root())
+        .map_err(|e| UsageError::new(e).into())
 }
 
 /// Progress on stderr: one line per step and per finished trial, and on a terminal a clock
@@ -597,50 +383,5 @@ async fn show(
     }
     if let Some(bar) = clock {
         bar.finish_and_clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn running(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
-        entries
-            .iter()
-            .map(|(p, at)| (p.to_string(), at.iter().map(|s| s.to_string()).collect()))
-            .collect()
-    }
-
-    #[test]
-    fn the_fleet_that_is_up_names_one_profile_or_says_why_not() {
-        let inv = Path::new("fleet.yaml");
-        let one = one_profile(
-            running(&[("sim", &["local:0", "local:1"])]),
-            inv,
-            "/tmp/fleet",
-        );
-        assert_eq!(one.unwrap(), "sim");
-        let none = one_profile(running(&[]), inv, "/tmp/fleet").unwrap_err();
-        assert!(
-            none.to_string()
-                .contains("no fleet is up on the hosts of fleet.yaml (run directory /tmp/fleet)"),
-            "{none}"
-        );
-        let several = one_profile(
-            running(&[("a", &["h:0"]), ("b", &["h:1", "g:0"])]),
-            inv,
-            "/r",
-        )
-        .unwrap_err();
-        assert!(
-            several
-                .to_string()
-                .contains("runs 2 profiles: a (on h:0), b (on h:1, g:0)"),
-            "{several}"
-        );
-        let candidate = one_profile(running(&[("base[no_buffer]", &["h:0"])]), inv, "/r");
-        assert!(
-            matches!(candidate, Err(FleetProfileError::Candidate(name)) if name == "base[no_buffer]")
-        );
     }
 }

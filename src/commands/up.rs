@@ -10,12 +10,11 @@ use tokio::sync::mpsc;
 
 use crate::cli::UpArgs;
 use crate::config;
-use crate::launch::hosts::connect_all;
-use crate::launch::plan::{self, HostFacts, Instance};
-use crate::launch::preflight::{self, host_facts};
+use crate::launch::plan::{self, Instance};
+use crate::launch::preflight;
 use crate::launch::report;
 use crate::launch::up::{self, Run, UpEvent, UpOptions, UpState};
-use crate::launch::{PROBE_HTTP, env};
+use crate::launch::{Fleet, PROBE_HTTP, env};
 use crate::sglang::client::http_client;
 
 use super::output::{eout, out, outln};
@@ -26,39 +25,19 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let profile = config::load_profile(&args.profile, &ctx.global.profiles_dir)?;
-    let inventory = config::load_inventory(&ctx.global.config)?;
     let api_key = env::api_key(&profile).map_err(UsageError::new)?;
-    let run_root = env::run_root();
-    let connected = connect_all(&inventory.hosts, &ctx.connect_options()).await;
-    let mut partial = false;
-    for e in &connected.failed {
+    let mut fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    let mut partial = fleet.log_unreachable();
+    let learned = fleet.learn(&profile.launcher, &profile.env, !args.skip_preflight);
+    let failed = tokio::select! {
+        failed = learned => failed,
+        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
+    };
+    for e in &failed {
         tracing::error!("{e}");
         partial = true;
     }
-    let (launcher, env) = (&profile.launcher, &profile.env);
-    let looks = inventory.hosts.iter().filter_map(|h| {
-        let t = connected.transports.get(&h.name)?;
-        Some(async move {
-            (
-                h.clone(),
-                host_facts(t, h, launcher, env, !args.skip_preflight).await,
-            )
-        })
-    });
-    let looked = tokio::select! {
-        looked = futures::future::join_all(looks) => looked,
-        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
-    };
-    let mut hosts: Vec<(config::HostSpec, HostFacts)> = Vec::new();
-    for (host, facts) in looked {
-        match facts {
-            Ok(f) => hosts.push((host, f)),
-            Err(e) => {
-                tracing::error!("{e}");
-                partial = true;
-            }
-        }
-    }
+    let hosts = fleet.hosts();
     if hosts.is_empty() {
         anyhow::bail!("no host could be prepared; nothing was started");
     }
@@ -67,11 +46,11 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         &hosts,
         args.gpus.as_deref(),
         api_key.as_deref(),
-        &run_root,
+        fleet.run_root(),
     )
     .map_err(UsageError::new)?;
-    let facts: BTreeMap<String, HostFacts> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
-    let versions: BTreeMap<String, Option<String>> = facts
+    let versions: BTreeMap<String, Option<String>> = fleet
+        .facts()
         .iter()
         .map(|(name, f)| (name.clone(), f.version.clone()))
         .collect();
@@ -82,7 +61,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
             instance.display_argv().join(" ")
         );
     }
-    preflight::preflight(&instances, &facts).map_err(UsageError::new)?;
+    preflight::preflight(&instances, fleet.facts()).map_err(UsageError::new)?;
     if args.dry_run {
         if ctx.global.json {
             outln!(
@@ -109,10 +88,9 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let live = std::io::stderr().is_terminal() && !ctx.global.quiet;
     let progress = tokio::spawn(show_progress(labels(&instances), receiver, live));
     let run = Run {
-        transports: &connected.transports,
+        fleet: &fleet,
         http: &http,
         api_key: api_key.as_deref(),
-        run_root: &run_root,
         events: &events,
         cancel: &ctx.cancel,
     };
@@ -178,18 +156,18 @@ async fn show_progress(
     };
     while let Some(event) = events.recv().await {
         match event {
-            UpEvent::Started { key, pid } => {
+            UpEvent::Started { key, handle } => {
                 if let Some(bar) = bars.get(key) {
                     bar.set_message("loading");
                 }
                 if !live {
-                    tracing::info!("{}: started (pid {pid}), loading", labels[key]);
+                    tracing::info!("{}: started ({handle}), loading", labels[key]);
                 }
             }
-            UpEvent::AlreadyRunning { key, pid } => {
-                finish(key, format!("already running (pid {pid})"));
+            UpEvent::AlreadyRunning { key, handle } => {
+                finish(key, format!("already running ({handle})"));
                 if !live {
-                    tracing::info!("{}: already running this config (pid {pid})", labels[key]);
+                    tracing::info!("{}: already running this config ({handle})", labels[key]);
                 }
             }
             UpEvent::Ready { key, after } => {

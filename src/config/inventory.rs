@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::check::{Checker, suggest};
 use super::yaml::{Loc, Node, Value};
-use super::{ConfigError, GpuSelection, HostSpec, Inventory, SshTarget};
+use super::{ConfigError, GpuSelection, HostSpec, Inventory, MachineSpec, SshTarget};
 
 pub(super) const MINIMAL_EXAMPLE: &str = "\
 hosts:
@@ -151,14 +151,14 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
     };
     let gpus_loc = f.get("gpus").map_or(f.loc, |n| n.loc);
     let name_loc = name_node.map_or(f.loc, |n| n.loc);
-    let spec = HostSpec {
+    let spec = HostSpec::Machine(MachineSpec {
         name: name?,
         ssh,
         container,
         gpus: gpus?,
         address,
         ssh_options,
-    };
+    });
     Some(Read {
         spec,
         path: path.to_string(),
@@ -240,7 +240,7 @@ pub fn parse_ssh_target(s: &str) -> Result<SshTarget, String> {
     })
 }
 
-impl HostSpec {
+impl MachineSpec {
     /// This machine itself: no SSH hop and no container in between, so its GPUs can be read
     /// through NVML here and its processes are ours to look at directly.
     pub fn is_local(&self) -> bool {
@@ -414,11 +414,11 @@ fn proxy_jump(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
 fn unique_names(c: &mut Checker, hosts: &[Read]) {
     let mut seen: BTreeMap<&str, Loc> = BTreeMap::new();
     for h in hosts {
-        if let Some(first) = seen.insert(&h.spec.name, h.name_loc) {
+        if let Some(first) = seen.insert(h.spec.name(), h.name_loc) {
             c.report(
                 h.name_loc,
                 &format!("{}.name", h.path),
-                format!("host name `{}` is used twice", h.spec.name),
+                format!("host name `{}` is used twice", h.spec.name()),
                 Some(format!(
                     "first on line {}; names must be unique",
                     first.line
@@ -431,7 +431,7 @@ fn unique_names(c: &mut Checker, hosts: &[Read]) {
 /// Two hosts on the same machine and container would serve a shared GPU on the same port.
 fn collisions(c: &mut Checker, hosts: &[Read]) {
     // Users differ, the machine does not: `root@pve` and `admin@pve:22` are one place.
-    let place = |h: &HostSpec| {
+    let place = |h: &MachineSpec| {
         (
             h.ssh
                 .as_ref()
@@ -439,12 +439,17 @@ fn collisions(c: &mut Checker, hosts: &[Read]) {
             h.container,
         )
     };
-    for (j, b) in hosts.iter().enumerate() {
-        for a in &hosts[..j] {
-            if place(&a.spec) != place(&b.spec) {
+    // Only machines share GPUs by place.
+    let machines: Vec<(&Read, &MachineSpec)> = hosts
+        .iter()
+        .filter_map(|r| Some((r, r.spec.machine()?)))
+        .collect();
+    for (j, (b, bm)) in machines.iter().enumerate() {
+        for (a, am) in &machines[..j] {
+            if place(am) != place(bm) {
                 continue;
             }
-            let shared = match (&a.spec.gpus, &b.spec.gpus) {
+            let shared = match (&am.gpus, &bm.gpus) {
                 (GpuSelection::List(x), GpuSelection::List(y)) => {
                     let shared: Vec<String> = y
                         .iter()
@@ -464,7 +469,7 @@ fn collisions(c: &mut Checker, hosts: &[Read]) {
                 format!(
                     "port collision: host `{}` shares {shared} with host `{}` (line {}) on the same \
                      machine and container",
-                    b.spec.name, a.spec.name, a.name_loc.line
+                    bm.name, am.name, a.name_loc.line
                 ),
                 Some("give each host distinct GPUs, or merge them into one host".into()),
             );
@@ -480,6 +485,10 @@ mod tests {
         inventory_from_str(text, Path::new("fleet.yaml"))
     }
 
+    fn machine(inv: &Inventory, i: usize) -> &MachineSpec {
+        inv.hosts[i].machine().expect("a machine")
+    }
+
     fn shown(text: &str) -> Vec<String> {
         match load(text) {
             Err(ConfigError::Invalid(p)) => p.iter().map(|p| p.to_string()).collect(),
@@ -493,7 +502,7 @@ mod tests {
             "hosts:\n  - name: ct200\n    ssh: root@10.1.2.6\n    container: 200\n    gpus: [0,1,2,3,4,5,6,7]\n    address: 10.1.2.50\n    ssh_options: {identityfile: ~/.ssh/id_ed25519, Port: 2222}\n  - name: local\n",
         )
         .unwrap();
-        let h = &inv.hosts[0];
+        let h = machine(&inv, 0);
         assert_eq!(
             h.ssh,
             Some(SshTarget {
@@ -507,7 +516,7 @@ mod tests {
         assert_eq!(h.address.as_deref(), Some("10.1.2.50"));
         assert_eq!(h.ssh_options["IdentityFile"], "~/.ssh/id_ed25519");
         assert_eq!(h.ssh_options["Port"], "2222");
-        let local = &inv.hosts[1];
+        let local = machine(&inv, 1);
         assert_eq!(
             (local.ssh.as_ref(), local.container, &local.gpus),
             (None, None, &GpuSelection::All)
@@ -624,13 +633,13 @@ mod tests {
             "hosts:\n  - name: a\n    ssh: root@pve\n    ssh_options:\n      ProxyJump: ops@bastion:2222,inner\n      ServerAliveInterval: 0\n      serveralivecountmax: 5\n      IdentitiesOnly: yes\n",
         )
         .unwrap();
-        let o = &inv.hosts[0].ssh_options;
+        let o = &machine(&inv, 0).ssh_options;
         assert_eq!(o["ProxyJump"], "ops@bastion:2222,inner");
         assert_eq!(o["ServerAliveInterval"], "0");
         assert_eq!(o["ServerAliveCountMax"], "5");
         assert_eq!(o["IdentitiesOnly"], "yes");
         let inv = load("hosts:\n  - name: a\n    ssh: pve\n    ssh_options: {ProxyJump: none, IdentitiesOnly: false}\n").unwrap();
-        assert_eq!(inv.hosts[0].ssh_options["IdentitiesOnly"], "no");
+        assert_eq!(machine(&inv, 0).ssh_options["IdentitiesOnly"], "no");
         let p = shown(
             "hosts:\n  - name: a\n    ssh: pve\n    ssh_options:\n      ProxyJump: bastion,@x\n      IdentitiesOnly: maybe\n      ServerAliveInterval: -1\n      ProxyCommand: nc\n",
         );
@@ -679,7 +688,7 @@ mod tests {
             load_inventory(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fleet.yaml"))
                 .unwrap();
         assert_eq!(inv.hosts.len(), 1);
-        assert_eq!(inv.hosts[0].container, Some(200));
-        assert_eq!(inv.hosts[0].gpus, GpuSelection::List((0..8).collect()));
+        assert_eq!(machine(&inv, 0).container, Some(200));
+        assert_eq!(machine(&inv, 0).gpus, GpuSelection::List((0..8).collect()));
     }
 }

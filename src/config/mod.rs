@@ -28,8 +28,43 @@ pub struct Inventory {
     pub hosts: Vec<HostSpec>,
 }
 
+/// An inventory host. Its kind says what runs its servers, and each kind has a backend
+/// (`launch::backend`) that starts, watches and stops them there.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HostSpec {
+#[serde(untagged)]
+pub enum HostSpec {
+    /// A machine fleet starts server processes on: this one, one over SSH, or a Proxmox
+    /// container on one of those.
+    Machine(MachineSpec),
+    // The next kind is a Slurm allocation whose servers are job steps (a host with a `slurm:`
+    // block): its spec goes here, its reading in `inventory::host`, its backend beside
+    // `launch::backend::machine`.
+}
+
+impl HostSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            HostSpec::Machine(m) => &m.name,
+        }
+    }
+
+    /// The machine, when the host is one.
+    pub fn machine(&self) -> Option<&MachineSpec> {
+        match self {
+            HostSpec::Machine(m) => Some(m),
+        }
+    }
+}
+
+impl From<MachineSpec> for HostSpec {
+    fn from(m: MachineSpec) -> HostSpec {
+        HostSpec::Machine(m)
+    }
+}
+
+/// A machine of the inventory: how to reach it, and its GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MachineSpec {
     pub name: String,
     /// `None`: this machine.
     pub ssh: Option<SshTarget>,

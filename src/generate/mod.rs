@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::backoff::Backoff;
 use crate::config::Expected;
+use crate::server::ServerId;
 use crate::sglang::client::{Api, ClientError, HttpOptions};
 
 pub mod concurrency;
@@ -34,22 +35,21 @@ pub use concurrency::ConcurrencyMode;
 pub use input::RetryFailed;
 pub use shell::run;
 
-/// The servers a run sends to, with the host each is on and, for hosts behind a connection
-/// that can drop, the link to watch.
-#[derive(Debug, Clone, Default)]
+/// The servers a run sends to (each endpoint's id names its host), the links to watch of the
+/// hosts behind a connection that can drop, and the port forwards the endpoints ride on, held
+/// for the run and closed when it ends.
+#[derive(Debug, Default)]
 pub struct Targets {
     pub endpoints: Vec<Endpoint>,
-    /// The inventory host of each endpoint (`None` for `--url` servers).
-    pub hosts: Vec<Option<String>>,
     pub links: Vec<(String, tokio::sync::watch::Receiver<crate::remote::Link>)>,
+    pub tunnels: Vec<crate::remote::Tunnel>,
 }
 
 impl From<Vec<Endpoint>> for Targets {
     fn from(endpoints: Vec<Endpoint>) -> Self {
         Targets {
-            hosts: vec![None; endpoints.len()],
             endpoints,
-            links: Vec::new(),
+            ..Targets::default()
         }
     }
 }
@@ -152,7 +152,7 @@ impl Default for Timing {
 /// An instance as the run found it at start.
 #[derive(Debug, Clone, Serialize)]
 pub struct InstanceInfo {
-    pub name: String,
+    pub name: ServerId,
     pub url: String,
     pub version: Option<String>,
     pub server_cap: Option<u64>,
@@ -181,11 +181,11 @@ pub enum Event {
         bytes: u64,
     },
     InstanceDown {
-        name: String,
+        name: ServerId,
         reason: String,
     },
     InstanceUp {
-        name: String,
+        name: ServerId,
         server_cap: Option<u64>,
     },
     /// No instance is healthy: dispatching waits up to the stall timeout, probing meanwhile.

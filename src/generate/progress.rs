@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::server::ServerId;
+
 pub const PROGRESS_FILE: &str = "progress.json";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +77,7 @@ pub struct Progress {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceProgress {
-    pub name: String,
+    pub name: ServerId,
     pub url: String,
     pub healthy: bool,
     pub in_flight: u32,

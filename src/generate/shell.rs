@@ -22,22 +22,35 @@ use super::prepare::{self, Prepared};
 use super::progress::{self, Progress, Status};
 use super::upload::Uploader;
 use super::{Event, GenerateConfig, GenerateError, Summary, Targets};
-use crate::remote::Link;
-use crate::sglang::client::{CompletionRequest, SglangClient, http_client};
+use crate::remote::{Link, Tunnel};
+use crate::sglang::client::{CompletionRequest, Endpoint, SglangClient, http_client};
 
 /// Runs the job over `targets` until every prompt is written, the token is cancelled, or the
-/// run cannot go on. Reports through `on_event`; never prints.
+/// run cannot go on, then closes the targets' port forwards. Reports through `on_event`; never
+/// prints.
 pub async fn run(
     config: GenerateConfig,
     targets: Targets,
-    mut on_event: impl FnMut(Event) + Send,
+    on_event: impl FnMut(Event) + Send,
     cancel: CancellationToken,
 ) -> Result<Summary, GenerateError> {
     let Targets {
         endpoints,
-        hosts,
         links,
+        tunnels,
     } = targets;
+    let result = run_on(config, endpoints, links, on_event, cancel).await;
+    futures::future::join_all(tunnels.into_iter().map(Tunnel::close)).await;
+    result
+}
+
+async fn run_on(
+    config: GenerateConfig,
+    endpoints: Vec<Endpoint>,
+    links: Vec<(String, watch::Receiver<Link>)>,
+    mut on_event: impl FnMut(Event) + Send,
+    cancel: CancellationToken,
+) -> Result<Summary, GenerateError> {
     if endpoints.is_empty() {
         return Err(GenerateError::NoEndpoints);
     }
@@ -78,11 +91,9 @@ pub async fn run(
     let servers = clients
         .iter()
         .zip(infos)
-        .zip(hosts)
-        .map(|((c, info), host)| Server {
-            name: c.endpoint().name.clone(),
+        .map(|(c, info)| Server {
+            id: c.endpoint().id.clone(),
             url: c.endpoint().base_url.clone(),
-            host,
             info: info.map_err(|e| e.to_string()),
         })
         .collect();

@@ -5,6 +5,7 @@
 
 mod binary;
 mod ops;
+pub mod place;
 pub mod transfer;
 
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use crate::launch::state::StateError;
 use crate::remote::RemoteError;
 
 pub use binary::{BinaryChoice, choose, fleet_on};
-pub use ops::{JOBS_DIR, JobSpec, find, job_dir, list, log_path, start, stop};
+pub use ops::{JOBS_DIR, JobSpec, find, job_dir, list, log_path, settle, start, stop};
 
 /// What a job directory records about its job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

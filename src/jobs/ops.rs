@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{JobError, JobRecord, JobView};
 use crate::generate::progress::{PROGRESS_FILE, Progress, Status};
+use crate::launch::backend::machine::proc;
 use crate::launch::state::{self, StateError, run_ok};
 use crate::remote::{Detached, Transport, argv};
 
@@ -54,7 +55,7 @@ pub async fn start(
             pidfile: format!("{dir}/{PIDFILE}"),
         })
         .await?;
-    let start_ticks = state::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
+    let start_ticks = proc::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
     let record = JobRecord {
         id: spec.id,
         host: t.host().to_string(),
@@ -74,6 +75,34 @@ pub async fn start(
     let path = format!("{dir}/{RECORD}");
     run_ok(t, &argv(&["sh", "-c", script, "sh", &json, &path])).await?;
     Ok(record)
+}
+
+/// How long a new job is watched for an immediate failure, and how often.
+const SETTLE: Duration = Duration::from_secs(3);
+const SETTLE_POLL: Duration = Duration::from_millis(200);
+
+/// Watches the job `id` just started until it writes progress, or [`SETTLE`] passes. A job that
+/// cannot start (its `--out` locked, a bad flag) dies at once: that is an error with its log.
+pub async fn settle(t: &dyn Transport, run_root: &str, id: &str) -> Result<(), JobError> {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let view = list(t, run_root)
+            .await?
+            .into_iter()
+            .find(|v| v.record.id == id);
+        match view {
+            Some(v) if !v.alive && v.state == "dead" => {
+                return Err(JobError::Died {
+                    host: t.host().to_string(),
+                    log_tail: v.log_tail.unwrap_or_default(),
+                });
+            }
+            Some(v) if v.progress.is_some() || tokio::time::Instant::now() >= deadline => {
+                return Ok(());
+            }
+            _ => tokio::time::sleep(SETTLE_POLL).await,
+        }
+    }
 }
 
 /// Every job recorded on the host, newest first, with its progress and whether it still runs.
@@ -107,7 +136,7 @@ async fn view(t: &dyn Transport, record: JobRecord) -> Result<JobView, JobError>
         .success()
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten();
-    let alive = state::proc_stat(t, record.pid)
+    let alive = proc::proc_stat(t, record.pid)
         .await?
         .is_some_and(|p| p.running() && p.start_ticks == record.start_ticks);
     let finished = progress.as_ref().is_some_and(|p| {
@@ -175,7 +204,7 @@ pub async fn stop(t: &dyn Transport, view: &JobView, wait: Duration) -> Result<J
         }
         let deadline = tokio::time::Instant::now() + wait;
         while tokio::time::Instant::now() < deadline {
-            let alive = state::proc_stat(t, view.record.pid)
+            let alive = proc::proc_stat(t, view.record.pid)
                 .await?
                 .is_some_and(|p| p.running() && p.start_ticks == view.record.start_ticks);
             if !alive {

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::launch::state::ProcStat;
+use crate::launch::backend::machine::proc::ProcStat;
 use crate::remote::{RemoteError, Transport};
 
 /// How often the owner touches the lock.

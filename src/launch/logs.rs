@@ -3,13 +3,14 @@
 //! cancelled or nobody reads any more. The secrets SGLang logs (`api_key` in `server_args=`)
 //! are masked line by line on the way.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::launch::backend::Backend;
+use crate::launch::fleet::Fleet;
 use crate::launch::plan::RunFiles;
 use crate::launch::state::{self, InstanceRecord, StateError};
 use crate::remote::{LineMask, RemoteError, Transport};
@@ -60,36 +61,36 @@ impl Selector {
 
 /// The host and log path of the selected instance: a running one's, else a stopped one's whose
 /// log is still there. A port without any record (a run directory older than stopped records)
-/// still finds its log when exactly one host has it.
+/// still finds its log when exactly one host has it. The log is read on the host's shell.
 pub async fn locate(
-    transports: &BTreeMap<String, Arc<dyn Transport>>,
-    run_root: &str,
+    fleet: &Fleet,
     selector: &Selector,
-) -> Result<(String, String), LogsError> {
-    let hosts: Vec<(&String, &Arc<dyn Transport>)> = transports
-        .iter()
-        .filter(|(name, _)| match selector {
-            Selector::HostGpu { host, .. } => host == *name,
+) -> Result<(Arc<dyn Transport>, String), LogsError> {
+    let hosts: Vec<&Arc<dyn Backend>> = fleet
+        .backends()
+        .filter(|b| match selector {
+            Selector::HostGpu { host, .. } => host == b.host(),
             Selector::Port(_) => true,
         })
         .collect();
     let hit = |r: &InstanceRecord| match selector {
-        Selector::HostGpu { gpu, .. } => r.gpu == *gpu,
+        Selector::HostGpu { gpu, .. } => r.id.gpu_index() == Some(*gpu),
         Selector::Port(port) => r.port == *port,
     };
-    let mut found = Vec::new();
-    for (name, t) in &hosts {
-        for r in state::read_records(t.as_ref(), run_root).await? {
-            if hit(&r) {
-                found.push(((*name).clone(), r.log));
+    let mut found: Vec<(&Arc<dyn Backend>, String)> = Vec::new();
+    for b in &hosts {
+        for s in b.survey().await? {
+            if hit(&s.record) {
+                found.push((b, s.record.log));
             }
         }
     }
     if found.is_empty() {
-        for (name, t) in &hosts {
-            for r in state::read_stopped_records(t.as_ref(), run_root).await? {
-                if hit(&r) && exists(t.as_ref(), &r.log).await? {
-                    found.push(((*name).clone(), r.log));
+        for b in &hosts {
+            let t = b.shell().as_ref();
+            for r in state::read_stopped_records(t, b.run_root()).await? {
+                if hit(&r) && exists(t, &r.log).await? {
+                    found.push((b, r.log));
                 }
             }
         }
@@ -97,10 +98,10 @@ pub async fn locate(
     if found.is_empty()
         && let Selector::Port(port) = selector
     {
-        let log = RunFiles::new(run_root, *port).log;
-        for (name, t) in &hosts {
-            if exists(t.as_ref(), &log).await? {
-                found.push(((*name).clone(), log.clone()));
+        for b in &hosts {
+            let log = RunFiles::new(b.run_root(), *port).log;
+            if exists(b.shell().as_ref(), &log).await? {
+                found.push((b, log));
             }
         }
     }
@@ -110,15 +111,18 @@ pub async fn locate(
     };
     match found.len() {
         0 => Err(LogsError::NotFound(label)),
-        1 => Ok(found.remove(0)),
+        1 => {
+            let (b, log) = found.remove(0);
+            Ok((b.shell().clone(), log))
+        }
         _ => Err(LogsError::Ambiguous {
             port: match selector {
                 Selector::Port(p) => *p,
                 Selector::HostGpu { .. } => 0,
             },
             hosts: found
-                .into_iter()
-                .map(|(h, _)| h)
+                .iter()
+                .map(|(b, _)| b.host())
                 .collect::<Vec<_>>()
                 .join(", "),
         }),

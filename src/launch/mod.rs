@@ -1,20 +1,29 @@
-//! Launching a fleet: the pure plan, and up/down/status/logs execution over transports.
+//! Launching a fleet: the [`fleet::Fleet`] every command starts from, the pure plan, and
+//! up/down/status/logs execution through each host's [`backend::Backend`], over the servers of
+//! the one [`registry::Registry`].
 
 use std::time::Duration;
 
 use crate::sglang::client::HttpOptions;
 
+pub mod backend;
 pub mod down;
 pub mod env;
-pub mod hosts;
+pub mod fleet;
 pub mod lock;
 pub mod logs;
 pub mod plan;
 pub mod preflight;
+pub mod registry;
 pub mod report;
 pub mod state;
 pub mod status;
 pub mod up;
+
+#[cfg(test)]
+mod tests;
+
+pub use fleet::Fleet;
 
 /// HTTP to a server being looked at (health, `/server_info`, `/metrics`): it answers fast or
 /// not at all.

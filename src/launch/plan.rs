@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use crate::config::{ConfigError, GpuSelection, HostSpec, Profile};
+use crate::server::ServerId;
 use crate::sglang::flags::{self, Render};
 use crate::sglang::help::HelpSpec;
 
@@ -31,11 +32,11 @@ pub struct HostFacts {
     pub gpus_present: Vec<u32>,
 }
 
-/// One server to run.
+/// One server to run: the planned stage of a server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Instance {
-    pub host: String,
-    pub gpu: u32,
+    /// Its host and GPU.
+    pub id: ServerId,
     pub port: u16,
     /// Launcher followed by the server arguments: exactly what runs. Never the API key (that
     /// is in `secrets`), but a profile's own arguments may hold a secret: show it only through
@@ -78,7 +79,12 @@ impl Instance {
 
     /// `ct200 gpu5 :30005`, the name used in progress and messages.
     pub fn label(&self) -> String {
-        format!("{} gpu{} :{}", self.host, self.gpu, self.port)
+        self.id.label(self.port)
+    }
+
+    /// The inventory host it is planned on.
+    pub fn host(&self) -> &str {
+        self.id.host().unwrap_or_default()
     }
 }
 
@@ -153,7 +159,7 @@ pub fn plan(
         if !missing.is_empty() {
             let have = hosts
                 .iter()
-                .map(|(h, f)| format!("{}: {}", h.name, join(&host_gpus(h, f))))
+                .map(|(h, f)| format!("{}: {}", h.name(), join(&host_gpus(h, f))))
                 .collect::<Vec<_>>()
                 .join("; ");
             return Err(PlanError::UnknownGpus {
@@ -168,7 +174,7 @@ pub fn plan(
             if only_gpus.is_some_and(|only| !only.contains(&gpu)) {
                 continue;
             }
-            let port = profile.port_for_gpu(&host.name, gpu)?;
+            let port = profile.port_for_gpu(host.name(), gpu)?;
             instances.push(instance(profile, host, facts, gpu, port, api_key, run_root));
         }
     }
@@ -202,8 +208,7 @@ fn instance(
         .or_insert_with(|| "PCI_BUS_ID".to_string());
     let fingerprint = fingerprint(&flags::masked(&argv), &env);
     Instance {
-        host: host.name.clone(),
-        gpu,
+        id: ServerId::gpu(host.name(), gpu),
         port,
         argv,
         launcher_len: profile.launcher.len(),
@@ -219,9 +224,11 @@ fn instance(
 
 /// The GPUs `host` offers: its inventory list, or every GPU the host has for `all`.
 pub fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
-    match &host.gpus {
-        GpuSelection::All => facts.gpus_present.clone(),
-        GpuSelection::List(list) => list.clone(),
+    match host {
+        HostSpec::Machine(m) => match &m.gpus {
+            GpuSelection::All => facts.gpus_present.clone(),
+            GpuSelection::List(list) => list.clone(),
+        },
     }
 }
 
@@ -263,14 +270,14 @@ pub(crate) mod tests {
 
     /// An inventory host on this machine (no SSH, no container) with `gpus`.
     pub(crate) fn host(name: &str, gpus: GpuSelection) -> HostSpec {
-        HostSpec {
+        HostSpec::Machine(crate::config::MachineSpec {
             name: name.into(),
             ssh: None,
             container: None,
             gpus,
             address: None,
             ssh_options: BTreeMap::new(),
-        }
+        })
     }
 
     fn facts(address: &str) -> HostFacts {
@@ -293,7 +300,7 @@ pub(crate) mod tests {
         let plan = plan(&p, &hosts, None, None, "/tmp/fleet").unwrap();
         assert_eq!(plan.len(), 2);
         let i = &plan[1];
-        assert_eq!((i.host.as_str(), i.gpu, i.port), ("ct200", 5, 30005));
+        assert_eq!((&i.id, i.port), (&ServerId::gpu("ct200", 5), 30005));
         assert_eq!(i.label(), "ct200 gpu5 :30005");
         assert_eq!(&i.argv[..3], &p.launcher[..]);
         assert_eq!(

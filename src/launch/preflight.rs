@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::config::{GpuSelection, HostSpec};
+use crate::config::{GpuSelection, MachineSpec};
 use crate::gpu::{self, GpuError};
 use crate::launch::plan::{HostFacts, Instance};
 use crate::remote::{RemoteError, Transport};
@@ -39,11 +39,11 @@ pub enum FactsError {
     Gpus(#[from] GpuError),
 }
 
-/// Everything planning needs to know about one host; `--help` is read only when `preflight`.
+/// Everything planning needs to know about one machine; `--help` is read only when `preflight`.
 /// `--help` and the version are read with the profile's `env`, as the servers will run.
 pub async fn host_facts(
     t: &Arc<dyn Transport>,
-    host: &HostSpec,
+    host: &MachineSpec,
     launcher: &[String],
     env: &BTreeMap<String, String>,
     preflight: bool,
@@ -188,7 +188,7 @@ pub fn preflight(
 ) -> Result<(), PreflightFailure> {
     let mut hosts: Vec<HostMismatches> = Vec::new();
     for instance in instances {
-        let Some(f) = facts.get(&instance.host) else {
+        let Some(f) = facts.get(instance.host()) else {
             continue;
         };
         let Some(help) = &f.help else { continue };
@@ -196,11 +196,11 @@ pub fn preflight(
         if problems.is_empty() {
             continue;
         }
-        let entry = match hosts.iter_mut().position(|h| h.host == instance.host) {
+        let entry = match hosts.iter_mut().position(|h| h.host == instance.host()) {
             Some(i) => &mut hosts[i],
             None => {
                 hosts.push(HostMismatches {
-                    host: instance.host.clone(),
+                    host: instance.host().to_string(),
                     version: f.version.clone(),
                     launcher: instance.argv[..instance.launcher_len].join(" "),
                     problems: Vec::new(),
@@ -231,7 +231,7 @@ mod tests {
     const HELP_0_5_10: &str = include_str!("../../tests/fixtures/sglang/help-0.5.10.txt");
     const HELP_0_5_23: &str = include_str!("../../tests/fixtures/sglang/help-0.5.23.txt");
 
-    fn host(name: &str) -> HostSpec {
+    fn host(name: &str) -> crate::config::HostSpec {
         plan::tests::host(name, GpuSelection::List(vec![0, 1]))
     }
 
@@ -254,7 +254,10 @@ mod tests {
             (host("new"), facts(HELP_0_5_23, "0.5.23")),
         ];
         let instances = plan::plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT).unwrap();
-        let facts: BTreeMap<_, _> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
+        let facts: BTreeMap<_, _> = hosts
+            .into_iter()
+            .map(|(h, f)| (h.name().to_string(), f))
+            .collect();
         let err = preflight(&instances, &facts).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -271,7 +274,10 @@ mod tests {
     fn a_valid_plan_and_a_skipped_preflight_pass() {
         let hosts = vec![(host("new"), facts(HELP_0_5_23, "0.5.23"))];
         let instances = plan::plan(&profile(), &hosts, None, None, DEFAULT_RUN_ROOT).unwrap();
-        let mut facts: BTreeMap<_, _> = hosts.into_iter().map(|(h, f)| (h.name, f)).collect();
+        let mut facts: BTreeMap<_, _> = hosts
+            .into_iter()
+            .map(|(h, f)| (h.name().to_string(), f))
+            .collect();
         assert_eq!(preflight(&instances, &facts), Ok(()));
         facts.get_mut("new").unwrap().help = None;
         assert_eq!(preflight(&instances, &facts), Ok(()));

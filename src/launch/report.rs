@@ -10,9 +10,20 @@ use crate::launch::plan::Instance;
 use crate::launch::status::InstanceStatus;
 use crate::launch::up::{UpOutcome, UpState};
 use crate::report::table;
+use crate::server::ServerId;
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// The HOST column.
+fn host(id: &ServerId) -> &str {
+    id.host().unwrap_or("-")
+}
+
+/// The GPU column.
+fn gpu(id: &ServerId) -> String {
+    opt(id.gpu_index())
 }
 
 /// `fleet up --dry-run`: what would run where, with the exact (masked) command line, one block
@@ -20,15 +31,13 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 pub fn plan_text(instances: &[Instance], versions: &BTreeMap<String, Option<String>>) -> String {
     let mut out = String::new();
     for i in instances {
-        let version = opt(versions.get(&i.host).cloned().flatten());
+        let version = opt(versions.get(i.host()).cloned().flatten());
         let env: Vec<String> = i.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let argv = shlex::try_join(i.display_argv().iter().map(String::as_str))
             .unwrap_or_else(|_| i.display_argv().join(" "));
         out.push_str(&format!(
-            "{} gpu{} :{} (SGLang {version})\n  env: {}\n  $ {argv}\n",
-            i.host,
-            i.gpu,
-            i.port,
+            "{} (SGLang {version})\n  env: {}\n  $ {argv}\n",
+            i.label(),
             env.join(" ")
         ));
     }
@@ -42,7 +51,7 @@ pub fn plan_json(instances: &[Instance]) -> Value {
             .iter()
             .map(|i| {
                 json!({
-                    "host": i.host, "gpu": i.gpu, "port": i.port,
+                    "host": i.host(), "gpu": i.id.gpu_index(), "port": i.port,
                     "argv": i.display_argv(), "env": i.env,
                 })
             })
@@ -57,10 +66,10 @@ pub fn up_table(outcomes: &[UpOutcome], versions: &BTreeMap<String, Option<Strin
             .info
             .version
             .clone()
-            .or_else(|| versions.get(&o.host).cloned().flatten());
+            .or_else(|| versions.get(host(&o.id)).cloned().flatten());
         vec![
-            o.host.clone(),
-            o.gpu.to_string(),
+            host(&o.id).to_string(),
+            gpu(&o.id),
             o.port.to_string(),
             opt(o.pid),
             o.state.as_str().to_string(),
@@ -93,10 +102,8 @@ pub fn up_failures(outcomes: &[UpOutcome]) -> String {
     let mut out = String::new();
     for o in outcomes.iter().filter(|o| o.state == UpState::Failed) {
         out.push_str(&format!(
-            "{} gpu{} :{}: {}\n",
-            o.host,
-            o.gpu,
-            o.port,
+            "{}: {}\n",
+            o.id.label(o.port),
             o.error.as_deref().unwrap_or("failed")
         ));
         out.push_str(&indented_tail(o.log_tail.as_deref()));
@@ -116,10 +123,10 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
     let rows = statuses.iter().map(|s| {
         let load = s.load.as_ref();
         vec![
-            s.host.clone(),
-            s.gpu.to_string(),
+            host(&s.id).to_string(),
+            gpu(&s.id),
             s.port.to_string(),
-            s.pid.to_string(),
+            opt(s.pid),
             s.state().to_string(),
             format_uptime(s.uptime),
             opt(s.mamba_strategy.as_deref()),
@@ -171,10 +178,8 @@ pub fn dead_tails(statuses: &[InstanceStatus]) -> String {
         .filter(|s| s.log_tail.is_some())
         .map(|s| {
             format!(
-                "{} gpu{} :{} ({}):\n{}",
-                s.host,
-                s.gpu,
-                s.port,
+                "{} ({}):\n{}",
+                s.id.label(s.port),
                 s.state(),
                 indented_tail(s.log_tail.as_deref())
             )
@@ -194,10 +199,10 @@ fn format_uptime(secs: u64) -> String {
 pub fn down_table(outcomes: &[StopOutcome]) -> String {
     let rows = outcomes.iter().map(|o| {
         vec![
-            o.host.clone(),
-            o.gpu.to_string(),
+            host(&o.id).to_string(),
+            gpu(&o.id),
             o.port.to_string(),
-            o.pid.to_string(),
+            opt(o.pid),
             o.profile.clone(),
             o.state.as_str().to_string(),
             format!("{:.1}s", o.took.as_secs_f64()),
@@ -218,13 +223,12 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::launch::down::StopState;
+    use crate::launch::backend::StopState;
     use crate::launch::up::Capacity;
 
     fn outcome(state: UpState) -> UpOutcome {
         UpOutcome {
-            host: "ct200".into(),
-            gpu: 5,
+            id: ServerId::gpu("ct200", 5),
             port: 30005,
             pid: Some(4242),
             state,
@@ -281,10 +285,9 @@ mod tests {
     #[test]
     fn down_table_marks_ports_left_open() {
         let o = StopOutcome {
-            host: "h".into(),
-            gpu: 0,
+            id: ServerId::gpu("h", 0),
             port: 30000,
-            pid: 7,
+            pid: Some(7),
             profile: "p".into(),
             state: StopState::AlreadyDead,
             took: Duration::from_millis(120),

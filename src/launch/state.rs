@@ -1,20 +1,22 @@
-//! What fleet leaves on a target and reads back: the instance records in the run directory, the
-//! process table (`/proc/<pid>/stat`) that tells a live server from a dead or reused pid, and
-//! the listening TCP ports (`/proc/net/tcp*`). Parsing is pure; reading goes through a transport.
-
-use std::collections::{BTreeMap, BTreeSet};
+//! What fleet keeps in the run directory on a host's shell and reads back, whatever backend runs
+//! the servers: each started server's record (the recorded stage of a server, with the
+//! backend's [`Handle`] to it), the record a stopped server leaves beside its log, the secrets
+//! file, and the logs' tails. Every operation is one short script through the shell's
+//! transport.
 
 use serde::{Deserialize, Serialize};
 
 use crate::launch::plan::{RunFiles, SECRETS_FILE, Secret};
 use crate::remote::{RemoteError, Transport, argv, mask};
+use crate::server::{ServerId, host_gpu};
 use crate::sglang::client::Endpoint;
 
-/// `instance.json`: written by `up` once the server is started; read by status, down and logs.
+/// `instance.json`: a started server, written by its backend once it runs; read by status,
+/// down, logs, generate and sweep.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceRecord {
-    pub host: String,
-    pub gpu: u32,
+    #[serde(flatten, with = "host_gpu")]
+    pub id: ServerId,
     pub port: u16,
     pub profile: String,
     pub fingerprint: String,
@@ -22,11 +24,9 @@ pub struct InstanceRecord {
     pub argv: Vec<String>,
     /// Where the server is reached from the SSH side.
     pub address: String,
-    /// Process (and process group) id.
-    pub pid: u32,
-    /// The process's start time in clock ticks after boot (`/proc/<pid>/stat` field 22): a pid
-    /// with another start time is another process.
-    pub start_ticks: u64,
+    /// How the backend finds the server again.
+    #[serde(flatten)]
+    pub handle: Handle,
     /// Seconds since the Unix epoch.
     pub started_at: u64,
     /// The environment variable holding the server's API key (never the key itself).
@@ -38,12 +38,62 @@ pub struct InstanceRecord {
     pub record: String,
 }
 
+/// How a backend finds a server it started again. The kind of backend decides the kind of
+/// handle; each is stored flat in the record, as its own fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Handle {
+    /// A process group on a machine: its leader's pid (also the group's id) and the leader's
+    /// start time in clock ticks after boot (`/proc/<pid>/stat` field 22), since a pid with
+    /// another start time is another process.
+    Process { pid: u32, start_ticks: u64 },
+    // A Slurm job step (`job`, `step`, `node`) is the next kind.
+}
+
+impl std::fmt::Display for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Handle::Process { pid, .. } => write!(f, "pid {pid}"),
+        }
+    }
+}
+
+impl Handle {
+    /// The process id to show, where the server is a process fleet can name.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Handle::Process { pid, .. } => Some(*pid),
+        }
+    }
+}
+
+/// What became of a recorded server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    Running,
+    /// Gone, or a zombie.
+    Dead,
+    /// The handle now names another server or process: never touch it.
+    Reused,
+}
+
 impl InstanceRecord {
+    /// The inventory host it runs on.
+    pub fn host(&self) -> &str {
+        self.id.host().unwrap_or_default()
+    }
+
+    /// `ct200 gpu5 :30005`, as up, down and the sweep name a server in messages.
+    pub fn label(&self) -> String {
+        self.id.label(self.port)
+    }
+
     /// The server as an HTTP endpoint through a local port forwarded to it. The API key comes
     /// from the environment variable the profile named, here as at `up`.
     pub fn endpoint(&self, forwarded: std::net::SocketAddr) -> Endpoint {
         Endpoint {
-            name: format!("{}:gpu{}", self.host, self.gpu),
+            id: self.id.clone(),
             base_url: format!("http://{forwarded}"),
             api_key: self
                 .api_key_env
@@ -51,98 +101,6 @@ impl InstanceRecord {
                 .and_then(|v| std::env::var(v).ok()),
         }
     }
-}
-
-/// One line of `/proc/<pid>/stat`, the fields fleet needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    pub pid: u32,
-    pub state: char,
-    pub pgrp: u32,
-    pub start_ticks: u64,
-}
-
-impl ProcStat {
-    /// A zombie has exited; it only waits to be reaped (containers' init may never do it).
-    pub fn running(&self) -> bool {
-        !matches!(self.state, 'Z' | 'X' | 'x')
-    }
-
-    /// `/proc/<pid>/stat`: the command name is in parentheses and may hold spaces or `)`, so
-    /// fields are counted from the last `)`.
-    pub fn parse(line: &str) -> Option<ProcStat> {
-        let open = line.find(" (")?;
-        let close = line.rfind(')')?;
-        let pid = line[..open].trim().parse().ok()?;
-        let fields: Vec<&str> = line.get(close + 1..)?.split_whitespace().collect();
-        Some(ProcStat {
-            pid,
-            state: fields.first()?.chars().next()?,
-            pgrp: fields.get(2)?.parse().ok()?,
-            start_ticks: fields.get(19)?.parse().ok()?,
-        })
-    }
-}
-
-/// A snapshot of a target's processes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcTable {
-    by_pid: BTreeMap<u32, ProcStat>,
-}
-
-/// What became of a recorded server process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Liveness {
-    Running,
-    /// Gone, or a zombie.
-    Dead,
-    /// The pid now belongs to another process: never touch it.
-    Reused,
-}
-
-impl ProcTable {
-    pub fn parse(text: &str) -> ProcTable {
-        let by_pid = text
-            .lines()
-            .filter_map(ProcStat::parse)
-            .map(|p| (p.pid, p))
-            .collect();
-        ProcTable { by_pid }
-    }
-
-    pub fn liveness(&self, pid: u32, start_ticks: u64) -> Liveness {
-        match self.by_pid.get(&pid) {
-            Some(p) if p.start_ticks != start_ticks => Liveness::Reused,
-            Some(p) if p.running() => Liveness::Running,
-            _ => Liveness::Dead,
-        }
-    }
-
-    /// Running members of process group `pgid` (a server's workers outlive a dead leader).
-    pub fn group(&self, pgid: u32) -> Vec<u32> {
-        self.by_pid
-            .values()
-            .filter(|p| p.pgrp == pgid && p.running())
-            .map(|p| p.pid)
-            .collect()
-    }
-}
-
-/// Ports in LISTEN state in `/proc/net/tcp` or `/proc/net/tcp6` text.
-pub fn parse_listening(text: &str) -> BTreeSet<u16> {
-    const LISTEN: &str = "0A";
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let local = fields.nth(1)?;
-            let state = fields.nth(1)?;
-            let port = local.rsplit_once(':')?.1;
-            (state == LISTEN)
-                .then(|| u16::from_str_radix(port, 16).ok())
-                .flatten()
-        })
-        .collect()
 }
 
 /// Errors reading or writing fleet's state on a target.
@@ -185,19 +143,6 @@ pub async fn read_records(
     read_json(t, run_root, "instance.json").await
 }
 
-/// The records whose process still runs (its pid with its start time): what `fleet up` left
-/// running.
-pub async fn live_records(
-    t: &dyn Transport,
-    run_root: &str,
-) -> Result<Vec<InstanceRecord>, StateError> {
-    let (records, table) = tokio::try_join!(read_records(t, run_root), proc_table(t))?;
-    Ok(records
-        .into_iter()
-        .filter(|r| table.liveness(r.pid, r.start_ticks) == Liveness::Running)
-        .collect())
-}
-
 /// The records of instances fleet stopped whose directories are still there.
 pub async fn read_stopped_records(
     t: &dyn Transport,
@@ -223,7 +168,7 @@ async fn read_json(
             ),
         }
     }
-    records.sort_by_key(|r| (r.gpu, r.port));
+    records.sort_by_key(|r| (r.id.gpu_index(), r.port));
     Ok(records)
 }
 
@@ -311,52 +256,6 @@ fn stopped_path(record: &InstanceRecord) -> String {
     format!("{}/{STOPPED_RECORD}", record.dir.trim_end_matches('/'))
 }
 
-pub async fn proc_table(t: &dyn Transport) -> Result<ProcTable, StateError> {
-    let script = "cat /proc/[0-9]*/stat 2>/dev/null; true";
-    Ok(ProcTable::parse(
-        &run_ok(t, &argv(&["sh", "-c", script])).await?,
-    ))
-}
-
-/// One process's stat line, or `None` when it is gone.
-pub async fn proc_stat(t: &dyn Transport, pid: u32) -> Result<Option<ProcStat>, StateError> {
-    let out = t.run(&argv(&["cat", &format!("/proc/{pid}/stat")])).await?;
-    Ok(if out.success() {
-        ProcStat::parse(out.stdout_lossy().trim())
-    } else {
-        None
-    })
-}
-
-pub async fn listening_ports(t: &dyn Transport) -> Result<BTreeSet<u16>, StateError> {
-    let script = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; true";
-    Ok(parse_listening(
-        &run_ok(t, &argv(&["sh", "-c", script])).await?,
-    ))
-}
-
-/// Sends `signal` (e.g. `TERM`, `KILL`) to a whole process group.
-pub async fn signal_group(t: &dyn Transport, pgid: u32, signal: &str) -> Result<(), StateError> {
-    let out = t
-        .run(&argv(&[
-            "kill",
-            &format!("-{signal}"),
-            "--",
-            &format!("-{pgid}"),
-        ]))
-        .await?;
-    // A group that emptied since the last look is what we wanted anyway.
-    if out.success() || out.stderr_lossy().contains("No such process") {
-        Ok(())
-    } else {
-        Err(StateError::Command {
-            host: t.host().to_string(),
-            command: format!("kill -{signal} -- -{pgid}"),
-            stderr: out.stderr_lossy().trim().to_string(),
-        })
-    }
-}
-
 /// The last `lines` lines of a server log on the target (empty when it does not exist), with
 /// the secrets SGLang logs masked.
 pub async fn tail(t: &dyn Transport, path: &str, lines: usize) -> Result<String, StateError> {
@@ -374,43 +273,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn proc_stat_with_awkward_command_names() {
-        let line =
-            "4242 (python3 (sgl) x) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 987654 0 0";
+    fn a_record_reads_back_from_the_fields_it_has_always_had() {
+        // As `fleet up` has written instance.json: the id and the handle are plain fields.
+        let text = r#"{"host":"ct200","gpu":5,"port":30005,"profile":"p","fingerprint":"ab",
+            "argv":["sglang-sim"],"address":"10.1.2.50","pid":4242,"start_ticks":987654,
+            "started_at":1700000000,"dir":"/tmp/fleet/30005","log":"/tmp/fleet/30005/server.log",
+            "pidfile":"/tmp/fleet/30005/pid","record":"/tmp/fleet/30005/instance.json"}"#;
+        let r: InstanceRecord = serde_json::from_str(text).unwrap();
+        assert_eq!(r.id, ServerId::gpu("ct200", 5));
         assert_eq!(
-            ProcStat::parse(line),
-            Some(ProcStat {
+            r.handle,
+            Handle::Process {
                 pid: 4242,
-                state: 'S',
-                pgrp: 4242,
                 start_ticks: 987654
-            })
+            }
         );
-        assert_eq!(ProcStat::parse("garbage"), None);
-    }
-
-    #[test]
-    fn liveness_tells_dead_zombie_and_reused_apart() {
-        let table = ProcTable::parse(
-            "10 (srv) S 1 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n\
-             11 (worker) R 10 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 510 0 0\n\
-             20 (srv) Z 1 20 20 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 600 0 0\n\
-             30 (bash) S 1 30 30 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n",
+        assert_eq!((r.host(), r.label()), ("ct200", "ct200 gpu5 :30005".into()));
+        assert_eq!(r.api_key_env, None);
+        let back: serde_json::Value = serde_json::to_value(&r).unwrap();
+        let before: serde_json::Value = serde_json::from_str(text).unwrap();
+        let mut expected = before.as_object().unwrap().clone();
+        expected.insert("api_key_env".into(), serde_json::Value::Null);
+        assert_eq!(back.as_object().unwrap(), &expected);
+        let e = r.endpoint("127.0.0.1:40000".parse().unwrap());
+        assert_eq!(
+            (e.id, e.base_url.as_str()),
+            (r.id, "http://127.0.0.1:40000")
         );
-        assert_eq!(table.liveness(10, 500), Liveness::Running);
-        assert_eq!(table.liveness(20, 600), Liveness::Dead);
-        assert_eq!(table.liveness(30, 700), Liveness::Reused);
-        assert_eq!(table.liveness(40, 1), Liveness::Dead);
-        assert_eq!(table.group(10), vec![10, 11]);
-        assert_eq!(table.group(20), Vec::<u32>::new());
-    }
-
-    #[test]
-    fn listening_ports_from_proc_net_tcp() {
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-   0: 0100007F:7535 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0\n\
-   1: 0100007F:7536 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0\n\
-   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  0 0 3 1 0 100 0 0 10 0\n";
-        assert_eq!(parse_listening(tcp), BTreeSet::from([30005, 8080]));
     }
 }

@@ -1,21 +1,23 @@
-//! What is up on a host: each recorded instance's liveness (pid and start time still ours),
-//! `/health`, and load from `/metrics`.
+//! What is up on a host: each recorded instance's liveness (as its backend sees it), `/health`,
+//! and load from `/metrics`.
 
 use serde::Serialize;
 
 use crate::gpu::GpuReading;
-use crate::launch::state::{self, InstanceRecord, Liveness, StateError};
+use crate::launch::backend::{Backend, Seen};
+use crate::launch::state::{Liveness, StateError};
 use crate::launch::up::LOG_TAIL_LINES;
-use crate::remote::Transport;
+use crate::server::{ServerId, host_gpu};
 use crate::sglang::client::{Health, SglangClient};
 use crate::sglang::metrics::Metrics;
 
+/// A recorded server as `status` finds it: the stage it observes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InstanceStatus {
-    pub host: String,
-    pub gpu: u32,
+    #[serde(flatten, with = "host_gpu")]
+    pub id: ServerId,
     pub port: u16,
-    pub pid: u32,
+    pub pid: Option<u32>,
     pub profile: String,
     pub liveness: Liveness,
     /// `ready`, `loading` (starting, or its port not open yet), `unreachable`, `failing` (the
@@ -39,10 +41,13 @@ pub struct InstanceStatus {
     pub gpu_reading: Option<GpuReading>,
 }
 
-/// Gives each instance the reading of its GPU.
+/// Gives each instance of `host` the reading of its GPU.
 pub fn attach_gpus(statuses: &mut [InstanceStatus], host: &str, readings: &[GpuReading]) {
-    for s in statuses.iter_mut().filter(|s| s.host == host) {
-        s.gpu_reading = readings.iter().find(|g| g.index == s.gpu).cloned();
+    for s in statuses.iter_mut().filter(|s| s.id.host() == Some(host)) {
+        s.gpu_reading = readings
+            .iter()
+            .find(|g| Some(g.index) == s.id.gpu_index())
+            .cloned();
     }
 }
 
@@ -53,18 +58,18 @@ impl InstanceStatus {
     }
 }
 
-/// What `liveness` and the port's answer add up to. `workers_alive`: members of the
-/// launcher's process group still run.
+/// What `liveness` and the port's answer add up to. `lingering`: what the server started still
+/// runs after it.
 fn state_of(
     liveness: Liveness,
     health: Option<u16>,
     port_closed: bool,
-    workers_alive: bool,
+    lingering: bool,
 ) -> &'static str {
     match (liveness, health) {
         // After a scheduler crash SGLang's processes go down over some seconds: until the last
         // one has, the server is failing, not dead.
-        (Liveness::Dead, _) if workers_alive => "failing",
+        (Liveness::Dead, _) if lingering => "failing",
         (Liveness::Dead, _) => "dead",
         (Liveness::Reused, _) => "gone",
         (Liveness::Running, Some(200)) => "ready",
@@ -77,45 +82,38 @@ fn state_of(
 /// The status of every instance recorded on one host; `dead_log_tails` also reads the log of
 /// each dead one.
 pub async fn host_status(
-    t: &dyn Transport,
-    run_root: &str,
+    b: &dyn Backend,
     http: &reqwest::Client,
     dead_log_tails: bool,
     now_unix: u64,
 ) -> Result<Vec<InstanceStatus>, StateError> {
-    let records = state::read_records(t, run_root).await?;
-    let table = state::proc_table(t).await?;
-    let looks = records.iter().map(|r| {
-        let liveness = table.liveness(r.pid, r.start_ticks);
-        let workers_alive = liveness == Liveness::Dead && !table.group(r.pid).is_empty();
-        instance_status(
-            t,
-            r,
-            (liveness, workers_alive),
-            http,
-            dead_log_tails,
-            now_unix,
-        )
-    });
+    let seen = b.survey().await?;
+    let looks = seen
+        .iter()
+        .map(|s| instance_status(b, s, http, dead_log_tails, now_unix));
     Ok(futures::future::join_all(looks).await)
 }
 
 async fn instance_status(
-    t: &dyn Transport,
-    r: &InstanceRecord,
-    (liveness, workers_alive): (Liveness, bool),
+    b: &dyn Backend,
+    seen: &Seen,
     http: &reqwest::Client,
     dead_log_tails: bool,
     now_unix: u64,
 ) -> InstanceStatus {
+    let Seen {
+        record: r,
+        liveness,
+        lingering,
+    } = seen;
+    let liveness = *liveness;
     let mut status = InstanceStatus {
-        host: r.host.clone(),
-        gpu: r.gpu,
+        id: r.id.clone(),
         port: r.port,
-        pid: r.pid,
+        pid: r.handle.pid(),
         profile: r.profile.clone(),
         liveness,
-        state: state_of(liveness, None, false, workers_alive),
+        state: state_of(liveness, None, false, *lingering),
         health: None,
         port_closed: false,
         mamba_strategy: None,
@@ -126,11 +124,11 @@ async fn instance_status(
     };
     if liveness != Liveness::Running {
         if dead_log_tails {
-            status.log_tail = state::tail(t, &r.log, LOG_TAIL_LINES).await.ok();
+            status.log_tail = b.log_tail(&r.log, LOG_TAIL_LINES).await.ok();
         }
         return status;
     }
-    match t.forward(&r.address, r.port).await {
+    match b.endpoint(&r.address, r.port).await {
         Ok(tunnel) => {
             let client = SglangClient::new(http.clone(), r.endpoint(tunnel.local_addr()));
             // Load first: SGLang's /health runs a 1-token generation of its own, which the

@@ -4,8 +4,7 @@
 //! when interrupted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
@@ -13,11 +12,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HealthSettings;
-use crate::launch::down::{self, StopState};
+use crate::launch::backend::{Backend, Seen, StopState};
+use crate::launch::down;
+use crate::launch::fleet::Fleet;
 use crate::launch::lock::{self, HostLock, LockError};
 use crate::launch::plan::Instance;
-use crate::launch::state::{self, InstanceRecord, Liveness, ProcTable, StateError};
-use crate::remote::{Detached, Transport, Tunnel};
+use crate::launch::state::{Handle, InstanceRecord, StateError};
+use crate::remote::Tunnel;
+use crate::server::{ServerId, host_gpu};
 use crate::sglang::client::{Endpoint, Health, ServerInfo, SglangClient};
 
 /// First wait between health checks; doubled up to the profile's poll period (at most 1 s).
@@ -37,12 +39,11 @@ pub struct UpOptions {
 /// Where an `up` runs: the hosts, HTTP to the servers, and where progress and Ctrl-C go.
 #[derive(Clone, Copy)]
 pub struct Run<'a> {
-    pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
+    pub fleet: &'a Fleet,
     /// Shared by every health check and `/server_info` read.
     pub http: &'a reqwest::Client,
     /// The API key the servers are started with, sent on every request.
     pub api_key: Option<&'a str>,
-    pub run_root: &'a str,
     pub events: &'a UnboundedSender<UpEvent>,
     pub cancel: &'a CancellationToken,
 }
@@ -50,8 +51,8 @@ pub struct Run<'a> {
 /// Progress of one instance, keyed by its index in the plan.
 #[derive(Debug, Clone, PartialEq)]
 pub enum UpEvent {
-    Started { key: usize, pid: u32 },
-    AlreadyRunning { key: usize, pid: u32 },
+    Started { key: usize, handle: Handle },
+    AlreadyRunning { key: usize, handle: Handle },
     Ready { key: usize, after: Duration },
     Failed { key: usize, reason: String },
 }
@@ -78,10 +79,11 @@ impl UpState {
     }
 }
 
+/// How a planned server came up: the stage `up` observes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct UpOutcome {
-    pub host: String,
-    pub gpu: u32,
+    #[serde(flatten, with = "host_gpu")]
+    pub id: ServerId,
     pub port: u16,
     pub pid: Option<u32>,
     pub state: UpState,
@@ -125,7 +127,7 @@ pub enum Conflict {
     /// Our instance runs a different config on this port.
     DifferentConfig {
         label: String,
-        pid: u32,
+        handle: Handle,
         profile: String,
     },
     /// Something fleet did not start listens on the port.
@@ -144,10 +146,14 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
     let mut different = false;
     for c in conflicts {
         match c {
-            Conflict::DifferentConfig { label, pid, profile } => {
+            Conflict::DifferentConfig {
+                label,
+                handle,
+                profile,
+            } => {
                 different = true;
                 out.push_str(&format!(
-                    "\n  {label}: already running a different config (profile {profile}, pid {pid})"
+                    "\n  {label}: already running a different config (profile {profile}, {handle})"
                 ));
             }
             Conflict::ForeignPort { label } => out.push_str(&format!(
@@ -173,17 +179,12 @@ pub async fn up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> Result<Vec<UpOutcome>, UpError> {
-    let Run {
-        transports,
-        run_root,
-        cancel,
-        ..
-    } = *run;
-    let (locks, surveys) = lock_and_survey(instances, transports, run_root, cancel).await;
+    let Run { fleet, cancel, .. } = *run;
+    let (locks, surveys) = lock_and_survey(instances, fleet, cancel).await;
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
-        let s = match &surveys[&instance.host] {
+        let s = match &surveys[instance.host()] {
             Ok(s) => s,
             // That host's instances fail; the other hosts go on.
             Err(why) => {
@@ -204,30 +205,23 @@ pub async fn up(
         .iter()
         .zip(actions)
         .enumerate()
-        .map(|(key, (instance, action))| {
-            let t = transports[&instance.host].as_ref();
-            launch(key, instance, action, t, opts, run)
-        });
+        .map(|(key, (instance, action))| launch(key, instance, action, opts, run));
     let launched = futures::future::join_all(launches).await;
     release(locks).await;
     let follows = instances
         .iter()
         .zip(launched)
         .enumerate()
-        .map(|(key, (instance, launched))| {
-            let t = transports[&instance.host].as_ref();
-            follow(key, instance, launched, t, health, opts, run)
-        });
+        .map(|(key, (instance, launched))| follow(key, instance, launched, health, opts, run));
     let results = futures::future::join_all(follows).await;
     if cancel.is_cancelled() && !opts.keep_on_interrupt {
         let started = results.iter().filter_map(|(_, record)| record.as_ref());
-        let stops = started.map(|r| down::stop(transports[&r.host].as_ref(), r, opts.grace));
+        let stops = started.map(|r| down::stop(surveyed(run, r.host()), r, opts.grace));
         for stopped in futures::future::join_all(stops).await {
             if stopped.state == StopState::Failed {
                 tracing::warn!(
-                    "{} :{}: could not stop after the interrupt: {}",
-                    stopped.host,
-                    stopped.port,
+                    "{}: could not stop after the interrupt: {}",
+                    stopped.id.label(stopped.port),
                     stopped.error.unwrap_or_default()
                 );
             }
@@ -256,21 +250,24 @@ impl Unavailable {
 /// looks at what runs on each locked host.
 async fn lock_and_survey(
     instances: &[Instance],
-    transports: &BTreeMap<String, Arc<dyn Transport>>,
-    run_root: &str,
+    fleet: &Fleet,
     cancel: &CancellationToken,
 ) -> (Vec<HostLock>, BTreeMap<String, Result<Survey, Unavailable>>) {
-    let hosts: BTreeSet<&str> = instances.iter().map(|i| i.host.as_str()).collect();
+    let hosts: BTreeSet<&str> = instances.iter().map(Instance::host).collect();
     let (me, token) = (lock::Owner::me(), lock::token());
     let mut locks = Vec::new();
     let mut locked = Vec::new();
     let mut surveys = BTreeMap::new();
     for host in hosts {
-        let t = &transports[host];
-        match lock::acquire(t.clone(), run_root, &me, &token, cancel).await {
+        let Some(b) = fleet.backend(host) else {
+            let why = format!("{host}: not connected");
+            surveys.insert(host.to_string(), Err(Unavailable::Failed(why)));
+            continue;
+        };
+        match lock::acquire(b.shell().clone(), b.run_root(), &me, &token, cancel).await {
             Ok(l) => {
                 locks.push(l);
-                locked.push((host, t.as_ref()));
+                locked.push((host, b.as_ref()));
             }
             Err(LockError::Interrupted) => {
                 surveys.insert(host.to_string(), Err(Unavailable::Interrupted));
@@ -280,12 +277,11 @@ async fn lock_and_survey(
             }
         }
     }
-    let looks = locked.into_iter().map(|(host, t)| async move {
+    let looks = locked.into_iter().map(|(host, b)| async move {
         let look = async {
             Ok::<_, StateError>(Survey {
-                records: state::read_records(t, run_root).await?,
-                table: state::proc_table(t).await?,
-                listening: state::listening_ports(t).await?,
+                seen: b.survey().await?,
+                ports_in_use: b.ports_in_use().await?,
             })
         };
         let found = look.await.map_err(|e| Unavailable::Failed(e.to_string()));
@@ -295,6 +291,12 @@ async fn lock_and_survey(
     (locks, surveys)
 }
 
+/// The backend of a host whose run directory `up` locked and surveyed, which it reached.
+fn surveyed<'a>(run: &Run<'a>, host: &str) -> &'a dyn Backend {
+    let b = run.fleet.backend(host);
+    b.expect("a host up surveyed is connected").as_ref()
+}
+
 async fn release(locks: Vec<HostLock>) {
     futures::future::join_all(locks.into_iter().map(HostLock::release)).await;
 }
@@ -302,9 +304,8 @@ async fn release(locks: Vec<HostLock>) {
 /// What already runs on a host, looked at once before starting anything.
 #[derive(Default)]
 struct Survey {
-    records: Vec<InstanceRecord>,
-    table: ProcTable,
-    listening: BTreeSet<u16>,
+    seen: Vec<Seen>,
+    ports_in_use: BTreeSet<u16>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -322,26 +323,21 @@ enum Action<'a> {
 /// instance of the same config, replace (or refuse) one of another config, refuse a port some
 /// other process listens on, else start.
 fn decide<'a>(instance: &Instance, s: &'a Survey, replace: bool) -> Result<Action<'a>, Conflict> {
-    // Ours while its leader runs, or while workers it left in its group still do. A reused
-    // pid is someone else's, and so is its group: Linux hands out no pid still in use as a
-    // group id, so our group was empty by then.
-    let ours = s.records.iter().find(|r| {
-        r.port == instance.port
-            && match s.table.liveness(r.pid, r.start_ticks) {
-                Liveness::Running => true,
-                Liveness::Dead => !s.table.group(r.pid).is_empty(),
-                Liveness::Reused => false,
-            }
-    });
+    // Ours while it runs, or while what it started still does.
+    let ours = s
+        .seen
+        .iter()
+        .find(|x| x.record.port == instance.port && x.holds_gpu())
+        .map(|x| &x.record);
     match ours {
         Some(r) if r.fingerprint == instance.fingerprint => Ok(Action::Keep(r)),
         Some(r) if replace => Ok(Action::Replace(r)),
         Some(r) => Err(Conflict::DifferentConfig {
             label: instance.label(),
-            pid: r.pid,
+            handle: r.handle,
             profile: r.profile.clone(),
         }),
-        None if s.listening.contains(&instance.port) => Err(Conflict::ForeignPort {
+        None if s.ports_in_use.contains(&instance.port) => Err(Conflict::ForeignPort {
             label: instance.label(),
         }),
         None => Ok(Action::Start),
@@ -357,8 +353,7 @@ struct Launched {
 
 fn outcome_of(instance: &Instance) -> UpOutcome {
     UpOutcome {
-        host: instance.host.clone(),
-        gpu: instance.gpu,
+        id: instance.id.clone(),
         port: instance.port,
         pid: None,
         state: UpState::Failed,
@@ -385,11 +380,11 @@ async fn launch(
     key: usize,
     instance: &Instance,
     action: Action<'_>,
-    t: &dyn Transport,
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> Result<Launched, UpOutcome> {
     let outcome = outcome_of(instance);
+    let b = || surveyed(run, instance.host());
     match action {
         Action::Keep(record) => {
             return Ok(Launched {
@@ -398,10 +393,11 @@ async fn launch(
             });
         }
         Action::Replace(record) => {
-            let stopped = down::stop(t, record, opts.grace).await;
+            let stopped = down::stop(b(), record, opts.grace).await;
             if stopped.state == StopState::Failed || !stopped.port_closed {
                 let why = stopped.error.unwrap_or_default();
-                let reason = format!("could not stop the old server (pid {}): {why}", record.pid);
+                let handle = record.handle;
+                let reason = format!("could not stop the old server ({handle}): {why}");
                 return Err(fail(run, key, outcome, reason));
             }
         }
@@ -420,11 +416,11 @@ async fn launch(
             ..outcome
         });
     }
-    match start(t, instance).await {
+    match b().start(instance).await {
         Ok(record) => {
             let _ = run.events.send(UpEvent::Started {
                 key,
-                pid: record.pid,
+                handle: record.handle,
             });
             Ok(Launched {
                 record,
@@ -441,7 +437,6 @@ async fn follow(
     key: usize,
     instance: &Instance,
     launched: Result<Launched, UpOutcome>,
-    t: &dyn Transport,
     health: &HealthSettings,
     opts: &UpOptions,
     run: &Run<'_>,
@@ -453,9 +448,10 @@ async fn follow(
         Ok(l) => l,
         Err(outcome) => return (outcome, None),
     };
+    let b = surveyed(run, instance.host());
     let Run { events, cancel, .. } = *run;
     let mut outcome = UpOutcome {
-        pid: Some(record.pid),
+        pid: record.handle.pid(),
         ..outcome_of(instance)
     };
     // Only what this run started is undone after an interrupt.
@@ -464,7 +460,7 @@ async fn follow(
     // An instance left running by an earlier `up` may still be loading: it is waited for too.
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
-        w = wait_ready(t, instance, &record, health, run) => Some(w),
+        w = wait_ready(b, instance, &record, health, run) => Some(w),
     };
     let after = started.elapsed();
     match waited {
@@ -477,11 +473,11 @@ async fn follow(
             } else {
                 let _ = events.send(UpEvent::AlreadyRunning {
                     key,
-                    pid: record.pid,
+                    handle: record.handle,
                 });
                 outcome.state = UpState::AlreadyRunning;
             }
-            match server_info(t, instance, run).await {
+            match server_info(b, instance, &record, run).await {
                 Ok(info) => outcome.info = Capacity::from(&info),
                 Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
             }
@@ -490,67 +486,14 @@ async fn follow(
             let mut reason = failure.to_string();
             if started_here && matches!(failure, Failure::Timeout(_)) {
                 // A server that never became ready still holds its GPU.
-                down::stop(t, &record, opts.grace).await;
+                down::stop(b, &record, opts.grace).await;
                 reason.push_str("; stopped it");
             }
-            outcome.log_tail = state::tail(t, &instance.files.log, LOG_TAIL_LINES)
-                .await
-                .ok();
+            outcome.log_tail = b.log_tail(&record.log, LOG_TAIL_LINES).await.ok();
             outcome = fail(run, key, outcome, reason);
         }
     }
     (outcome, ours)
-}
-
-async fn start(t: &dyn Transport, instance: &Instance) -> Result<InstanceRecord, StateError> {
-    state::prepare_run_dir(t, &instance.files, instance.secrets.as_ref()).await?;
-    let pid = t
-        .spawn_detached(&Detached {
-            argv: instance.argv.clone(),
-            env: instance.env.clone(),
-            log: instance.files.log.clone(),
-            pidfile: instance.files.pidfile.clone(),
-        })
-        .await?;
-    match record_started(t, instance, pid).await {
-        Ok(record) => Ok(record),
-        Err(e) => {
-            // Unrecorded, nothing would ever stop it (`down` goes by the records): the group
-            // `setsid` made goes now, while its pid is surely the one just started.
-            let _ = state::signal_group(t, pid, "KILL").await;
-            Err(e)
-        }
-    }
-}
-
-async fn record_started(
-    t: &dyn Transport,
-    instance: &Instance,
-    pid: u32,
-) -> Result<InstanceRecord, StateError> {
-    // A process that died at once has no stat; record start time 0 so it reads as dead.
-    let start_ticks = state::proc_stat(t, pid).await?.map_or(0, |p| p.start_ticks);
-    let record = InstanceRecord {
-        host: instance.host.clone(),
-        gpu: instance.gpu,
-        port: instance.port,
-        profile: instance.profile.clone(),
-        fingerprint: instance.fingerprint.clone(),
-        argv: instance.display_argv(),
-        address: instance.address.clone(),
-        pid,
-        start_ticks,
-        started_at: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        api_key_env: instance.api_key_env.clone(),
-        dir: instance.files.dir.clone(),
-        log: instance.files.log.clone(),
-        pidfile: instance.files.pidfile.clone(),
-        record: instance.files.record.clone(),
-    };
-    state::write_record(t, &record).await?;
-    Ok(record)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -568,13 +511,13 @@ enum Failure {
 /// Polls `/health` until 200, failing as soon as the process is gone or the startup timeout
 /// passes. Polls quickly at first, then every `health.poll` (at most 1 s).
 async fn wait_ready(
-    t: &dyn Transport,
+    b: &dyn Backend,
     instance: &Instance,
     record: &InstanceRecord,
     health: &HealthSettings,
     run: &Run<'_>,
 ) -> Result<(), Failure> {
-    let tunnel = t.forward(&instance.address, instance.port).await?;
+    let tunnel = b.endpoint(&record.address, record.port).await?;
     let client = client(run, instance, &tunnel);
     let started = Instant::now();
     let mut waits = poll_waits(health.poll);
@@ -582,10 +525,7 @@ async fn wait_ready(
         if let Ok(Health::Ready) = client.health().await {
             break Ok(());
         }
-        let alive = state::proc_stat(t, record.pid)
-            .await?
-            .is_some_and(|p| p.running() && p.start_ticks == record.start_ticks);
-        if !alive {
+        if !b.alive(record).await? {
             break Err(Failure::Died);
         }
         if started.elapsed() >= health.startup_timeout {
@@ -605,11 +545,12 @@ fn poll_waits(poll: Duration) -> impl Iterator<Item = Duration> {
 }
 
 async fn server_info(
-    t: &dyn Transport,
+    b: &dyn Backend,
     instance: &Instance,
+    record: &InstanceRecord,
     run: &Run<'_>,
 ) -> Result<ServerInfo, Box<dyn std::error::Error + Send + Sync>> {
-    let tunnel = t.forward(&instance.address, instance.port).await?;
+    let tunnel = b.endpoint(&record.address, record.port).await?;
     let info = client(run, instance, &tunnel).server_info().await;
     tunnel.close().await;
     Ok(info?)
@@ -619,7 +560,7 @@ fn client(run: &Run<'_>, instance: &Instance, tunnel: &Tunnel) -> SglangClient {
     SglangClient::new(
         run.http.clone(),
         Endpoint {
-            name: instance.label(),
+            id: instance.id.clone(),
             base_url: format!("http://{}", tunnel.local_addr()),
             api_key: run.api_key.map(str::to_string),
         },
@@ -645,73 +586,37 @@ mod tests {
         assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
     }
 
-    fn record(port: u16, pid: u32, start_ticks: u64, fingerprint: &str) -> InstanceRecord {
-        InstanceRecord {
-            host: "h".into(),
-            gpu: 0,
-            port,
-            profile: "p".into(),
-            fingerprint: fingerprint.into(),
-            argv: vec![],
-            address: "127.0.0.1".into(),
-            pid,
-            start_ticks,
-            started_at: 0,
-            api_key_env: None,
-            dir: String::new(),
-            log: String::new(),
-            pidfile: String::new(),
-            record: String::new(),
+    use crate::launch::backend::fake::{planned, record};
+    use crate::launch::state::Liveness;
+
+    fn seen(port: u16, liveness: Liveness, lingering: bool) -> Seen {
+        Seen {
+            record: record("h", 0, port, "aaa"),
+            liveness,
+            lingering,
         }
     }
 
     fn instance(port: u16, fingerprint: &str) -> Instance {
-        let files = crate::launch::plan::RunFiles::new("/tmp/fleet", port);
-        Instance {
-            host: "h".into(),
-            gpu: 0,
-            port,
-            argv: vec!["sglang-sim".into()],
-            launcher_len: 1,
-            env: Default::default(),
-            address: "127.0.0.1".into(),
-            files,
-            fingerprint: fingerprint.into(),
-            profile: "p".into(),
-            api_key_env: None,
-            secrets: None,
-        }
-    }
-
-    /// A process table line: `pid (name) state ppid pgrp ...` with start time at field 22.
-    fn proc(pid: u32, state: char, pgrp: u32, start: u64) -> String {
-        format!(
-            "{pid} (sglang-sim) {state} 1 {pgrp} {pgrp} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0\n"
-        )
+        planned("h", 0, port, fingerprint)
     }
 
     #[test]
     fn same_config_is_kept_another_is_refused_or_replaced() {
         let survey = Survey {
-            records: vec![record(30000, 10, 500, "aaa")],
-            table: ProcTable::parse(&proc(10, 'S', 10, 500)),
-            listening: [30000].into(),
+            seen: vec![seen(30000, Liveness::Running, false)],
+            ports_in_use: [30000].into(),
         };
         let same = instance(30000, "aaa");
-        assert_eq!(
-            decide(&same, &survey, false),
-            Ok(Action::Keep(&survey.records[0]))
-        );
+        let ours = &survey.seen[0].record;
+        assert_eq!(decide(&same, &survey, false), Ok(Action::Keep(ours)));
         let other = instance(30000, "bbb");
-        assert_eq!(
-            decide(&other, &survey, true),
-            Ok(Action::Replace(&survey.records[0]))
-        );
+        assert_eq!(decide(&other, &survey, true), Ok(Action::Replace(ours)));
         assert_eq!(
             decide(&other, &survey, false),
             Err(Conflict::DifferentConfig {
                 label: "h gpu0 :30000".into(),
-                pid: 10,
+                handle: ours.handle,
                 profile: "p".into()
             })
         );
@@ -719,11 +624,12 @@ mod tests {
 
     #[test]
     fn dead_or_reused_records_free_the_port_unless_someone_else_listens() {
-        // pid 10 is now another process (other start time); pid 20 is a zombie.
         let survey = Survey {
-            records: vec![record(30000, 10, 500, "aaa"), record(30001, 20, 600, "aaa")],
-            table: ProcTable::parse(&(proc(10, 'S', 10, 999) + &proc(20, 'Z', 20, 600))),
-            listening: [30000].into(),
+            seen: vec![
+                seen(30000, Liveness::Reused, false),
+                seen(30001, Liveness::Dead, false),
+            ],
+            ports_in_use: [30000].into(),
         };
         assert_eq!(
             decide(&instance(30000, "aaa"), &survey, true),
@@ -742,15 +648,14 @@ mod tests {
     }
 
     #[test]
-    fn workers_outliving_their_leader_still_count_as_ours() {
+    fn what_outlives_its_leader_still_counts_as_ours() {
         let survey = Survey {
-            records: vec![record(30000, 10, 500, "aaa")],
-            table: ProcTable::parse(&proc(11, 'S', 10, 510)),
-            listening: [30000].into(),
+            seen: vec![seen(30000, Liveness::Dead, true)],
+            ports_in_use: [30000].into(),
         };
         assert_eq!(
             decide(&instance(30000, "aaa"), &survey, false),
-            Ok(Action::Keep(&survey.records[0]))
+            Ok(Action::Keep(&survey.seen[0].record))
         );
     }
 
@@ -759,7 +664,10 @@ mod tests {
         let message = conflicts_message(&[
             Conflict::DifferentConfig {
                 label: "ct200 gpu0 :30000".into(),
-                pid: 7,
+                handle: Handle::Process {
+                    pid: 7,
+                    start_ticks: 1,
+                },
                 profile: "old".into(),
             },
             Conflict::ForeignPort {

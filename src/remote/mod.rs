@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HostSpec;
+use crate::config::{MachineSpec, SshTarget};
 
 mod detach;
 mod local;
@@ -426,18 +426,36 @@ pub fn quote_argv(host: &str, argv: &[String]) -> Result<String, RemoteError> {
     Ok(words.join(" "))
 }
 
-/// Opens the transport for an inventory host: local or SSH, wrapped in `pct` for a container.
+/// Opens the transport for a machine of the inventory: its shell ([`shell`]), wrapped in `pct`
+/// for a container.
 pub async fn connect(
-    host: &HostSpec,
+    machine: &MachineSpec,
     opts: &ConnectOptions,
 ) -> Result<Arc<dyn Transport>, RemoteError> {
-    let base: Arc<dyn Transport> = match &host.ssh {
-        None => Arc::new(LocalTransport::new(&host.name)),
-        Some(target) => Arc::new(SshTransport::connect(host, target, opts).await?),
-    };
-    Ok(match host.container {
+    let base = shell(
+        &machine.name,
+        machine.ssh.as_ref(),
+        &machine.ssh_options,
+        opts,
+    )
+    .await?;
+    Ok(match machine.container {
         None => base,
-        Some(ct) => Arc::new(PctTransport::new(base, ct, host.address.clone())),
+        Some(ct) => Arc::new(PctTransport::new(base, ct, machine.address.clone())),
+    })
+}
+
+/// A shell on this machine (`ssh` is `None`), or over SSH with the host's own options: where
+/// every host kind runs its commands.
+pub async fn shell(
+    host: &str,
+    ssh: Option<&SshTarget>,
+    ssh_options: &BTreeMap<String, String>,
+    opts: &ConnectOptions,
+) -> Result<Arc<dyn Transport>, RemoteError> {
+    Ok(match ssh {
+        None => Arc::new(LocalTransport::new(host)),
+        Some(target) => Arc::new(SshTransport::connect(host, target, ssh_options, opts).await?),
     })
 }
 

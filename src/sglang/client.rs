@@ -9,12 +9,15 @@ use serde_json::{Map, Value, json};
 
 use super::metrics::{self, Metrics};
 use super::overflow::{Overflow, parse_overflow};
+use crate::server::ServerId;
 
 /// One server fleet can send requests to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Endpoint {
-    /// Shown in progress and output, e.g. `ct200:gpu5` or the URL's `host:port`.
-    pub name: String,
+    /// The server behind it, as progress and output name it: `ct200:gpu5`, or the URL's
+    /// `host:port`.
+    #[serde(rename = "name")]
+    pub id: ServerId,
     /// e.g. `http://127.0.0.1:30000` (no trailing path).
     pub base_url: String,
     /// Sent as `Authorization: Bearer ...` on every request.
@@ -26,13 +29,9 @@ impl Endpoint {
     /// An endpoint named after its URL's authority (`host:port`).
     pub fn from_url(url: &str) -> Self {
         let base_url = url.trim_end_matches('/').to_string();
-        let name = base_url
-            .split("://")
-            .nth(1)
-            .unwrap_or(&base_url)
-            .to_string();
+        let name = base_url.split("://").nth(1).unwrap_or(&base_url);
         Endpoint {
-            name,
+            id: ServerId::named(name),
             base_url,
             api_key: None,
         }
@@ -731,7 +730,7 @@ mod tests {
     #[test]
     fn endpoint_name_from_url() {
         let e = Endpoint::from_url("http://127.0.0.1:30005/");
-        assert_eq!(e.name, "127.0.0.1:30005");
+        assert_eq!(e.id, ServerId::named("127.0.0.1:30005"));
         assert_eq!(e.base_url, "http://127.0.0.1:30005");
     }
 }

@@ -11,11 +11,11 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::assign::Slot;
-use super::prune::Verdict;
+use super::event::Event;
 use super::rank::{CacheUse, FirstWindow, Measured, Outcome, Pruned, Trial};
-use super::run::Event;
-use super::servers::{Running, Setup, SweepError, facts_by_host, plan_on};
-use super::stats::Estimate;
+use super::search::{Screen, Verdict};
+use super::servers::{Running, Setup, SweepError, facts_by_host, plan_candidate};
+use super::space::Candidate;
 use super::trial::{self, Checkpoint, Ended, Group, Server, TrialFailure};
 use crate::launch::plan::Instance;
 use crate::launch::preflight;
@@ -35,18 +35,17 @@ pub enum Msg {
     },
     /// The first window is over: the verdict on each, in order, goes back on `reply`.
     Screened {
-        screens: Vec<Screened>,
+        screens: Vec<Screen>,
         reply: oneshot::Sender<Vec<Verdict>>,
     },
 }
 
-/// A candidate's figure at its first window.
+/// A candidate of a batch: its place among the search's proposals, and the GPUs it runs on.
 #[derive(Debug, Clone)]
-pub struct Screened {
-    pub candidate: usize,
+pub struct Member {
+    pub index: usize,
+    pub candidate: Candidate,
     pub slots: Vec<Slot>,
-    /// `None` when the window could not tell (too few tokens) or the candidate failed.
-    pub estimate: Option<Estimate>,
 }
 
 /// What a batch leaves: the servers of its measured candidates, still running, and their GPUs.
@@ -57,20 +56,28 @@ pub struct BatchEnd {
     pub error: Option<SweepError>,
 }
 
-/// The candidates of a batch with the GPUs each still holds.
+/// The candidates of a batch that still hold their GPUs, with their servers.
 struct Held {
-    members: Vec<(usize, Vec<Slot>)>,
+    members: Vec<Member>,
     running: Vec<Running>,
 }
 
 impl Held {
+    fn slots_of(&self, c: usize) -> Vec<Slot> {
+        self.members
+            .iter()
+            .find(|m| m.index == c)
+            .map(|m| m.slots.clone())
+            .unwrap_or_default()
+    }
+
     /// Hands candidate `c`'s GPUs and servers back to the sweep.
     fn release(&mut self, c: usize, tx: &UnboundedSender<Msg>) {
         let slots = self
             .members
             .iter()
-            .position(|(m, _)| *m == c)
-            .map(|i| self.members.remove(i).1)
+            .position(|m| m.index == c)
+            .map(|i| self.members.remove(i).slots)
             .unwrap_or_default();
         let (running, rest) = std::mem::take(&mut self.running)
             .into_iter()
@@ -82,16 +89,16 @@ impl Held {
     fn end(self, error: Option<SweepError>) -> BatchEnd {
         BatchEnd {
             running: self.running,
-            slots: self.members.into_iter().flat_map(|(_, s)| s).collect(),
+            slots: self.members.into_iter().flat_map(|m| m.slots).collect(),
             error,
         }
     }
 }
 
-fn failed(setup: &Setup<'_>, c: usize, slots: &[Slot], reason: String, log: Vec<String>) -> Trial {
+fn failed(m: &Member, reason: String, log: Vec<String>) -> Trial {
     Trial {
-        candidate: setup.candidates[c].0.clone(),
-        gpus: slots.to_vec(),
+        candidate: m.candidate.clone(),
+        gpus: m.slots.clone(),
         outcome: Outcome::Failed {
             reason,
             log_tail: log,
@@ -109,7 +116,7 @@ fn send_trial(tx: &UnboundedSender<Msg>, t: Trial) {
 /// they hold are in the returned [`BatchEnd`] or were handed back with [`Msg::Release`].
 pub async fn run(
     setup: &Setup<'_>,
-    members: Vec<(usize, Vec<Slot>)>,
+    members: Vec<Member>,
     tx: UnboundedSender<Msg>,
     events: &UnboundedSender<Event>,
     cancel: &CancellationToken,
@@ -119,15 +126,15 @@ pub async fn run(
         running: Vec::new(),
     };
     let facts = facts_by_host(setup.hosts);
-    let mut planned: Vec<(usize, Vec<Instance>)> = Vec::new();
-    for (c, slots) in &members {
-        let profile = &setup.candidates[*c].1;
-        let checked = plan_on(
-            profile,
+    let mut planned: Vec<(Member, Vec<Instance>)> = Vec::new();
+    for m in members {
+        let checked = plan_candidate(
+            &setup.profiles,
+            &m.candidate,
             setup.hosts,
-            slots,
+            &m.slots,
             setup.api_key.as_deref(),
-            setup.run_root,
+            setup.fleet.run_root(),
         )
         .map_err(|e| e.to_string())
         .and_then(|i| {
@@ -136,10 +143,10 @@ pub async fn run(
                 .map_err(|e| e.to_string())
         });
         match checked {
-            Ok(instances) => planned.push((*c, instances)),
+            Ok(instances) => planned.push((m, instances)),
             Err(reason) => {
-                send_trial(&tx, failed(setup, *c, slots, reason, Vec::new()));
-                held.release(*c, &tx);
+                send_trial(&tx, failed(&m, reason, Vec::new()));
+                held.release(m.index, &tx);
             }
         }
     }
@@ -154,13 +161,13 @@ pub async fn run(
 }
 
 /// A started candidate: its instances with how each came up.
-type Started = Vec<(usize, Vec<(Instance, UpOutcome)>)>;
+type Started = Vec<(Member, Vec<(Instance, UpOutcome)>)>;
 
 /// Starts the planned candidates; those with a server that did not come up become failed rows
 /// and hand their GPUs back. `None` when nothing is left to measure (or on Ctrl-C).
 async fn started(
     setup: &Setup<'_>,
-    planned: &[(usize, Vec<Instance>)],
+    planned: &[(Member, Vec<Instance>)],
     held: &mut Held,
     tx: &UnboundedSender<Msg>,
     events: &UnboundedSender<Event>,
@@ -172,13 +179,10 @@ async fn started(
         .collect();
     let owner: Vec<usize> = planned
         .iter()
-        .flat_map(|(c, i)| std::iter::repeat_n(*c, i.len()))
+        .flat_map(|(m, i)| std::iter::repeat_n(m.index, i.len()))
         .collect();
     let _ = events.send(Event::Starting {
-        labels: planned
-            .iter()
-            .map(|(c, _)| setup.candidates[*c].0.label())
-            .collect(),
+        labels: planned.iter().map(|(m, _)| m.candidate.label()).collect(),
         servers: all.len(),
     });
     let outcomes = setup.start(&all, cancel).await?;
@@ -196,12 +200,12 @@ async fn started(
         return Ok(None);
     }
     let mut measured: Started = Vec::new();
-    for (c, _) in planned {
+    for (m, _) in planned {
         let mine: Vec<(Instance, UpOutcome)> = all
             .iter()
             .zip(&outcomes)
             .zip(&owner)
-            .filter(|(_, o)| **o == *c)
+            .filter(|(_, o)| **o == m.index)
             .map(|((i, o), _)| (i.clone(), o.clone()))
             .collect();
         let bad = mine.iter().find(|(_, o)| {
@@ -209,7 +213,7 @@ async fn started(
                 || o.info.effective_max_running_requests.is_none()
         });
         let Some((inst, o)) = bad else {
-            measured.push((*c, mine));
+            measured.push((m.clone(), mine));
             continue;
         };
         let reason = match (&o.error, o.state) {
@@ -224,19 +228,10 @@ async fn started(
             Some(t) => t.lines().map(str::to_string).collect(),
             None => setup.log_tail(inst).await,
         };
-        let slots = slots_of(held, *c);
-        send_trial(tx, failed(setup, *c, &slots, reason, tail));
-        held.release(*c, tx);
+        send_trial(tx, failed(m, reason, tail));
+        held.release(m.index, tx);
     }
     Ok((!measured.is_empty()).then_some(measured))
-}
-
-fn slots_of(held: &Held, c: usize) -> Vec<Slot> {
-    held.members
-        .iter()
-        .find(|(m, _)| *m == c)
-        .map(|(_, s)| s.clone())
-        .unwrap_or_default()
 }
 
 /// Opens a port forward to every server and describes each candidate's servers for the load.
@@ -249,13 +244,14 @@ async fn groups(
     for (_, mine) in measured {
         let mut servers = Vec::new();
         for (inst, o) in mine {
-            let tunnel = setup.transports[&inst.host]
-                .forward(&inst.address, inst.port)
+            let tunnel = setup
+                .backend(inst.host())
+                .endpoint(&inst.address, inst.port)
                 .await?;
             servers.push(Server {
                 label: inst.label(),
                 endpoint: Endpoint {
-                    name: inst.label(),
+                    id: inst.id.clone(),
                     base_url: format!("http://{}", tunnel.local_addr()),
                     api_key: setup.api_key.clone(),
                 },
@@ -306,10 +302,7 @@ async fn measure(
         }
     };
     let _ = events.send(Event::Measuring {
-        labels: measured
-            .iter()
-            .map(|(c, _)| setup.candidates[*c].0.label())
-            .collect(),
+        labels: measured.iter().map(|(m, _)| m.candidate.label()).collect(),
     });
     let mut first: Vec<Option<FirstWindow>> = vec![None; measured.len()];
     let checkpoint = match setup.first_window {
@@ -345,7 +338,7 @@ async fn measure(
         return held.end(None);
     };
     let caches = before.iter().zip(&after).map(|(b, a)| cache_use(*b, *a));
-    for ((((c, mine), result), first_window), cache) in
+    for ((((m, mine), result), first_window), cache) in
         measured.iter().zip(results).zip(first).zip(caches)
     {
         let Ended::Measured(result) = result else {
@@ -359,8 +352,8 @@ async fn measure(
             },
         };
         let t = Trial {
-            candidate: setup.candidates[*c].0.clone(),
-            gpus: slots_of(&held, *c),
+            candidate: m.candidate.clone(),
+            gpus: held.slots_of(m.index),
             outcome,
             first_window,
             cache,
@@ -426,12 +419,12 @@ async fn first_window(
     first: &mut [Option<FirstWindow>],
     tx: &UnboundedSender<Msg>,
 ) -> Vec<bool> {
-    let asked: Vec<Screened> = measured
+    let asked: Vec<Screen> = measured
         .iter()
         .zip(&screens)
-        .map(|((c, _), s)| Screened {
-            candidate: *c,
-            slots: slots_of(held, *c),
+        .map(|((m, _), s)| Screen {
+            candidate: m.candidate.clone(),
+            gpus: held.slots_of(m.index),
             estimate: s.as_ref().ok().and_then(|m| m.estimate),
         })
         .collect();
@@ -446,11 +439,10 @@ async fn first_window(
         .unwrap_or_else(|_| vec![Verdict::Continue; asked.len()]);
     let after_s = length.as_secs_f64();
     let mut going = Vec::with_capacity(screens.len());
-    for (i, ((screen, verdict), ask)) in screens.into_iter().zip(verdicts).zip(&asked).enumerate() {
+    for (i, ((screen, verdict), ask)) in screens.into_iter().zip(verdicts).zip(asked).enumerate() {
         first[i] = ask
             .estimate
             .map(|estimate| FirstWindow { after_s, estimate });
-        let c = ask.candidate;
         let outcome = match (screen, verdict) {
             (Ok(_), Verdict::Continue) => {
                 going.push(true);
@@ -458,8 +450,8 @@ async fn first_window(
             }
             (Ok(measured), Verdict::Prune { leader, estimate }) => Outcome::Pruned(Pruned {
                 measured,
-                leader: setup.candidates[leader].0.id.clone(),
-                leader_label: setup.candidates[leader].0.label(),
+                leader_label: leader.label(),
+                leader: leader.id,
                 leader_estimate: estimate,
             }),
             (Err(f), _) => Outcome::Failed {
@@ -471,14 +463,14 @@ async fn first_window(
         send_trial(
             tx,
             Trial {
-                candidate: setup.candidates[c].0.clone(),
-                gpus: ask.slots.clone(),
+                candidate: ask.candidate,
+                gpus: ask.gpus,
                 outcome,
                 first_window: first[i],
                 cache: None,
             },
         );
-        held.release(c, tx);
+        held.release(measured[i].0.index, tx);
     }
     going
 }

@@ -1,5 +1,7 @@
-//! `sweep.json`: what the sweep is (its spec) and every finished trial, rewritten atomically
-//! after each trial so that an interrupted sweep resumes with `--resume`.
+//! `sweep.json`: what the sweep is (its spec), the search's own state and every finished trial,
+//! rewritten atomically after each trial and each proposal so that an interrupted sweep
+//! continues its search with `--resume`. Files of formats 1 and 2 (a spec with the candidate
+//! list, before the search had a state) read as the grid search they were.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,18 +11,19 @@ use serde::{Deserialize, Serialize};
 use super::assign::Mode;
 use super::load::WorkloadSpec;
 use super::rank::Trial;
-use super::space::Candidate;
+use super::search::{Model, SearchSpec, SearchState};
+use super::space::{self, Axis, Candidate};
 
-/// 2: rounds, pruned trials, first windows and throughput intervals (a format 1 file reads
-/// as a sweep without them).
-pub const FORMAT: u32 = 2;
+/// 3: the search's spec and state instead of the candidate list. 2: rounds, pruned trials,
+/// first windows and throughput intervals (a format 1 file reads as a sweep without them).
+pub const FORMAT: u32 = 3;
 
 /// What makes two sweeps the same sweep: a resumed one must match it exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepSpec {
     /// The base profile as given to `--profile`.
     pub profile: String,
-    pub candidates: Vec<Candidate>,
+    pub search: SearchSpec,
     pub mode: Mode,
     pub workload: WorkloadSpec,
     pub warmup_s: f64,
@@ -34,8 +37,33 @@ pub struct SweepSpec {
 pub struct SweepFile {
     pub format: u32,
     pub spec: SweepSpec,
-    /// Finished trials (measured or failed), in the order they finished.
+    pub search: SearchState,
+    /// Finished trials (measured, pruned or failed), in the order they finished.
     pub trials: Vec<Trial>,
+}
+
+/// The spec of formats 1 and 2: the grid's candidates themselves.
+#[derive(Debug, Deserialize)]
+struct LegacySpec {
+    profile: String,
+    candidates: Vec<Candidate>,
+    mode: Mode,
+    workload: WorkloadSpec,
+    warmup_s: f64,
+    duration_s: f64,
+    #[serde(default)]
+    first_window_s: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LegacyFile {
+    spec: LegacySpec,
+    trials: Vec<Trial>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Version {
+    format: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +78,23 @@ pub enum FileError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{}: not a sweep file: {reason}", path.display())]
-    Parse { path: PathBuf, reason: String },
+    #[error("{}: not a sweep file: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error(
+        "{}: its candidates are not the product of axes, as a sweep file of format {format} \
+         holds; pass another --out",
+        path.display()
+    )]
+    NotAGrid { path: PathBuf, format: u32 },
+    #[error(
+        "{} is a sweep file of format {format}, newer than this fleet reads (up to {FORMAT}); \
+         use the fleet that wrote it, or pass another --out",
+        path.display()
+    )]
+    Newer { path: PathBuf, format: u32 },
     #[error(
         "{} already holds {trials} trial(s) of a sweep; continue it with --resume, or pass another --out",
         path.display()
@@ -68,8 +111,8 @@ pub enum FileError {
 fn difference(a: &SweepSpec, b: &SweepSpec) -> Option<&'static str> {
     if a.profile != b.profile {
         Some("--profile")
-    } else if a.candidates != b.candidates {
-        Some("the candidates (--strategies/--set)")
+    } else if a.search != b.search {
+        Some("the search space (--strategies/--set)")
     } else if a.mode != b.mode {
         Some("the mode (--parallel/--sequential)")
     } else if a.workload != b.workload {
@@ -83,6 +126,71 @@ fn difference(a: &SweepSpec, b: &SweepSpec) -> Option<&'static str> {
     }
 }
 
+/// The axes whose product is `candidates`, in the order of the product (first axis slowest):
+/// each axis's values in the order they first appear. `None` when they are no product.
+fn grid_axes(candidates: &[Candidate]) -> Option<Vec<Axis>> {
+    let first = candidates.first()?;
+    let axes: Vec<Axis> = first
+        .settings
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| {
+            let mut values: Vec<String> = Vec::new();
+            for c in candidates {
+                let v = &c.settings.get(i)?.1;
+                if !values.contains(v) {
+                    values.push(v.clone());
+                }
+            }
+            Some(Axis {
+                key: key.clone(),
+                values,
+            })
+        })
+        .collect::<Option<_>>()?;
+    (space::candidates(&axes) == candidates).then_some(axes)
+}
+
+/// Reads a sweep file of any format this fleet knows.
+fn parse(path: &Path, text: &str) -> Result<SweepFile, FileError> {
+    let parse_err = |source| FileError::Parse {
+        path: path.to_path_buf(),
+        source,
+    };
+    let Version { format } = serde_json::from_str(text).map_err(parse_err)?;
+    if format > FORMAT {
+        return Err(FileError::Newer {
+            path: path.to_path_buf(),
+            format,
+        });
+    }
+    if format == FORMAT {
+        return serde_json::from_str(text).map_err(parse_err);
+    }
+    let old: LegacyFile = serde_json::from_str(text).map_err(parse_err)?;
+    let axes = grid_axes(&old.spec.candidates).ok_or_else(|| FileError::NotAGrid {
+        path: path.to_path_buf(),
+        format,
+    })?;
+    // Those sweeps proposed every candidate at once, as the grid does.
+    let mut search = SearchState::new(Model::Grid);
+    search.propose(old.spec.candidates);
+    Ok(SweepFile {
+        format: FORMAT,
+        spec: SweepSpec {
+            profile: old.spec.profile,
+            search: SearchSpec::Grid { axes },
+            mode: old.spec.mode,
+            workload: old.spec.workload,
+            warmup_s: old.spec.warmup_s,
+            duration_s: old.spec.duration_s,
+            first_window_s: old.spec.first_window_s,
+        },
+        search,
+        trials: old.trials,
+    })
+}
+
 /// Where the sweep's results live and what is already in there.
 #[derive(Debug)]
 pub struct Store {
@@ -92,21 +200,21 @@ pub struct Store {
 
 impl Store {
     /// A fresh sweep refuses a file with trials in it; `--resume` requires the same spec and
-    /// keeps its trials. A missing file starts empty either way.
+    /// keeps its search state and trials. A missing file starts afresh either way.
     pub fn open(path: &Path, spec: SweepSpec, resume: bool) -> Result<Store, FileError> {
         let fresh = SweepFile {
             format: FORMAT,
+            search: spec.search.start(),
             spec: spec.clone(),
             trials: Vec::new(),
         };
+        let store = |file| Store {
+            path: path.to_path_buf(),
+            file,
+        };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Store {
-                    path: path.to_path_buf(),
-                    file: fresh,
-                });
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(store(fresh)),
             Err(source) => {
                 return Err(FileError::Read {
                     path: path.to_path_buf(),
@@ -114,16 +222,10 @@ impl Store {
                 });
             }
         };
-        let old: SweepFile = serde_json::from_str(&text).map_err(|e| FileError::Parse {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        let old = parse(path, &text)?;
         if !resume {
             if old.trials.is_empty() {
-                return Ok(Store {
-                    path: path.to_path_buf(),
-                    file: fresh,
-                });
+                return Ok(store(fresh));
             }
             return Err(FileError::Exists {
                 path: path.to_path_buf(),
@@ -136,14 +238,19 @@ impl Store {
                 what,
             });
         }
-        Ok(Store {
-            path: path.to_path_buf(),
-            file: old,
-        })
+        Ok(store(old))
     }
 
     pub fn trials(&self) -> &[Trial] {
         &self.file.trials
+    }
+
+    pub fn search(&self) -> &SearchState {
+        &self.file.search
+    }
+
+    pub fn search_mut(&mut self) -> &mut SearchState {
+        &mut self.file.search
     }
 
     pub fn is_done(&self, candidate_id: &str) -> bool {
@@ -183,13 +290,15 @@ impl Store {
 mod tests {
     use super::*;
     use crate::sweep::rank::Outcome;
-    use crate::sweep::space::{axes, candidates};
+    use crate::sweep::space::axes;
 
     fn spec(strategies: &[&str]) -> SweepSpec {
         let s: Vec<String> = strategies.iter().map(|s| s.to_string()).collect();
         SweepSpec {
             profile: "base".into(),
-            candidates: candidates(&axes(&s, &[]).unwrap()),
+            search: SearchSpec::Grid {
+                axes: axes(&s, &["server.m=1,2".into()]).unwrap(),
+            },
             mode: Mode::Sequential,
             workload: WorkloadSpec::Synthetic {
                 input_len: 10,
@@ -222,7 +331,7 @@ mod tests {
         s.mode = Mode::Rounds;
         s.first_window_s = Some(0.5);
         let mut store = Store::open(&path, s.clone(), false).unwrap();
-        store.record(failed(&s.candidates[0])).unwrap();
+        store.record(failed(&s.search.space()[0])).unwrap();
         let mut unpruned = s.clone();
         unpruned.first_window_s = None;
         let err = Store::open(&path, unpruned, true).unwrap_err();
@@ -231,38 +340,102 @@ mod tests {
             "{err}"
         );
         assert!(Store::open(&path, s, true).is_ok());
-        // A file of format 1 has no first window: it reads as a sweep without pruning.
-        let mut v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        v["spec"].as_object_mut().unwrap().remove("first_window_s");
-        v["format"] = 1.into();
-        let old: SweepFile = serde_json::from_value(v).unwrap();
-        assert_eq!(old.spec.first_window_s, None);
     }
 
     #[test]
-    fn trials_survive_a_resume_and_a_fresh_sweep_refuses_to_overwrite_them() {
+    fn the_search_and_its_trials_survive_a_resume_and_a_fresh_sweep_refuses_to_overwrite_them() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sweep.json");
         let s = spec(&["a", "b"]);
+        let space = s.search.space();
         let mut store = Store::open(&path, s.clone(), false).unwrap();
-        store.record(failed(&s.candidates[0])).unwrap();
+        assert!(store.search().proposed.is_empty());
+        store.search_mut().propose(space.clone());
+        store.search_mut().elapsed_s = 12.5;
+        store.record(failed(&space[0])).unwrap();
         assert!(!dir.path().join("sweep.json.tmp").exists());
 
         let again = Store::open(&path, s.clone(), true).unwrap();
-        assert!(again.is_done(&s.candidates[0].id));
-        assert!(!again.is_done(&s.candidates[1].id));
+        assert!(again.is_done(&space[0].id));
+        assert!(!again.is_done(&space[1].id));
         assert_eq!(again.trials(), store.trials());
+        assert_eq!(again.search(), store.search());
+        let file: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(file["format"], 3);
+        assert_eq!(file["spec"]["search"]["strategy"], "grid");
+        assert_eq!(file["search"]["elapsed_s"], 12.5);
+        assert_eq!(file["search"]["proposed"].as_array().unwrap().len(), 4);
 
         let err = Store::open(&path, s.clone(), false).unwrap_err();
         assert!(err.to_string().contains("holds 1 trial(s)"), "{err}");
         let err = Store::open(&path, spec(&["a", "c"]), true).unwrap_err();
-        assert!(err.to_string().contains("the candidates"), "{err}");
+        assert!(err.to_string().contains("the search space"), "{err}");
 
         std::fs::write(&path, "{").unwrap();
         assert!(matches!(
             Store::open(&path, s, true),
             Err(FileError::Parse { .. })
         ));
+    }
+
+    /// A sweep file as fleet wrote it before the search had a state.
+    fn legacy(format: u32, candidates: &[Candidate], trials: &[Trial]) -> String {
+        let mut v = serde_json::json!({
+            "format": format,
+            "spec": {
+                "profile": "base",
+                "candidates": candidates,
+                "mode": "sequential",
+                "workload": {"kind": "synthetic", "input_len": 10, "output_len": 20},
+                "warmup_s": 1.0,
+                "duration_s": 2.0,
+            },
+            "trials": trials,
+        });
+        if format == 2 {
+            v["spec"]["first_window_s"] = serde_json::Value::Null;
+        }
+        v.to_string()
+    }
+
+    #[test]
+    fn files_of_formats_1_and_2_resume_as_the_grid_they_were_and_newer_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sweep.json");
+        let s = spec(&["a", "b"]);
+        let space = s.search.space();
+        for format in [1, 2] {
+            std::fs::write(&path, legacy(format, &space, &[failed(&space[2])])).unwrap();
+            let store = Store::open(&path, s.clone(), true).unwrap();
+            assert!(store.is_done(&space[2].id));
+            assert_eq!(store.search().proposed, space, "format {format}");
+            assert_eq!(store.search().model, Model::Grid);
+            let err = Store::open(&path, spec(&["a"]), true).unwrap_err();
+            assert!(err.to_string().contains("the search space"), "{err}");
+            // Written back, it is a file of this format.
+            store.save().unwrap();
+            assert_eq!(
+                Store::open(&path, s.clone(), true).unwrap().file,
+                store.file
+            );
+        }
+        // The base profile alone is a grid of no axes.
+        let base = SearchSpec::Grid { axes: vec![] }.space();
+        assert_eq!(grid_axes(&base), Some(vec![]));
+        // Candidates that are no product cannot be a grid.
+        std::fs::write(&path, legacy(2, &space[..3], &[])).unwrap();
+        let err = Store::open(&path, s.clone(), true).unwrap_err();
+        assert!(
+            matches!(err, FileError::NotAGrid { format: 2, .. }),
+            "{err}"
+        );
+        std::fs::write(&path, r#"{"format": 4}"#).unwrap();
+        let err = Store::open(&path, s, true).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("format 4, newer than this fleet reads (up to 3)"),
+            "{err}"
+        );
     }
 }

@@ -34,6 +34,25 @@ pub enum WorkloadSpec {
     },
 }
 
+impl WorkloadSpec {
+    /// The workload this spec describes: the sample read from the prompt file, or synthetic
+    /// prompts; requests for `endpoint` (default as `fleet generate` picks it) and `model`.
+    pub fn load(&self, endpoint: Option<Api>, model: Option<&str>) -> Result<Workload, LoadError> {
+        match self {
+            WorkloadSpec::Prompts {
+                path,
+                sample,
+                seed,
+                max_tokens,
+            } => sample_prompts(path, *sample, *seed, *max_tokens, endpoint, model),
+            WorkloadSpec::Synthetic {
+                input_len,
+                output_len,
+            } => Ok(synthetic(*input_len, *output_len, endpoint, model)),
+        }
+    }
+}
+
 /// The requests a trial draws from. Clones share what the trials saw.
 #[derive(Debug, Clone)]
 pub struct Workload {

@@ -1,15 +1,21 @@
-//! The tuner: candidate configs from axes, GPU assignment, the schedule of rounds, the
-//! workload, trials, successive halving, ranking, `sweep.json` and the report.
+//! The tuner: a sweep is a search. The search seam (`search`) with its first strategy, the grid
+//! with successive halving (`grid`); planning (`plan`); candidate configs from axes, GPU
+//! assignment, the schedule, the workload, trials, ranking, `sweep.json` and the report.
 
 pub mod assign;
 pub mod batch;
+pub mod event;
 pub mod file;
+pub mod grid;
 pub mod load;
+pub mod plan;
+pub mod profiles;
 pub mod prune;
 pub mod rank;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod search;
 pub mod servers;
 pub mod space;
 pub mod stats;

@@ -15,21 +15,21 @@ pub struct Contender {
     pub estimate: Estimate,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    /// Runs the full window.
-    Continue,
-    /// Stops now: `leader` (a candidate index) is clearly ahead.
-    Prune { leader: usize, estimate: Estimate },
+/// The contender a candidate stops for: `candidate` is clearly ahead, with `estimate`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Leader {
+    pub candidate: usize,
+    pub estimate: Estimate,
 }
 
-/// The verdict on each of `screened` (just through their first window), given the `board` of
+/// For each of `screened` (just through their first window), given the `board` of
 /// candidates screened before (on any earlier round, or an earlier run of a resumed sweep).
 /// The leader is the contender with the highest mean on the same hosts, among the board and
 /// the screened; a candidate stops only when its whole interval lies below the leader's, so
 /// two candidates whose intervals overlap both go on, and the best one (whose interval, at 95%,
 /// holds its true rate) is never stopped by one it is better than.
-pub fn decide(board: &[Contender], screened: &[Contender]) -> Vec<Verdict> {
+/// `None`: it runs the full window.
+pub fn decide(board: &[Contender], screened: &[Contender]) -> Vec<Option<Leader>> {
     screened
         .iter()
         .map(|c| {
@@ -38,13 +38,12 @@ pub fn decide(board: &[Contender], screened: &[Contender]) -> Vec<Verdict> {
                 .chain(screened)
                 .filter(|o| o.candidate != c.candidate && o.hosts == c.hosts)
                 .max_by(|a, b| a.estimate.mean.total_cmp(&b.estimate.mean));
-            match leader {
-                Some(l) if c.estimate.clearly_below(&l.estimate) => Verdict::Prune {
-                    leader: l.candidate,
+            leader
+                .filter(|l| c.estimate.clearly_below(&l.estimate))
+                .map(|l| Leader {
+                    candidate: l.candidate,
                     estimate: l.estimate,
-                },
-                _ => Verdict::Continue,
-            }
+                })
         })
         .collect()
 }
@@ -85,14 +84,11 @@ mod tests {
             c(3, "a", e(108.0, 12.0)),
         ];
         let v = decide(&[], &screened);
-        let leader = Verdict::Prune {
-            leader: 1,
+        let leader = Some(Leader {
+            candidate: 1,
             estimate: e(1180.0, 40.0),
-        };
-        assert_eq!(
-            v,
-            vec![leader.clone(), Verdict::Continue, Verdict::Continue, leader]
-        );
+        });
+        assert_eq!(v, vec![leader, None, None, leader]);
     }
 
     #[test]
@@ -104,21 +100,18 @@ mod tests {
         );
         assert_eq!(
             v[0],
-            Verdict::Prune {
-                leader: 9,
+            Some(Leader {
+                candidate: 9,
                 estimate: e(1300.0, 60.0)
-            },
+            }),
             "the best mean leads, also from the same round"
         );
-        assert_eq!(v[1], Verdict::Continue);
+        assert_eq!(v[1], None);
         // Against the board alone: 1180 +- 30 lies below 1250 +- 20.
         let v = decide(&board, &[c(8, "a", e(1180.0, 30.0))]);
-        assert!(matches!(v[0], Verdict::Prune { leader: 7, .. }));
+        assert!(matches!(v[0], Some(Leader { candidate: 7, .. })));
         // A lone candidate has no one to lose to.
-        assert_eq!(
-            decide(&[], &[c(0, "a", e(1.0, 0.1))]),
-            vec![Verdict::Continue]
-        );
+        assert_eq!(decide(&[], &[c(0, "a", e(1.0, 0.1))]), vec![None]);
     }
 
     #[test]
@@ -127,7 +120,7 @@ mod tests {
             &[c(0, "fast-gpus", e(5000.0, 10.0))],
             &[c(1, "slow-gpus", e(100.0, 10.0))],
         );
-        assert_eq!(v, vec![Verdict::Continue]);
+        assert_eq!(v, vec![None]);
     }
 
     #[test]
@@ -149,7 +142,7 @@ mod tests {
                     })
                     .collect();
                 let v = decide(&[], &screened);
-                assert_eq!(v[1], Verdict::Continue, "shift {shift} half {half}");
+                assert_eq!(v[1], None, "shift {shift} half {half}");
             }
         }
     }

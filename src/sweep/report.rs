@@ -56,9 +56,15 @@ pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<
     (n > 0).then(|| tokens / n as f64)
 }
 
-/// Ranks the trials of the sweep's candidates (in case the file holds others) into the report.
-pub fn build(spec: &SweepSpec, trials: &[Trial], dataset: Option<Dataset>) -> Report {
-    let candidates = &spec.candidates;
+/// Ranks the trials of the candidates the search `proposed` (in case the file holds others)
+/// into the report; a proposed candidate without a trial is pending.
+pub fn build(
+    spec: &SweepSpec,
+    proposed: &[Candidate],
+    trials: &[Trial],
+    dataset: Option<Dataset>,
+) -> Report {
+    let candidates = proposed;
     let mine: Vec<Trial> = candidates
         .iter()
         .filter_map(|c| trials.iter().find(|t| t.candidate.id == c.id).cloned())
@@ -466,10 +472,10 @@ mod tests {
         }
     }
 
-    fn spec(mode: Mode, candidates: &[Candidate], first_window_s: Option<f64>) -> SweepSpec {
+    fn spec(mode: Mode, first_window_s: Option<f64>) -> SweepSpec {
         SweepSpec {
             profile: "blackwell".into(),
-            candidates: candidates.to_vec(),
+            search: crate::sweep::search::SearchSpec::Grid { axes: vec![] },
             mode,
             workload: WorkloadSpec::Synthetic {
                 input_len: 1,
@@ -514,7 +520,7 @@ mod tests {
             output_tokens_per_prompt: tokens,
             gpus: 8,
         };
-        let r = build(&spec(Mode::Parallel, &all, None), &trials, Some(d));
+        let r = build(&spec(Mode::Parallel, None), &all, &trials, Some(d));
         assert_eq!(r.winner.as_deref(), Some("no_buffer"));
         assert_eq!(r.pending, vec!["auto".to_string()]);
         let t = text(&r);
@@ -561,7 +567,7 @@ mod tests {
         });
         let trials = vec![nb, ok("extra_buffer", 107.0, 37, 1000.0)];
         let all = [cand("extra_buffer"), cand("no_buffer")];
-        let mut r = build(&spec(Mode::Parallel, &all, None), &trials, None);
+        let mut r = build(&spec(Mode::Parallel, None), &all, &trials, None);
         assert!(!text(&r).contains("do not fit") && !text(&r).contains("drew"));
         r.unfit = Some(Unfit {
             prompts: 3,
@@ -619,7 +625,7 @@ mod tests {
             gpus: 8,
         };
         let trials = [ok("no_buffer", 1180.0, 72, 2360.0), eb];
-        let r = build(&spec(Mode::Rounds, &all, Some(15.0)), &trials, Some(d));
+        let r = build(&spec(Mode::Rounds, Some(15.0)), &all, &trials, Some(d));
         assert_eq!(r.winner.as_deref(), Some("no_buffer"));
         let t = text(&r);
         assert!(t.contains("window"), "{t}");

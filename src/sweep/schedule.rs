@@ -1,25 +1,25 @@
-//! Which candidates start next, on which GPUs: a queue of candidates in order and the GPUs that
-//! are free. A candidate needs either exactly its assigned GPUs (parallel and sequential
-//! modes) or any one GPU (rounds). The `--dry-run` plan of rounds is the same schedule played
-//! out as if every candidate of a round ended at once. Pure.
+//! Which candidates start next, on which GPUs: a queue of the search's proposals in order and
+//! the GPUs that are free. A candidate needs either exactly its assigned GPUs (parallel and
+//! sequential modes) or any one GPU (rounds). The `--dry-run` plan of rounds is the same
+//! schedule played out as if every candidate of a round ended at once. Pure.
 
 use std::collections::VecDeque;
 
 use super::assign::{Need, Slot};
 
-/// The candidates still to start and the GPUs free to start them on.
+/// The candidates (any handle `T`) still to start and the GPUs free to start them on.
 #[derive(Debug, Clone)]
-pub struct Pool {
-    queue: VecDeque<(usize, Need)>,
+pub struct Pool<T> {
+    queue: VecDeque<(T, Need)>,
     /// In the inventory's order, so that a freed GPU is taken lowest first.
     free: Vec<Slot>,
     order: Vec<Slot>,
 }
 
-impl Pool {
-    /// `queue`: candidate indices with what each needs, in the order they run; `slots`: every
-    /// GPU of the sweep, all free.
-    pub fn new(queue: Vec<(usize, Need)>, slots: Vec<Slot>) -> Pool {
+impl<T> Pool<T> {
+    /// `queue`: candidates with what each needs, in the order they run; `slots`: every GPU of
+    /// the sweep, all free.
+    pub fn new(queue: Vec<(T, Need)>, slots: Vec<Slot>) -> Pool<T> {
         Pool {
             queue: queue.into(),
             free: slots.clone(),
@@ -27,10 +27,15 @@ impl Pool {
         }
     }
 
+    /// Queues more candidates behind those waiting.
+    pub fn push(&mut self, more: impl IntoIterator<Item = (T, Need)>) {
+        self.queue.extend(more);
+    }
+
     /// The candidates that can start now, with their GPUs, taken from the queue in order: the
     /// queue is never overtaken, so a candidate waiting for its GPUs holds back the ones after
     /// it (sequential mode runs in order).
-    pub fn next_batch(&mut self) -> Vec<(usize, Vec<Slot>)> {
+    pub fn next_batch(&mut self) -> Vec<(T, Vec<Slot>)> {
         let mut batch = Vec::new();
         while let Some((_, need)) = self.queue.front() {
             let slots = match need {
@@ -61,14 +66,19 @@ impl Pool {
     pub fn waiting(&self) -> usize {
         self.queue.len()
     }
+
+    /// The GPUs free now, in inventory order.
+    pub fn free_slots(&self) -> &[Slot] {
+        &self.free
+    }
 }
 
 /// The rounds the candidates run in when every candidate of a round ends at the same time:
 /// what `--dry-run` shows. With pruning, a later candidate takes the first GPU an earlier one
 /// frees instead, and starts as soon as it is free.
-pub fn rounds(queue: Vec<(usize, Need)>, slots: Vec<Slot>) -> Vec<Vec<(usize, Vec<Slot>)>> {
+pub fn rounds<T>(queue: Vec<(T, Need)>, slots: Vec<Slot>) -> Vec<Vec<(T, Vec<Slot>)>> {
     let mut pool = Pool::new(queue, slots);
-    let mut out: Vec<Vec<(usize, Vec<Slot>)>> = Vec::new();
+    let mut out: Vec<Vec<(T, Vec<Slot>)>> = Vec::new();
     loop {
         let batch = pool.next_batch();
         if batch.is_empty() {
@@ -119,15 +129,19 @@ mod tests {
 
     #[test]
     fn a_freed_gpu_goes_to_the_next_candidate_at_once() {
-        let queue = (0..5).map(|c| (c, Need::AnyGpu)).collect();
-        let mut pool = Pool::new(queue, slots(3));
+        let mut pool = Pool::new(Vec::new(), slots(3));
+        assert!(pool.next_batch().is_empty(), "nothing proposed yet");
+        pool.push((0..5).map(|c| (c, Need::AnyGpu)));
         assert_eq!(pool.next_batch().len(), 3);
+        assert!(pool.free_slots().is_empty());
         assert!(pool.next_batch().is_empty(), "nothing is free");
         // Candidate 1 (GPU 1) was pruned: candidate 3 takes its GPU while 0 and 2 go on.
         pool.free([slots(3)[1].clone()]);
         assert_eq!(gpus(&pool.next_batch()), vec![(3, vec![1])]);
         // The lowest free GPU goes first, whatever order they were freed in.
         pool.free([slots(3)[2].clone(), slots(3)[0].clone()]);
+        let all = slots(3);
+        assert_eq!(pool.free_slots(), [all[0].clone(), all[2].clone()]);
         assert_eq!(gpus(&pool.next_batch()), vec![(4, vec![0])]);
         assert_eq!(pool.waiting(), 0);
     }

@@ -8,29 +8,33 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{Assignment, Slot};
+use super::assign::Slot;
 use super::file::FileError;
 use super::load::Workload;
+use super::profiles::{ProfileError, Profiles};
 use super::space::Candidate;
 use super::trial::Timing;
 use crate::config::{HealthSettings, HostSpec, Profile};
-use crate::gpu;
-use crate::launch::down::{self, StopOutcome, StopState};
+use crate::launch::Fleet;
+use crate::launch::backend::{Backend, StopState};
+use crate::launch::down::{self, StopOutcome};
 use crate::launch::plan::{self, HostFacts, Instance, PlanError};
 use crate::launch::preflight::{self, PreflightFailure};
-use crate::launch::state::{self, InstanceRecord, StateError};
+use crate::launch::registry::Registry;
+use crate::launch::state::{InstanceRecord, StateError};
 use crate::launch::up::{self, LOG_TAIL_LINES, UpError, UpOptions, UpOutcome};
-use crate::remote::{RemoteError, Transport};
+use crate::remote::RemoteError;
 use crate::sglang::client::{ClientError, http_client};
 
 /// Everything a sweep runs with.
 pub struct Setup<'a> {
-    /// Each candidate with its profile (the base plus the candidate's settings).
-    pub candidates: Vec<(Candidate, Profile)>,
-    pub assignment: &'a Assignment,
+    /// How each candidate becomes its profile (the base plus the candidate's settings).
+    pub profiles: Profiles,
+    /// Every GPU of the sweep, in inventory order.
+    pub slots: Vec<Slot>,
     pub hosts: &'a [(HostSpec, HostFacts)],
-    pub transports: &'a BTreeMap<String, Arc<dyn Transport>>,
-    pub run_root: &'a str,
+    /// Every host of the inventory, connected.
+    pub fleet: &'a Fleet,
     pub api_key: Option<String>,
     pub health: HealthSettings,
     pub workload: Arc<Workload>,
@@ -54,6 +58,8 @@ pub enum SweepError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error("--apply: {0}")]
+    ApplyProfile(#[from] ProfileError),
+    #[error("--apply: {0}")]
     ApplyPlan(#[from] PlanError),
     #[error("--apply: {0}")]
     ApplyPreflight(#[from] PreflightFailure),
@@ -62,6 +68,7 @@ pub enum SweepError {
 /// A server the sweep started and has not stopped yet.
 #[derive(Debug)]
 pub struct Running {
+    /// The candidate's place among the search's proposals.
     pub candidate: usize,
     pub record: InstanceRecord,
 }
@@ -70,8 +77,30 @@ pub struct Running {
 pub fn host_gpus(hosts: &[(HostSpec, HostFacts)]) -> Vec<(String, Vec<u32>)> {
     hosts
         .iter()
-        .map(|(h, f)| (h.name.clone(), plan::host_gpus(h, f)))
+        .map(|(h, f)| (h.name().to_string(), plan::host_gpus(h, f)))
         .collect()
+}
+
+/// Why a candidate cannot be planned on its GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum Unplanned {
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// The instances candidate `c` runs on exactly `slots`, from its profile.
+pub fn plan_candidate(
+    profiles: &Profiles,
+    c: &Candidate,
+    hosts: &[(HostSpec, HostFacts)],
+    slots: &[Slot],
+    api_key: Option<&str>,
+    run_root: &str,
+) -> Result<Vec<Instance>, Unplanned> {
+    let profile = profiles.of(c)?;
+    Ok(plan_on(&profile, hosts, slots, api_key, run_root)?)
 }
 
 /// The instances of `profile` on exactly `slots`.
@@ -86,7 +115,7 @@ pub fn plan_on(
     for (host, facts) in hosts {
         let gpus: Vec<u32> = slots
             .iter()
-            .filter(|s| s.host == host.name)
+            .filter(|s| s.host == host.name())
             .map(|s| s.gpu)
             .collect();
         if gpus.is_empty() {
@@ -101,11 +130,19 @@ pub fn plan_on(
 pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFacts> {
     hosts
         .iter()
-        .map(|(h, f)| (h.name.clone(), f.clone()))
+        .map(|(h, f)| (h.name().to_string(), f.clone()))
         .collect()
 }
 
 impl Setup<'_> {
+    /// The backend of `host`, one of the sweep's.
+    pub fn backend(&self, host: &str) -> &dyn Backend {
+        self.fleet
+            .backend(host)
+            .expect("a host of the sweep")
+            .as_ref()
+    }
+
     /// Starts `instances` as `fleet up` would, replacing whatever ran there: a sweep owns the
     /// GPUs it measures on. The sweep reports its own events, so up's are dropped.
     pub async fn start(
@@ -116,10 +153,9 @@ impl Setup<'_> {
         let http = http_client(crate::launch::PROBE_HTTP)?;
         let (up_events, _) = tokio::sync::mpsc::unbounded_channel();
         let run = up::Run {
-            transports: self.transports,
+            fleet: self.fleet,
             http: &http,
             api_key: self.api_key.as_deref(),
-            run_root: self.run_root,
             events: &up_events,
             cancel,
         };
@@ -134,21 +170,15 @@ impl Setup<'_> {
     /// Stops servers and waits (briefly) until their GPUs' memory is released, so that the next
     /// round's servers find the memory they are measured with.
     pub async fn stop(&self, running: Vec<Running>) {
-        let stops = running.iter().map(|r| {
-            down::stop(
-                self.transports[&r.record.host].as_ref(),
-                &r.record,
-                self.grace,
-            )
-        });
+        let stops = running
+            .iter()
+            .map(|r| down::stop(self.backend(r.record.host()), &r.record, self.grace));
         let outcomes = futures::future::join_all(stops).await;
         for s in &outcomes {
             if s.state == StopState::Failed || !s.port_closed {
                 tracing::warn!(
-                    "{} gpu{} :{}: could not stop: {}",
-                    s.host,
-                    s.gpu,
-                    s.port,
+                    "{}: could not stop: {}",
+                    s.id.label(s.port),
                     s.error.as_deref().unwrap_or_default()
                 );
             }
@@ -156,15 +186,13 @@ impl Setup<'_> {
         let confirms = self.hosts.iter().map(|(h, _)| {
             let mut mine: Vec<StopOutcome> = outcomes
                 .iter()
-                .filter(|o| o.host == h.name)
+                .filter(|o| o.id.host() == Some(h.name()))
                 .cloned()
                 .collect();
-            let t = self.transports[&h.name].clone();
-            let local = h.is_local();
+            let b = self.backend(h.name());
             async move {
                 if !mine.is_empty() {
-                    down::confirm_gpus_released(&mut mine, || gpu::read_host(t.clone(), local))
-                        .await;
+                    down::confirm_gpus_released(b, &mut mine).await;
                 }
                 mine
             }
@@ -172,40 +200,39 @@ impl Setup<'_> {
         for o in futures::future::join_all(confirms).await.iter().flatten() {
             if let Some(used) = o.gpu_memory_used_mib.filter(|m| *m > down::RELEASED_MIB) {
                 tracing::warn!(
-                    "{} gpu{}: still {used} MiB in use after stopping :{}",
-                    o.host,
-                    o.gpu,
-                    o.port
+                    "{}: still {used} MiB in use on its GPU after stopping",
+                    o.id.label(o.port)
                 );
             }
         }
     }
 
-    /// The records of the started instances that are still running.
+    /// The records of the started instances that are still recorded.
     pub async fn records(
         &self,
         started: &[(usize, &Instance)],
     ) -> Result<Vec<Running>, StateError> {
-        let hosts: BTreeSet<&str> = started.iter().map(|(_, i)| i.host.as_str()).collect();
-        let mut out = Vec::new();
-        for host in hosts {
-            let records =
-                state::read_records(self.transports[host].as_ref(), self.run_root).await?;
-            for (candidate, inst) in started.iter().filter(|(_, i)| i.host == host) {
-                if let Some(r) = records.iter().find(|r| r.port == inst.port) {
-                    out.push(Running {
-                        candidate: *candidate,
-                        record: r.clone(),
-                    });
-                }
-            }
-        }
-        Ok(out)
+        let hosts: BTreeSet<&str> = started.iter().map(|(_, i)| i.host()).collect();
+        let backends: Vec<Arc<dyn Backend>> = hosts
+            .iter()
+            .filter_map(|h| self.fleet.backend(h).cloned())
+            .collect();
+        let registry = Registry::survey(&backends).await.whole()?;
+        Ok(started
+            .iter()
+            .filter_map(|(candidate, inst)| {
+                let record = registry.get(&inst.id, inst.port)?.clone();
+                Some(Running {
+                    candidate: *candidate,
+                    record,
+                })
+            })
+            .collect())
     }
 
     pub async fn log_tail(&self, inst: &Instance) -> Vec<String> {
-        let t = self.transports[&inst.host].as_ref();
-        state::tail(t, &inst.files.log, LOG_TAIL_LINES)
+        self.backend(inst.host())
+            .log_tail(&inst.files.log, LOG_TAIL_LINES)
             .await
             .map(|s| s.lines().map(str::to_string).collect())
             .unwrap_or_default()
@@ -222,7 +249,7 @@ impl Setup<'_> {
             self.hosts,
             None,
             self.api_key.as_deref(),
-            self.run_root,
+            self.fleet.run_root(),
         )?;
         preflight::preflight(&instances, &facts_by_host(self.hosts))?;
         self.start(&instances, cancel).await
@@ -265,17 +292,7 @@ mod tests {
             gpu,
         });
         let planned = plan_on(&profile(), &hosts, &slots, None, "/tmp/fleet").unwrap();
-        let got: Vec<(String, u32, u16)> = planned
-            .iter()
-            .map(|i| (i.host.clone(), i.gpu, i.port))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("a".into(), 0, 30000),
-                ("a".into(), 2, 30002),
-                ("b".into(), 1, 30001)
-            ]
-        );
+        let got: Vec<String> = planned.iter().map(Instance::label).collect();
+        assert_eq!(got, ["a gpu0 :30000", "a gpu2 :30002", "b gpu1 :30001"]);
     }
 }

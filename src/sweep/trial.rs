@@ -217,9 +217,8 @@ pub async fn measure(
                 .servers
                 .iter()
                 .map(|s| core::Server {
-                    name: s.label.clone(),
+                    id: s.endpoint.id.clone(),
                     url: s.endpoint.base_url.clone(),
-                    host: None,
                     info: Ok(s.capacity()),
                 })
                 .collect(),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fleet::config::{GpuSelection, HostSpec, SshTarget};
+use fleet::config::{GpuSelection, MachineSpec, SshTarget};
 use tempfile::TempDir;
 
 use super::{
@@ -281,7 +281,7 @@ impl Sshd {
 
     /// An inventory host for library tests, with every SSH setting in `ssh_options`, so the
     /// process's own HOME plays no part.
-    pub fn host_spec(&self, name: &str, container: Option<u32>, known_hosts: &Path) -> HostSpec {
+    pub fn host_spec(&self, name: &str, container: Option<u32>, known_hosts: &Path) -> MachineSpec {
         self.host_spec_with_key(name, container, known_hosts, &self.client_key)
     }
 
@@ -291,8 +291,8 @@ impl Sshd {
         container: Option<u32>,
         known_hosts: &Path,
         key: &Path,
-    ) -> HostSpec {
-        HostSpec {
+    ) -> MachineSpec {
+        MachineSpec {
             name: name.to_string(),
             ssh: Some(SshTarget {
                 user: Some(self.user.clone()),

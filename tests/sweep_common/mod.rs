@@ -3,9 +3,12 @@
 //! and what it left running. Use it with `mod common; mod sweep_common;`.
 #![allow(dead_code)] // each test crate uses a different part of it
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use crate::common::local_fleet::{LocalFleet, SIM};
 use crate::common::{Ports, reserve_ports};
@@ -167,6 +170,31 @@ impl Fleet {
             .unwrap()
     }
 
+    /// Starts fleet with `args` in the background, its stderr read line by line as it comes.
+    pub fn spawn(&self, args: &[&str]) -> Background {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Background {
+            child,
+            lines,
+            reader,
+            seen: String::new(),
+        }
+    }
+
     /// Waits until a running sweep has written `n` trials to sweep.json (within 60 s).
     pub fn wait_trials(&self, n: usize) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -184,6 +212,55 @@ impl Fleet {
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+    }
+}
+
+/// A fleet command running in the background.
+pub struct Background {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    /// Its stderr so far.
+    seen: String,
+}
+
+impl Background {
+    /// Waits (within 120 s) for a line of stderr that contains `text`.
+    pub fn wait_for_line(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => {
+                    let found = line.contains(text);
+                    self.seen.push_str(&line);
+                    self.seen.push('\n');
+                    if found {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no line with {text:?} in 120 s:\n{}", self.seen)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("it ended without a line with {text:?}:\n{}", self.seen)
+                }
+            }
+        }
+    }
+
+    /// Sends SIGINT and waits for the end: the exit code and the whole of stderr.
+    pub fn interrupt(mut self) -> (Option<i32>, String) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        for line in self.lines.try_iter() {
+            self.seen.push_str(&line);
+            self.seen.push('\n');
+        }
+        (status.code(), self.seen)
     }
 }
 

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::check::suggest;
-use super::{ConfigError, GpuSelection, Inventory, Problem, Profile};
+use super::{ConfigError, GpuSelection, HostSpec, Inventory, Problem, Profile};
 use resolve::Loader;
 
 pub use yaml_out::derived_profile_yaml;
@@ -151,11 +151,13 @@ impl Profile {
         let problems: Vec<Problem> = inventory
             .hosts
             .iter()
-            .filter_map(|h| match &h.gpus {
-                GpuSelection::List(gpus) => gpus.iter().max().map(|g| (h, *g)),
-                GpuSelection::All => None,
+            .filter_map(|h| match h {
+                HostSpec::Machine(m) => match &m.gpus {
+                    GpuSelection::List(gpus) => gpus.iter().max().map(|g| (&m.name, *g)),
+                    GpuSelection::All => None,
+                },
             })
-            .filter_map(|(h, gpu)| self.port_problem(&h.name, gpu))
+            .filter_map(|(name, gpu)| self.port_problem(name, gpu))
             .collect();
         if problems.is_empty() {
             Ok(())

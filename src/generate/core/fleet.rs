@@ -6,13 +6,13 @@ use super::{Action, Core, CoreConfig, ProbeKind, ProbeResult, Server, Time};
 use crate::generate::concurrency::{Capacity, Controller, Gauges};
 use crate::generate::progress::RateWindow;
 use crate::generate::{Event, InstanceInfo};
+use crate::server::ServerId;
 use crate::sglang::client::{ClientError, ServerInfo};
 use crate::sglang::metrics::Metrics;
 
 pub(super) struct Inst {
-    pub name: String,
+    pub id: ServerId,
     pub url: String,
-    pub host: Option<String>,
     pub version: Option<String>,
     pub up: bool,
     pub ctl: Controller,
@@ -44,9 +44,8 @@ impl Inst {
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
         let mut inst = Inst {
-            name: s.name,
+            id: s.id,
             url: s.url,
-            host: s.host,
             version: None,
             up: false,
             ctl: Controller::new(
@@ -102,7 +101,7 @@ impl Inst {
 
     pub fn info(&self) -> InstanceInfo {
         InstanceInfo {
-            name: self.name.clone(),
+            name: self.id.clone(),
             url: self.url.clone(),
             version: self.version.clone(),
             server_cap: self.cap,
@@ -180,7 +179,7 @@ impl Core {
                 let cfg = &self.cfg;
                 inst.revive(&info, cfg, request_tokens);
                 out.push(Action::Event(Event::InstanceUp {
-                    name: inst.name.clone(),
+                    name: inst.id.clone(),
                     server_cap: inst.cap,
                 }));
                 if self.paused_since.take().is_some() {
@@ -212,7 +211,7 @@ impl Core {
         inst.up = false;
         inst.failures = 0;
         out.push(Action::Event(Event::InstanceDown {
-            name: inst.name.clone(),
+            name: inst.id.clone(),
             reason: reason.to_string(),
         }));
         self.take_back(i, out);
@@ -220,7 +219,7 @@ impl Core {
             self.paused_since = Some(now);
             out.push(Action::Event(Event::Paused {
                 stall_timeout: self.cfg.stall_timeout,
-                reason: format!("{}: {reason}", self.insts[i].name),
+                reason: format!("{}: {reason}", self.insts[i].id),
             }));
         }
     }
@@ -234,7 +233,7 @@ impl Core {
         }));
         let why = format!("host {host} lost: {reason}");
         for i in 0..self.insts.len() {
-            if self.insts[i].host.as_deref() == Some(host) {
+            if self.insts[i].id.host() == Some(host) {
                 self.mark_down(now, i, &why, out);
             }
         }
@@ -246,7 +245,7 @@ impl Core {
             host: host.to_string(),
         }));
         for (i, inst) in self.insts.iter_mut().enumerate() {
-            if inst.host.as_deref() == Some(host) && !inst.up && !inst.probing {
+            if inst.id.host() == Some(host) && !inst.up && !inst.probing {
                 inst.probing = true;
                 out.push(Action::Probe {
                     inst: i,
@@ -258,10 +257,6 @@ impl Core {
 
     /// Whether a host has an instance out: a request that failed there prefers another host.
     pub(super) fn host_failing(&self, host: Option<&str>) -> bool {
-        host.is_some_and(|h| {
-            self.insts
-                .iter()
-                .any(|i| i.host.as_deref() == Some(h) && !i.up)
-        })
+        host.is_some_and(|h| self.insts.iter().any(|i| i.id.host() == Some(h) && !i.up))
     }
 }

@@ -199,7 +199,7 @@ impl Core {
                     prompt_tokens: c.prompt_tokens,
                     completion_tokens: c.completion_tokens,
                     finish_reason: c.finish_reason.as_deref(),
-                    instance: &inst.name,
+                    instance: &inst.id,
                     latency_s: progress::round(latency.as_secs_f64(), 3),
                 });
                 out.push(Action::Write(Entry::Completion(record)));

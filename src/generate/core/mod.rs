@@ -31,6 +31,7 @@ use super::upload::UploadEvent;
 use super::watchdog::{Cause, Finding};
 use super::{Event, GenerateConfig, InstanceInfo, Timing};
 use crate::config::Expected;
+use crate::server::ServerId;
 use crate::sglang::client::{Api, ClientError, Completion, CompletionRequest, ServerInfo};
 use crate::sglang::metrics::Metrics;
 
@@ -86,12 +87,11 @@ impl CoreConfig {
 }
 
 /// A server as the shell found it before the run: its `/server_info`, or why it did not answer.
+/// Its id names its inventory host, which a lost connection takes out as a whole.
 #[derive(Debug, Clone)]
 pub struct Server {
-    pub name: String,
+    pub id: ServerId,
     pub url: String,
-    /// The inventory host it runs on (`None` for a server given by URL).
-    pub host: Option<String>,
     pub info: Result<ServerInfo, String>,
 }
 
@@ -564,7 +564,7 @@ impl Core {
     /// while one has room. Work goes where slots free up, so faster instances get more of it.
     fn pick(&self, avoid: Option<usize>) -> Option<usize> {
         let avoid_host = avoid
-            .map(|a| self.insts[a].host.as_deref())
+            .map(|a| self.insts[a].id.host())
             .filter(|h| self.host_failing(*h))
             .flatten();
         let mut best: Option<((bool, bool, f64), usize)> = None;
@@ -573,7 +573,7 @@ impl Core {
                 continue;
             }
             let rank = (
-                avoid_host.is_none() || inst.host.as_deref() != avoid_host,
+                avoid_host.is_none() || inst.id.host() != avoid_host,
                 Some(i) != avoid,
                 f64::from(inst.free()) / f64::from(inst.ctl.limit()),
             );

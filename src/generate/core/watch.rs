@@ -154,7 +154,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
                     i.window.rates()
                 };
                 InstanceProgress {
-                    name: i.name.clone(),
+                    name: i.id.clone(),
                     url: i.url.clone(),
                     healthy: i.up,
                     in_flight: i.in_flight,

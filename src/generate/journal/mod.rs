@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::input::Id;
+use crate::server::ServerId;
 
 pub use recover::{Recovered, drop_failures, has_output, recover, reset_retries, shards};
 
@@ -79,7 +80,7 @@ pub struct CompletionRecord<'a> {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub finish_reason: Option<&'a str>,
-    pub instance: &'a str,
+    pub instance: &'a ServerId,
     pub latency_s: f64,
 }
 
@@ -413,7 +414,7 @@ mod tests {
             prompt_tokens: 10,
             completion_tokens: out_tokens,
             finish_reason: Some("stop"),
-            instance: "a",
+            instance: &ServerId::named("a"),
             latency_s: 0.5,
         }))
     }
@@ -509,7 +510,7 @@ mod tests {
             prompt_tokens: 12,
             completion_tokens: 34,
             finish_reason: None,
-            instance: "a",
+            instance: &ServerId::named("a"),
             latency_s: 1.0,
         });
         assert_eq!(parse_done(&line).unwrap(), (i, 12, 34));
@@ -524,7 +525,7 @@ mod tests {
             prompt_tokens: 1,
             completion_tokens: 2,
             finish_reason: None,
-            instance: "a",
+            instance: &ServerId::named("a"),
             latency_s: 1.0,
         });
         assert!(line.starts_with(b"{\"id\":12345678901234567890123,"));

@@ -17,6 +17,7 @@ mod hop;
 mod jump;
 mod link;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,7 +37,7 @@ use super::ssh_config::{self, Resolved};
 use super::{
     CommandOutput, ConnectOptions, Link, LinkLoss, RemoteError, Transport, Tunnel, mask, quote_argv,
 };
-use crate::config::{HostSpec, SshTarget};
+use crate::config::SshTarget;
 use hop::Session;
 use link::{Dial, Dialed, Keeper};
 
@@ -102,47 +103,50 @@ fn ended_future(ended: tokio::sync::oneshot::Receiver<LinkLoss>) -> BoxFuture<'s
 impl SshTransport {
     /// Connects (through the host's jump hosts), verifies every host key and authenticates,
     /// each hop within its connect timeout; then keeps the connection up until dropped.
+    /// `host` names the inventory host in messages; `ssh_options` are its own, over
+    /// `~/.ssh/config`.
     pub async fn connect(
-        host: &HostSpec,
+        host: &str,
         target: &SshTarget,
+        ssh_options: &BTreeMap<String, String>,
         opts: &ConnectOptions,
     ) -> Result<Self, RemoteError> {
         let home = std::env::var_os("HOME")
             .filter(|h| !h.is_empty())
             .map(PathBuf::from);
         let resolved =
-            ssh_config::resolve(target, &host.ssh_options, home.as_deref()).map_err(|source| {
+            ssh_config::resolve(target, ssh_options, home.as_deref()).map_err(|source| {
                 RemoteError::Config {
-                    host: host.name.clone(),
+                    host: host.to_string(),
                     source: Box::new(source),
                 }
             })?;
         let target_label = format!("{}@{}", resolved.user, resolved.known_hosts_name());
         let hops = resolved.hops();
         if hops.is_empty() {
-            tracing::debug!(host = %host.name, "ssh: connecting to {target_label}");
+            tracing::debug!(host = %host, "ssh: connecting to {target_label}");
         } else {
-            tracing::debug!(host = %host.name, "ssh: connecting to {target_label} through {}", hops.join(", "));
+            tracing::debug!(host = %host, "ssh: connecting to {target_label} through {}", hops.join(", "));
         }
-        let (session, ended) = jump::dial(&host.name, &resolved, opts).await?;
+        let (session, ended) = jump::dial(host, &resolved, opts).await?;
         let keeper = Arc::new(Keeper::new(session));
         let cancel = CancellationToken::new();
         let wait_for_link = resolved.connect_timeout.unwrap_or(opts.connect_timeout);
         let supervisor = tokio::spawn(link::supervise(
             Redial {
-                host: host.name.clone(),
+                host: host.to_string(),
                 resolved,
                 opts: opts.clone(),
             },
             ended_future(ended),
             keeper.clone(),
             link::RECONNECT,
-            host.name.clone(),
+            host.to_string(),
             target_label.clone(),
             cancel.clone(),
         ));
         Ok(SshTransport {
-            host: host.name.clone(),
+            host: host.to_string(),
             target: target_label,
             keeper,
             execs: Semaphore::new(MAX_CONCURRENT_EXECS),

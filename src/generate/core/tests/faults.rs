@@ -21,7 +21,9 @@ fn a_refused_connection_takes_the_instance_out_and_moves_its_requests_without_sp
     assert_eq!(h.aborts, [0], "its other requests are dropped there");
     assert_eq!(h.out_on(0), 0);
     assert_eq!(
-        h.events_matching(|e| matches!(e, Event::InstanceDown { name, .. } if name == "a")),
+        h.events_matching(
+            |e| matches!(e, Event::InstanceDown { name, .. } if *name == ServerId::named("a"))
+        ),
         1
     );
     // The ten taken back wait for b's room, first in line: nothing is failed or retried later.
@@ -447,9 +449,9 @@ fn an_input_with_nothing_left_to_do_ends_at_once() {
 #[test]
 fn a_lost_host_hands_its_work_to_the_other_host_at_once() {
     let mut h = Harness::new(vec![
-        on_host("a0", "pve1", 8),
-        on_host("a1", "pve1", 8),
-        on_host("b0", "pve2", 8),
+        on_host("pve1", 0, 8),
+        on_host("pve1", 1, 8),
+        on_host("pve2", 0, 8),
     ]);
     let mut next = 0;
     h.fill(&mut next, 25);
@@ -468,7 +470,7 @@ fn a_lost_host_hands_its_work_to_the_other_host_at_once() {
         2
     );
     assert_eq!(h.events_matching(|e| matches!(e, Event::Paused { .. })), 0);
-    // b0 had room for 2 more: those go at once; the rest wait for it, first in line.
+    // pve2:gpu0 had room for 2 more: those go at once; the rest wait for it, first in line.
     assert_eq!(h.out_on(2), 10);
     assert!(h.failures.is_empty() && h.retries.is_empty());
     h.on(Input::HostBack {
@@ -504,22 +506,22 @@ fn a_lost_host_hands_its_work_to_the_other_host_at_once() {
 #[test]
 fn a_request_failing_on_a_failing_host_prefers_another_host() {
     let mut h = Harness::new(vec![
-        on_host("a0", "pve1", 8),
-        on_host("a1", "pve1", 8),
-        on_host("b0", "pve2", 8),
+        on_host("pve1", 0, 8),
+        on_host("pve1", 1, 8),
+        on_host("pve2", 0, 8),
     ]);
     h.lines(1, 2);
     let (id, first) = h.sends[0];
     assert_eq!(first, 0);
-    // a0 refused: it is out, and its host is failing; a1 has more room than b0 would after
-    // one more, but the retry goes to the other host.
+    // pve1:gpu0 refused: it is out, and its host is failing; pve1:gpu1 has more room than
+    // pve2:gpu0 would after one more, but the retry goes to the other host.
     h.err(id, refused());
     assert_eq!(h.sends.last().unwrap().1, 2);
 }
 
 #[test]
 fn a_paused_job_says_so_in_progress_until_something_is_back() {
-    let mut h = Harness::new(vec![on_host("a0", "pve1", 8)]);
+    let mut h = Harness::new(vec![on_host("pve1", 0, 8)]);
     h.lines(1, 2);
     h.on(Input::HostLost {
         host: "pve1".into(),

@@ -50,18 +50,19 @@ fn info(cap: u64) -> ServerInfo {
 
 fn server(name: &str, cap: u64) -> Server {
     Server {
-        name: name.into(),
+        id: ServerId::named(name),
         url: format!("http://{name}"),
-        host: None,
         info: Ok(info(cap)),
     }
 }
 
-/// A server on inventory host `host`.
-fn on_host(name: &str, host: &str, cap: u64) -> Server {
+/// The server on `gpu` of inventory host `host`.
+fn on_host(host: &str, gpu: u32, cap: u64) -> Server {
+    let id = ServerId::gpu(host, gpu);
     Server {
-        host: Some(host.into()),
-        ..server(name, cap)
+        url: format!("http://{id}"),
+        id,
+        info: Ok(info(cap)),
     }
 }
 

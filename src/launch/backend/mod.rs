@@ -1,0 +1,186 @@
+//! The seam below launch: a [`Backend`] starts, finds, watches and stops the servers of one
+//! inventory host, whatever runs them there. Up, down, status, logs, generate and sweep reach
+//! a host's servers only through it.
+//!
+//! One kind exists today, [`machine::Machine`]: servers as process groups on a POSIX host (this
+//! machine, one over SSH, a Proxmox container). A kind is one more [`HostSpec`] variant, one
+//! more implementation of the trait, and one more arm in [`connect`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::config::HostSpec;
+use crate::gpu::{GpuError, GpuReading};
+use crate::launch::plan::{HostFacts, Instance};
+use crate::launch::preflight::FactsError;
+use crate::launch::state::{InstanceRecord, Liveness, StateError};
+use crate::remote::{ConnectOptions, Link, RemoteError, Transport, Tunnel};
+
+#[cfg(test)]
+pub(crate) mod fake;
+pub mod machine;
+
+/// The servers of one inventory host, as one kind of place runs them.
+///
+/// Every method that looks at the host goes through [`Backend::shell`] or what the backend
+/// keeps beside it; none prints. Errors name the host.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Where fleet keeps this host's state.
+    fn home(&self) -> &Home;
+
+    /// The inventory host's name.
+    fn host(&self) -> &str {
+        &self.home().host
+    }
+
+    /// The shell where fleet keeps this host's state and runs its commands.
+    fn shell(&self) -> &Arc<dyn Transport> {
+        &self.home().shell
+    }
+
+    /// The run directory root on [`Backend::shell`].
+    fn run_root(&self) -> &str {
+        &self.home().run_root
+    }
+
+    /// What planning needs to know of the host, read as the profile's servers would run
+    /// (`launcher` and its `env`): its `--help` when `preflight`, the SGLang version, where its
+    /// servers are reached, and its GPUs when the inventory says `all`.
+    async fn facts(
+        &self,
+        launcher: &[String],
+        env: &BTreeMap<String, String>,
+        preflight: bool,
+    ) -> Result<HostFacts, FactsError>;
+
+    /// Every server recorded on the host, in GPU then port order, and what became of each.
+    async fn survey(&self) -> Result<Vec<Seen>, StateError>;
+
+    /// The ports something listens on where this host's servers bind: a planned port in use
+    /// with no record of fleet's is someone else's.
+    async fn ports_in_use(&self) -> Result<BTreeSet<u16>, StateError>;
+
+    /// Starts a planned server and records it. The record, with the backend's
+    /// [`Handle`](crate::launch::state::Handle) in it, is how the server is found, watched and
+    /// stopped from then on; nothing is left running when this fails.
+    async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError>;
+
+    /// Whether a started server still runs (followed while it loads).
+    async fn alive(&self, record: &InstanceRecord) -> Result<bool, StateError>;
+
+    /// Stops a recorded server (asking first, forcing after `grace`), waits until its port is
+    /// closed, and forgets it: its record becomes the stopped record kept beside its log. An
+    /// error means it may still run, and its record stays.
+    async fn stop(&self, record: &InstanceRecord, grace: Duration) -> Result<Stopped, StateError>;
+
+    /// The last `lines` lines of the server log at `log` (a planned server's
+    /// [`RunFiles::log`](crate::launch::plan::RunFiles), as its record keeps it), with the
+    /// secrets SGLang logs masked; empty when there is no log.
+    async fn log_tail(&self, log: &str, lines: usize) -> Result<String, StateError>;
+
+    /// A local address that reaches a server of this host serving at `address:port` (as the
+    /// plan and the record say): a port forwarded to it, held until closed.
+    async fn endpoint(&self, address: &str, port: u16) -> Result<Tunnel, RemoteError>;
+
+    /// The host's GPUs with the memory in use on each.
+    async fn gpus(&self) -> Result<Vec<GpuReading>, GpuError>;
+
+    /// The state of the connection to the host, which generate watches to move work off a
+    /// lost host.
+    fn link(&self) -> watch::Receiver<Link> {
+        self.shell().link()
+    }
+}
+
+/// Where fleet keeps a host's state, whatever its kind: the shell (the machine itself, or a
+/// cluster's login node) that holds its run directory (records, logs, the `up` lock, detached
+/// jobs) and runs its commands (`fleet exec`).
+#[derive(Debug, Clone)]
+pub struct Home {
+    /// The inventory host's name.
+    pub host: String,
+    pub shell: Arc<dyn Transport>,
+    /// The run directory root on `shell`.
+    pub run_root: String,
+}
+
+/// A recorded server and what became of it: the observed stage a survey gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub record: InstanceRecord,
+    pub liveness: Liveness,
+    /// Its leader is gone but what it started still runs (SGLang tearing itself down, workers
+    /// holding the GPU): it is still fleet's to stop, and not free to start on.
+    pub lingering: bool,
+}
+
+impl Seen {
+    /// Whether the server (or what is left of it) still holds its GPU and port.
+    pub fn holds_gpu(&self) -> bool {
+        match self.liveness {
+            Liveness::Running => true,
+            Liveness::Dead => self.lingering,
+            Liveness::Reused => false,
+        }
+    }
+}
+
+/// How a stop went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopState {
+    /// Exited when asked.
+    Stopped,
+    /// Had to be forced after the grace period.
+    Killed,
+    /// Was gone before fleet looked.
+    AlreadyDead,
+    /// Its handle names another process now; nothing was signalled.
+    PidReused,
+    /// Still there after being forced, or the host could not be asked.
+    Failed,
+}
+
+impl StopState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopState::Stopped => "stopped",
+            StopState::Killed => "killed",
+            StopState::AlreadyDead => "already dead",
+            StopState::PidReused => "pid reused",
+            StopState::Failed => "failed",
+        }
+    }
+}
+
+/// What [`Backend::stop`] did: how the server went, and whether its port is free again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    pub state: StopState,
+    pub port_closed: bool,
+}
+
+/// The backend for an inventory host, connected: the one place that knows the kinds of host.
+pub async fn connect(
+    host: &HostSpec,
+    opts: &ConnectOptions,
+    run_root: &str,
+) -> Result<Arc<dyn Backend>, RemoteError> {
+    match host {
+        HostSpec::Machine(m) => {
+            let home = Home {
+                host: m.name.clone(),
+                shell: crate::remote::connect(m, opts).await?,
+                run_root: run_root.to_string(),
+            };
+            Ok(Arc::new(machine::Machine::new(m.clone(), home)))
+        }
+    }
+}

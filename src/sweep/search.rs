@@ -1,0 +1,179 @@
+//! The search seam: a sweep is a search. A [`Strategy`] proposes candidates from the results so
+//! far and judges each first window; the scheduler (`run`) starts whatever it proposes on free
+//! GPUs and tells it every trial that ends. What defines a search ([`SearchSpec`]) and what it
+//! has done ([`SearchState`]) are written to `sweep.json`, so that `--resume` continues it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::assign::{Need, Slot};
+use super::rank::Trial;
+use super::space::{self, Axis, Candidate};
+use super::stats::Estimate;
+
+/// What the search is, as the command line gave it: a resumed sweep must give the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "strategy", rename_all = "snake_case")]
+pub enum SearchSpec {
+    /// Every point of the product of the axes, with successive halving in rounds.
+    Grid { axes: Vec<Axis> },
+}
+
+impl SearchSpec {
+    /// The candidates known before the search starts, in order: the grid's whole space.
+    pub fn space(&self) -> Vec<Candidate> {
+        match self {
+            SearchSpec::Grid { axes } => space::candidates(axes),
+        }
+    }
+
+    /// The state of this search before it has proposed anything.
+    pub fn start(&self) -> SearchState {
+        SearchState::new(match self {
+            SearchSpec::Grid { .. } => Model::Grid,
+        })
+    }
+}
+
+/// Why a search ended on its own (an interrupt is no end: `--resume` continues).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// Every candidate of the space was proposed and has run.
+    Exhausted,
+}
+
+/// What a strategy keeps beyond its trials, restored on `--resume`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "strategy", rename_all = "snake_case")]
+pub enum Model {
+    /// The grid keeps nothing more: its space is in the spec, its first windows in the trials.
+    Grid,
+}
+
+/// The search's own state in `sweep.json`, rewritten with every trial and every proposal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchState {
+    /// Every candidate proposed, in the order proposed (over every run of a resumed sweep).
+    pub proposed: Vec<Candidate>,
+    /// Seconds the search has run, over every run of it: a budget spans resumes.
+    pub elapsed_s: f64,
+    /// Why it ended; `None` while it goes on, and after an interrupt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<Stop>,
+    pub model: Model,
+}
+
+impl SearchState {
+    /// A search that has proposed nothing yet.
+    pub fn new(model: Model) -> SearchState {
+        SearchState {
+            proposed: Vec::new(),
+            elapsed_s: 0.0,
+            stopped: None,
+            model,
+        }
+    }
+
+    /// Adds the candidates not proposed before (a resumed search proposes an unfinished one
+    /// again), in order.
+    pub fn propose(&mut self, candidates: impl IntoIterator<Item = Candidate>) {
+        for c in candidates {
+            if !self.proposed.iter().any(|p| p.id == c.id) {
+                self.proposed.push(c);
+            }
+        }
+    }
+}
+
+/// What a strategy sees when it proposes.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    /// Every finished trial (measured, pruned or failed), those of earlier runs first.
+    pub trials: &'a [Trial],
+    /// Every candidate proposed so far, over every run.
+    pub proposed: &'a [Candidate],
+    /// The GPUs free now, in inventory order (never empty when asked).
+    pub free: &'a [Slot],
+    /// How long the search has run, over every run of it.
+    pub elapsed: Duration,
+}
+
+/// A candidate to run and the GPUs it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proposal {
+    pub candidate: Candidate,
+    pub need: Need,
+}
+
+/// A strategy's answer: candidates to run, in order, and whether any more will follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Next {
+    /// Queued in order; a candidate waiting for its GPUs holds back the ones after it.
+    pub run: Vec<Proposal>,
+    /// `Some`: these are the last; the search ends when they have run. `None`: ask again when
+    /// a GPU is free and nothing waits. An empty `run` then means "not yet", which with
+    /// nothing running ends the search without a stop: propose or stop instead.
+    pub stop: Option<Stop>,
+}
+
+/// A candidate just through its first window, as the strategy judges it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Screen {
+    pub candidate: Candidate,
+    pub gpus: Vec<Slot>,
+    /// `None` when the window could not tell (too few tokens) or the candidate failed.
+    pub estimate: Option<Estimate>,
+}
+
+/// What becomes of a candidate after its first window.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Promoted to the full window.
+    Continue,
+    /// Stops now: `leader` is clearly ahead, with this figure.
+    Prune {
+        leader: Candidate,
+        estimate: Estimate,
+    },
+}
+
+/// A way of searching the space. The scheduler asks [`Strategy::propose`] whenever nothing
+/// waits for a GPU and at least one is free, until it answers with a stop; calls
+/// [`Strategy::judge`] as first windows end; and [`Strategy::observe`] as each trial ends,
+/// before it is written. Everything a strategy decides on comes through these calls (time
+/// too, as [`View::elapsed`]), so it is pure and tested on made-up trials.
+pub trait Strategy: Send {
+    fn propose(&mut self, view: &View<'_>) -> Next;
+    /// One verdict per screen, in order; screens of one batch come together.
+    fn judge(&mut self, screens: &[Screen]) -> Vec<Verdict>;
+    fn observe(&mut self, trial: &Trial);
+    /// What it keeps beyond its trials, written to `sweep.json` with every change.
+    fn model(&self) -> Model;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_candidate_is_proposed_once_and_the_state_reads_back() {
+        let space = SearchSpec::Grid {
+            axes: vec![Axis {
+                key: space::STRATEGY_KEY.into(),
+                values: vec!["a".into(), "b".into()],
+            }],
+        }
+        .space();
+        let mut s = SearchState::new(Model::Grid);
+        s.propose(space.clone());
+        s.propose(space.iter().rev().cloned());
+        assert_eq!(s.proposed, space);
+        s.stopped = Some(Stop::Exhausted);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["model"]["strategy"], "grid");
+        assert_eq!(json["stopped"], "exhausted");
+        assert_eq!(serde_json::from_value::<SearchState>(json).unwrap(), s);
+    }
+}
