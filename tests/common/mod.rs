@@ -47,6 +47,15 @@ pub fn shared_into_containers() -> String {
     shared.join(":")
 }
 
+/// Every process now: its pid and its `/proc/PID` directory.
+pub fn proc_entries() -> impl Iterator<Item = (u32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path())))
+}
+
 /// A file name unique to this test process and call, for marker files in /tmp.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -612,15 +612,7 @@ impl Proc {
 /// Every live process this user may read (zombies have no environment and no files).
 pub fn scan() -> Vec<Proc> {
     let mut procs = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let base = entry.path();
+    for (pid, base) in super::proc_entries() {
         let split = |bytes: Vec<u8>| -> Vec<String> {
             bytes
                 .split(|b| *b == 0)
