@@ -163,7 +163,9 @@ impl Slurm {
     ) -> Result<JobStatus, SlurmError> {
         let host = || self.host().to_string();
         let interrupted = || SlurmError::Interrupted { host: host(), job };
-        for attempt in 1.. {
+        let mut attempt: u32 = 0;
+        loop {
+            attempt = attempt.saturating_add(1);
             let status = tokio::select! {
                 _ = cancel.cancelled() => return Err(interrupted()),
                 s = self.job(job) => s?,
@@ -193,7 +195,6 @@ impl Slurm {
                 _ = tokio::time::sleep(poll.random_delay(attempt)) => {}
             }
         }
-        unreachable!("the attempts never run out")
     }
 
     /// Runs `argv` (after `env NAME=VALUE...` when this runner sets any) with `input` on its
@@ -307,8 +308,156 @@ fn hint(status: Option<i32>, stderr: &str) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
     use super::*;
+    use crate::remote::{CommandOutput, RemoteError, Tunnel};
     use crate::slurm::state::{JobState, Reason};
+
+    /// A login node whose squeue prints `rows` in turn (the last one from then on), and which
+    /// records every argv it is given.
+    #[derive(Debug)]
+    struct Canned {
+        rows: Mutex<Vec<&'static str>>,
+        ran: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Canned {
+        fn new(rows: &[&'static str]) -> Arc<Canned> {
+            let mut rows = rows.to_vec();
+            rows.reverse();
+            Arc::new(Canned {
+                rows: Mutex::new(rows),
+                ran: Mutex::new(Vec::new()),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Transport for Canned {
+        fn host(&self) -> &str {
+            "login"
+        }
+
+        async fn run_input(&self, argv: &[String], _: &[u8]) -> Result<CommandOutput, RemoteError> {
+            self.ran.lock().unwrap().push(argv.to_vec());
+            let mut rows = self.rows.lock().unwrap();
+            let row = if rows.len() > 1 {
+                rows.pop()
+            } else {
+                rows.last().copied()
+            };
+            Ok(CommandOutput {
+                status: Some(0),
+                stdout: row.unwrap_or_default().as_bytes().to_vec(),
+                stderr: Vec::new(),
+            })
+        }
+
+        async fn forward(&self, addr: &str, port: u16) -> Result<Tunnel, RemoteError> {
+            Err(RemoteError::Forward {
+                host: self.host().into(),
+                addr: addr.into(),
+                port,
+                message: "not in this test".into(),
+            })
+        }
+    }
+
+    const POLL: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_reports_each_pending_reason_until_the_job_runs() {
+        let login = Canned::new(&[
+            "7|PENDING|None|10:00|2||fleet-hpc\n",
+            "7|PENDING|Priority|10:00|2||fleet-hpc\n",
+            "7|PENDING|Resources|10:00|2||fleet-hpc\n",
+            "7|RUNNING|None|9:59|2|gpu[1-2]|fleet-hpc\n",
+        ]);
+        let slurm = Slurm::new(login.clone()).with_env("SLURM_CONF", "/opt/slurm/etc/slurm.conf");
+        let mut reasons = Vec::new();
+        let running = slurm
+            .wait_running(JobId(7), POLL, &CancellationToken::new(), |s| {
+                reasons.push(s.reason.to_string())
+            })
+            .await
+            .unwrap();
+        assert_eq!(running.nodes, "gpu[1-2]");
+        assert_eq!(reasons, ["None", "Priority", "Resources"]);
+        let ran = login.ran.lock().unwrap();
+        assert_eq!(ran.len(), 4);
+        assert_eq!(
+            ran[0][..4],
+            [
+                "env",
+                "SLURM_CONF=/opt/slurm/etc/slurm.conf",
+                "squeue",
+                "--noheader"
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_ends_when_cancelled() {
+        let login = Canned::new(&["7|PENDING|Priority|10:00|2||fleet-hpc\n"]);
+        let slurm = Slurm::new(login.clone());
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            stop.cancel();
+        });
+        let err = slurm
+            .wait_running(JobId(7), POLL, &cancel, |_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SlurmError::Interrupted { .. }), "{err}");
+        // 60 s of polls that back off towards 10 s: a handful, not one a second.
+        let polls = login.ran.lock().unwrap().len();
+        assert!((5..=15).contains(&polls), "{polls}");
+        assert_eq!(login.ran.lock().unwrap()[0][0], "squeue");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_fails_at_once_for_a_job_that_cannot_run_or_ended() {
+        let blocked = Canned::new(&["7|PENDING|PartitionTimeLimit|10:00|2||fleet-hpc\n"]);
+        let err = Slurm::new(blocked)
+            .wait_running(JobId(7), POLL, &CancellationToken::new(), |_| {})
+            .await
+            .unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(
+                "login: job 7 cannot start as asked: Slurm holds it for PartitionTimeLimit"
+            ),
+            "{shown}"
+        );
+        assert!(shown.contains("scancel 7"), "{shown}");
+        let ended = Canned::new(&["7|CANCELLED|None|10:00|2||fleet-hpc\n"]);
+        let err = Slurm::new(ended)
+            .wait_running(JobId(7), POLL, &CancellationToken::new(), |_| {})
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SlurmError::Ended {
+                    state: JobState::Cancelled,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let gone = Canned::new(&[""]);
+        let err = Slurm::new(gone)
+            .wait_running(JobId(7), POLL, &CancellationToken::new(), |_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SlurmError::UnknownJob { .. }), "{err}");
+    }
 
     fn status(state: JobState, reason: &str) -> JobStatus {
         JobStatus {

@@ -138,7 +138,9 @@ impl JobState {
         matches!(self, JobState::Running)
     }
 
-    /// Not yet running, and may still run.
+    /// Not yet running, and may still run. A state this version does not know counts as
+    /// waiting: a job that ended in one leaves squeue after `MinJobAge`, which a wait notices,
+    /// whereas calling it over would give up on a job that is about to run.
     pub fn is_waiting(&self) -> bool {
         matches!(
             self,
@@ -147,6 +149,7 @@ impl JobState {
                 | JobState::Requeued
                 | JobState::RequeueHold
                 | JobState::Resizing
+                | JobState::Other(_)
         )
     }
 
@@ -311,6 +314,7 @@ mod tests {
         assert!(JobState::Completing.is_over());
         assert!(JobState::Timeout.is_over());
         assert!(!JobState::Suspended.is_over());
+        assert!(JobState::parse("POWER_UP_NODE").is_waiting());
         assert_eq!(JobState::NodeFail.to_string(), "NODE_FAIL");
     }
 
