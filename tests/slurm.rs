@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 const LONG: Duration = Duration::from_secs(90);
 
 /// A shell script as a step's program: each task writes the GPUs it saw to
-/// `$0/cvd.<step>.<task>`, then waits
-/// for `$0/go` (the test's signal, so that steps provably run at the same time).
+/// `$0/cvd.<step>.<task>`, then waits for `$0/go` (the test's signal, so that steps provably
+/// run at the same time).
 const REPORT_AND_WAIT: &str = r#"echo "$CUDA_VISIBLE_DEVICES" >"$0/cvd.$SLURM_STEP_ID.$SLURM_PROCID"
 while [ ! -e "$0/go" ]; do sleep 0.05; done"#;
 
@@ -435,15 +435,15 @@ async fn time_left_node_addresses_and_a_node_that_goes_down() {
             .filter(|s| matches!(s.id.step, Step::Numbered(_)))
             .count()
     };
-    let mut steps = Vec::new();
-    for _ in 0..4500 {
-        steps = slurm.steps(job).await.unwrap();
+    let t0 = Instant::now();
+    loop {
+        let steps = slurm.steps(job).await.unwrap();
         if numbered(&steps) == 2 {
             break;
         }
+        assert!(t0.elapsed() < LONG, "{steps:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(numbered(&steps), 2, "{steps:?}");
     // Listed is not launched: wait for the task itself on each node.
     for n in cluster.node_names() {
         wait_until("the step's task", LONG, || {
@@ -527,14 +527,17 @@ async fn sixteen_sim_servers_as_steps_on_two_nodes() {
         servers_per_node: 8,
     };
     let job = slurm.submit(&request(&cluster, name, shape)).await.unwrap();
+    // The scheduler gives its reason once it has looked at the job.
     let mut reasons = BTreeSet::new();
-    for _ in 0..4500 {
+    let t0 = Instant::now();
+    loop {
         let s = slurm.job(job).await.unwrap().expect("the job");
         assert_eq!(s.state, JobState::Pending);
         if let Some(r) = s.reason.0 {
             reasons.insert(r);
             break;
         }
+        assert!(t0.elapsed() < LONG, "no pending reason");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(reasons, BTreeSet::from(["Resources".to_string()]));

@@ -63,8 +63,6 @@ pub struct SlurmNode {
 
 pub struct SlurmCluster {
     pub dir: TempDir,
-    /// slurmctld's port on 127.0.0.1.
-    pub ctl_port: u16,
     /// SLURM_CONF: `slurm.conf`, with `gres.conf` (and `cgroup.conf`) beside it.
     pub conf: PathBuf,
     pub nodes: Vec<SlurmNode>,
@@ -145,7 +143,6 @@ impl SlurmCluster {
 
         let t0 = Instant::now();
         let mut cluster = SlurmCluster {
-            ctl_port: ports.base,
             conf,
             nodes,
             proctrack: opts.proctrack,
