@@ -23,4 +23,5 @@ pub mod server;
 pub mod sglang;
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub mod sim;
+pub mod slurm;
 pub mod sweep;

@@ -4,6 +4,7 @@
 mod check;
 mod inventory;
 mod profile;
+mod slurm;
 mod yaml;
 
 use std::collections::BTreeMap;

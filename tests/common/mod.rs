@@ -5,7 +5,8 @@
 //! test makes. Here: a temporary HOME with `~/.ssh/config`, keys and known_hosts for the `fleet`
 //! binary, keys, ports and ssh-agent. Use it with `mod common;`. [`local_fleet`] runs the binary
 //! on a local simulated fleet, [`generate`] serves SGLang stand-ins and reads `generate` output,
-//! [`watch`] waits on what a child says on stderr.
+//! [`watch`] waits on what a child says on stderr. [`slurm`]: a real Slurm cluster (slurmctld
+//! and several slurmd on this machine, fake GPUs).
 #![allow(dead_code)] // each test crate uses a different part of it
 
 #[path = "../generate_common/mod.rs"]
@@ -13,6 +14,7 @@ pub mod generate;
 pub mod local_fleet;
 pub mod netns;
 pub mod real;
+pub mod slurm;
 pub mod sshd;
 pub mod watch;
 pub mod world;
@@ -45,6 +47,15 @@ pub fn shared_into_containers() -> String {
     paths.dedup_by(|inner, outer| inner.starts_with(&*outer));
     let shared: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     shared.join(":")
+}
+
+/// Every process now: its pid and its `/proc/PID` directory.
+pub fn proc_entries() -> impl Iterator<Item = (u32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path())))
 }
 
 /// A file name unique to this test process and call, for marker files in /tmp.

@@ -345,15 +345,8 @@ fn signal(pid: u32, sig: i32) {
 /// Processes whose parent is `parent`, from /proc/PID/stat (field 4, after the name).
 pub fn children_of(parent: u32) -> Vec<u32> {
     let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+    for (pid, dir) in super::proc_entries() {
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
             continue;
         };
         let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
