@@ -496,6 +496,7 @@ fn resolve(
         chunked_prefill_size: num(parsed, "chunked_prefill_size").unwrap_or(8192),
         max_prefill_tokens: num(parsed, "max_prefill_tokens").unwrap_or(16384),
         stream_interval: num(parsed, "stream_interval").unwrap_or(1).max(1),
+        page_size: num(parsed, "page_size"),
     };
     let time_scale = sim_f64(parsed, "--sim-time-scale")?;
     if time_scale <= 0.0 {

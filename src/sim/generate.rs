@@ -152,6 +152,7 @@ pub(super) fn prepare(
     app: &Shared,
     prompt_tokens: u64,
     prompt_hash: u64,
+    token_ids: &[u64],
     max_new: Option<u64>,
     sampling: &Sampling,
 ) -> Result<Prepared, Rejection> {
@@ -191,7 +192,7 @@ pub(super) fn prepare(
     let think = thought_tokens(app, natural);
     let natural = natural + think;
     let limit = max_new.unwrap_or(u64::MAX).min(ctx - prompt_tokens);
-    let cached_tokens = app.radix.lookup(prompt_hash, prompt_tokens);
+    let cached_tokens = app.radix.lookup(token_ids, plan.max_total_num_tokens);
     app.metrics
         .cached_tokens_total
         .fetch_add(cached_tokens, Ordering::Relaxed);
@@ -245,6 +246,7 @@ pub(super) async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Stop> {
     let (tx, rx) = oneshot::channel();
     let job = Job {
         prompt_tokens: p.prompt_tokens,
+        cached_tokens: p.cached_tokens,
         output_tokens: p.output_tokens,
         counts: true,
         log_metrics: true,
@@ -281,6 +283,7 @@ pub(super) async fn run_streamed(
     let (tx, rx) = watch::channel(Progress::default());
     let job = Job {
         prompt_tokens: p.prompt_tokens,
+        cached_tokens: p.cached_tokens,
         output_tokens: p.output_tokens,
         counts: true,
         log_metrics: true,
@@ -370,9 +373,16 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return native_error(StatusCode::BAD_REQUEST, &format!("Invalid request: {e}")),
     };
+    let mut token_ids = Vec::new();
     let (prompt_tokens, prompt_hash) = match (&req.text, &req.input_ids) {
-        (Some(Json::String(t)), _) => (text::count_tokens(t), text::hash(t.as_bytes())),
-        (None, Some(ids)) => (ids.len() as u64, text::hash(format!("{ids:?}").as_bytes())),
+        (Some(Json::String(t)), _) => {
+            text::token_ids(t, &mut token_ids);
+            (text::count_tokens(t), text::hash(t.as_bytes()))
+        }
+        (None, Some(ids)) => {
+            token_ids.clone_from(ids);
+            (ids.len() as u64, text::hash(format!("{ids:?}").as_bytes()))
+        }
         (Some(Json::Array(_)), _) => {
             return native_error(
                 StatusCode::BAD_REQUEST,
@@ -401,7 +411,14 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
     let rid = req.rid.clone().unwrap_or_else(|| request_id(&app, n));
     // srt/entrypoints/http_server.py: a streamed /generate already answered 200 when the
     // tokenizer raises, so both kinds of rejection arrive as an error event there.
-    let p = match prepare(&app, prompt_tokens, prompt_hash, max_new, &sampling) {
+    let p = match prepare(
+        &app,
+        prompt_tokens,
+        prompt_hash,
+        &token_ids,
+        max_new,
+        &sampling,
+    ) {
         Ok(p) => p,
         Err(Rejection::Tokenizer(msg)) if req.stream => {
             return sse_once(json!({"error": {

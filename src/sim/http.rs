@@ -162,6 +162,7 @@ async fn health(State(app): State<Shared>) -> StatusCode {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let probe = Job {
         prompt_tokens: 1,
+        cached_tokens: 0,
         output_tokens: 1,
         counts: false,
         log_metrics: false,

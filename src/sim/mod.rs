@@ -352,7 +352,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         ready: AtomicBool::new(false),
         requests: AtomicU64::new(0),
         started_unix,
-        radix: radix::RadixCache::new(cfg.settings.radix_cache_disabled),
+        radix: radix::RadixCache::new(cfg.settings.radix_cache_disabled, cfg.settings.page_size),
     });
     let plan = match loader.load().await {
         Ok(plan) => Arc::new(plan),
@@ -434,6 +434,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
     let (warm_tx, warm_rx) = oneshot::channel();
     let warmup = Job {
         prompt_tokens: text::count_tokens("The capital city of France is"),
+        cached_tokens: 0,
         output_tokens: 1,
         counts: false,
         log_metrics: true,

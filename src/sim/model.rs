@@ -124,6 +124,8 @@ pub struct Settings {
     pub max_prefill_tokens: u64,
     /// `--stream-interval`: streamed requests hear about every this many tokens (and the last).
     pub stream_interval: u64,
+    /// `--page-size`: the radix cache matches whole pages.
+    pub page_size: Option<u64>,
 }
 
 /// Why loading the model fails, with the numbers the log shows.
@@ -327,6 +329,7 @@ pub(crate) mod tests {
             chunked_prefill_size: 8192,
             max_prefill_tokens: 16384,
             stream_interval: 1,
+            page_size: None,
         }
     }
 

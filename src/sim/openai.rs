@@ -163,6 +163,8 @@ struct OpenAiReq {
     model: Option<String>,
     prompt_tokens: u64,
     prompt_hash: u64,
+    /// The prompt's token ids, for the radix cache.
+    token_ids: Vec<u64>,
     max_new: Option<u64>,
     sampling: Sampling,
     stream: bool,
@@ -175,6 +177,7 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
         &app,
         req.prompt_tokens,
         req.prompt_hash,
+        &req.token_ids,
         req.max_new,
         &req.sampling,
     ) {
@@ -338,6 +341,7 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
         .collect();
     let prompt_tokens = text::chat_tokens(texts.iter().map(String::as_str));
     let prompt_hash = text::hash(texts.join("\u{1f}").as_bytes());
+    let token_ids = text::chat_token_ids(texts.iter().map(String::as_str));
     // srt/entrypoints/openai/protocol.py: `max_completion_tokens or max_tokens`.
     let max_new = req.max_completion_tokens.or(req.max_tokens);
     // srt/entrypoints/openai/serving_chat.py, `_validate_request`: before any tokenizing.
@@ -354,6 +358,7 @@ pub async fn chat(State(app): State<Shared>, body: Bytes) -> Response {
         model: req.model,
         prompt_tokens,
         prompt_hash,
+        token_ids,
         max_new,
         sampling: sampling(&raw, max_new),
         stream: req.stream,
@@ -367,12 +372,19 @@ pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return bad_request(&format!("Invalid request: {e}")),
     };
+    let mut token_ids = Vec::new();
     let (prompt_tokens, prompt_hash) = match &req.prompt {
-        Json::String(t) => (text::count_tokens(t), text::hash(t.as_bytes())),
-        Json::Array(ids) if !ids.is_empty() && ids.iter().all(Json::is_u64) => (
-            ids.len() as u64,
-            text::hash(req.prompt.to_string().as_bytes()),
-        ),
+        Json::String(t) => {
+            text::token_ids(t, &mut token_ids);
+            (text::count_tokens(t), text::hash(t.as_bytes()))
+        }
+        Json::Array(ids) if !ids.is_empty() && ids.iter().all(Json::is_u64) => {
+            token_ids.extend(ids.iter().filter_map(Json::as_u64));
+            (
+                ids.len() as u64,
+                text::hash(req.prompt.to_string().as_bytes()),
+            )
+        }
         _ => {
             return bad_request(
                 "sglang-sim supports a single prompt (a string or a list of token ids) per request.",
@@ -385,6 +397,7 @@ pub async fn completions(State(app): State<Shared>, body: Bytes) -> Response {
         model: req.model,
         prompt_tokens,
         prompt_hash,
+        token_ids,
         max_new: Some(max_new),
         sampling: sampling(&raw, Some(max_new)),
         stream: req.stream,

@@ -147,6 +147,9 @@ impl Reply {
 /// One generation request, with its lengths already decided.
 pub struct Job {
     pub prompt_tokens: u64,
+    /// Of them, served from the radix cache: neither prefilled nor held again in the KV pool
+    /// (srt/managers/schedule_policy.py `PrefillAdder` counts the prompt less its prefix).
+    pub cached_tokens: u64,
     /// Tokens it will generate (≥ 1): its natural length capped by max tokens and context.
     pub output_tokens: u64,
     /// Whether it counts toward `--sim-die-after` (the warm-up request does not).
@@ -192,7 +195,11 @@ pub struct Scheduler {
 }
 
 enum Work {
-    Prefill { ids: Vec<u64>, tokens: u64 },
+    Prefill {
+        ids: Vec<u64>,
+        tokens: u64,
+        cached: u64,
+    },
     Decode,
 }
 
@@ -260,15 +267,17 @@ impl Scheduler {
     fn admit(&mut self) -> Option<Work> {
         let mut ids = Vec::new();
         let mut tokens = 0;
+        let mut cached = 0;
         while let Some(job) = self.queue.front() {
             if job.reply.is_closed() {
                 self.queue.pop_front();
                 continue;
             }
-            let need = job.prompt_tokens + job.output_tokens;
+            let extend = job.prompt_tokens - job.cached_tokens.min(job.prompt_tokens);
+            let need = extend + job.output_tokens;
             let fits_kv = self.kv_reserved + need <= self.plan.max_total_num_tokens;
-            let fits_batch = ids.is_empty()
-                || tokens + job.prompt_tokens <= self.plan.settings.max_prefill_tokens;
+            let fits_batch =
+                ids.is_empty() || tokens + extend <= self.plan.settings.max_prefill_tokens;
             if self.running.len() as u64 >= self.plan.cap
                 || !fits_batch
                 || !(fits_kv || self.running.is_empty())
@@ -276,10 +285,11 @@ impl Scheduler {
                 break;
             }
             let job = self.queue.pop_front()?;
-            tokens += job.prompt_tokens;
+            tokens += extend;
+            cached += job.prompt_tokens - extend;
             let id = self.next_id;
             self.next_id += 1;
-            self.kv_base += job.prompt_tokens as i64 + 1 - self.steps as i64;
+            self.kv_base += extend as i64 + 1 - self.steps as i64;
             self.kv_reserved += need;
             self.finish_at
                 .push(Reverse((self.steps + job.output_tokens - 1, id)));
@@ -295,13 +305,18 @@ impl Scheduler {
             );
             ids.push(id);
         }
-        (!ids.is_empty()).then_some(Work::Prefill { ids, tokens })
+        (!ids.is_empty()).then_some(Work::Prefill {
+            ids,
+            tokens,
+            cached,
+        })
     }
 
     fn remove(&mut self, id: u64) -> Option<Running> {
         let r = self.running.remove(&id)?;
-        self.kv_base -= r.job.prompt_tokens as i64 + 1 - r.admit_step as i64;
-        self.kv_reserved -= r.job.prompt_tokens + r.job.output_tokens;
+        let extend = r.job.prompt_tokens - r.job.cached_tokens.min(r.job.prompt_tokens);
+        self.kv_base -= extend as i64 + 1 - r.admit_step as i64;
+        self.kv_reserved -= extend + r.job.output_tokens;
         if matches!(r.job.reply, Reply::Stream(_)) {
             self.streaming.retain(|s| *s != id);
         }
@@ -432,13 +447,18 @@ impl Scheduler {
             }
             self.metrics.steps_out.fetch_add(1, Ordering::Release);
             match work {
-                Work::Prefill { ids, tokens } => {
+                Work::Prefill {
+                    ids,
+                    tokens,
+                    cached,
+                    ..
+                } => {
                     self.stream_progress(&ids);
                     self.finish_due();
                     if last_prefill_log.is_none_or(|t| t.elapsed() >= MIN_LOG_GAP) {
                         last_prefill_log = Some(Instant::now());
                         log::tp0(&format!(
-                            "Prefill batch, #new-seq: {}, #new-token: {tokens}, #cached-token: 0, \
+                            "Prefill batch, #new-seq: {}, #new-token: {tokens}, #cached-token: {cached}, \
                              token usage: {:.2}, #running-req: {}, #queue-req: {}",
                             ids.len(),
                             self.token_usage(),
@@ -503,6 +523,7 @@ mod tests {
         (
             Job {
                 prompt_tokens: 100,
+                cached_tokens: 0,
                 output_tokens: output,
                 counts: true,
                 log_metrics: true,
@@ -538,6 +559,7 @@ mod tests {
     async fn a_stream_hears_the_first_token_then_every_interval() {
         let settings = Settings {
             stream_interval: 10,
+            page_size: None,
             ..settings(Strategy::NoBuffer)
         };
         let plan = Arc::new(plan(&Params::default(), &settings).unwrap());
@@ -548,6 +570,7 @@ mod tests {
         let (ptx, mut progress) = watch::channel(Progress::default());
         tx.send(Job {
             prompt_tokens: 100,
+            cached_tokens: 0,
             output_tokens: 41,
             counts: true,
             log_metrics: true,

@@ -36,6 +36,37 @@ pub fn count_tokens(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4).max(1)
 }
 
+/// The ids of a text's tokens, for the radix cache: each 4 characters are one token, named by
+/// their hash, so equal leading text gives equal leading ids. As many as [`count_tokens`].
+pub fn token_ids(text: &str, out: &mut Vec<u64>) {
+    let mut chunk = [0u8; 16];
+    let mut len = 0;
+    let mut chars = 0;
+    for c in text.chars() {
+        len += c.encode_utf8(&mut chunk[len..]).len();
+        chars += 1;
+        if chars == 4 {
+            out.push(hash(&chunk[..len]));
+            (len, chars) = (0, 0);
+        }
+    }
+    if chars > 0 || text.is_empty() {
+        out.push(hash(&chunk[..len]));
+    }
+}
+
+/// The token ids of a chat prompt: each message's 4 header tokens then its content, then the
+/// 3 of the assistant prefix; as many as [`chat_tokens`].
+pub fn chat_token_ids<'a>(contents: impl Iterator<Item = &'a str>) -> Vec<u64> {
+    let mut out = Vec::new();
+    for c in contents {
+        out.extend([1, 2, 3, 4]);
+        token_ids(c, &mut out);
+    }
+    out.extend([5, 6, 7]);
+    out
+}
+
 /// Prompt tokens of a chat request from its message contents.
 pub fn chat_tokens<'a>(contents: impl Iterator<Item = &'a str>) -> u64 {
     contents.map(|c| count_tokens(c) + 4).sum::<u64>() + 3
@@ -67,6 +98,25 @@ pub fn output_text(prompt_hash: u64, tokens: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_ids_are_as_many_as_the_tokens_counted_and_shared_where_the_text_is() {
+        for t in ["", "a", "abcd", "abcde", "héllo wörld, ça va?"] {
+            let mut ids = Vec::new();
+            token_ids(t, &mut ids);
+            assert_eq!(ids.len() as u64, count_tokens(t), "{t:?}");
+        }
+        let msgs = ["You are terse.", "hi"];
+        assert_eq!(
+            chat_token_ids(msgs.into_iter()).len() as u64,
+            chat_tokens(msgs.into_iter())
+        );
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        token_ids("shared prefix!! one", &mut a);
+        token_ids("shared prefix!! two", &mut b);
+        assert_eq!(a[..4], b[..4]);
+        assert_ne!(a[4], b[4]);
+    }
 
     #[test]
     fn output_text_retokenizes_to_its_length() {
