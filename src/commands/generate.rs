@@ -291,8 +291,13 @@ fn summary_line(p: &Progress) -> String {
     let eta = p
         .eta_hours
         .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    let saved = if p.cached_tokens > 0 {
+        format!(", {} prefill tokens saved by the cache", p.cached_tokens)
+    } else {
+        String::new()
+    };
     format!(
-        "{}: {}/{} completed, {} failed, {:.2} req/s, {} output tokens (avg {}), ETA {}, elapsed {:.2} h",
+        "{}: {}/{} completed, {} failed, {:.2} req/s, {} output tokens (avg {}), ETA {}, elapsed {:.2} h{saved}",
         p.status.as_str(),
         p.completed,
         p.total,

@@ -78,6 +78,13 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
         p.total_output_tokens,
         p.avg_output_tokens
     );
+    if p.cached_tokens > 0 {
+        outln!(
+            "cache       {} prompt tokens served by the radix cache ({:.0}% of the input)",
+            p.cached_tokens,
+            100.0 * p.cached_tokens as f64 / p.total_input_tokens.max(1) as f64
+        );
+    }
     outln!("elapsed     {:.2} h", p.elapsed_hours);
     if p.s3_uploaded > 0 {
         outln!("uploaded    {} shards, {} bytes", p.s3_uploaded, p.s3_bytes);
@@ -93,7 +100,7 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
     if !p.instances.is_empty() {
         outln!();
         outln!(
-            "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8} {:>10} {:>10}",
+            "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8} {:>10} {:>10} {:>7}",
             "instance",
             "healthy",
             "in-flight",
@@ -101,11 +108,12 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
             "cap",
             "req/s",
             "out tok/s",
-            "completed"
+            "completed",
+            "cached"
         );
         for i in &p.instances {
             outln!(
-                "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8.2} {:>10.1} {:>10}",
+                "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8.2} {:>10.1} {:>10} {:>7}",
                 i.name,
                 if i.healthy { "yes" } else { "no" },
                 i.in_flight,
@@ -113,7 +121,9 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
                 i.server_cap.map_or("?".into(), |c| c.to_string()),
                 i.rate_per_sec,
                 i.output_tok_s,
-                i.completed
+                i.completed,
+                i.cached_fraction
+                    .map_or("?".into(), |f| format!("{:.0}%", f * 100.0))
             );
         }
     }

@@ -63,6 +63,9 @@ pub struct Progress {
     pub eta_hours: Option<f64>,
     pub total_input_tokens: u64,
     pub total_output_tokens: u64,
+    /// Prompt tokens this run's answers say the radix cache served: the prefill saved.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u64,
     pub avg_output_tokens: u64,
     /// Wall time of this run.
     pub elapsed_hours: f64,
@@ -88,9 +91,17 @@ pub struct InstanceProgress {
     pub completed: u64,
     pub rate_per_sec: f64,
     pub output_tok_s: f64,
+    /// The share of its answers' prompt tokens the radix cache served (`meta_info.cached_tokens`);
+    /// `null` until an answer says.
+    #[serde(default)]
+    pub cached_fraction: Option<f64>,
     /// Last `/metrics` reading.
     pub running: Option<f64>,
     pub queued: Option<f64>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Progress {
@@ -105,6 +116,7 @@ impl Progress {
             eta_hours: None,
             total_input_tokens: b.input_tokens,
             total_output_tokens: b.output_tokens,
+            cached_tokens: 0,
             avg_output_tokens: b.output_tokens.checked_div(b.completed).unwrap_or(0),
             elapsed_hours: 0.0,
             s3_uploaded: 0,
@@ -264,6 +276,7 @@ mod tests {
             eta_hours: Some(208.61),
             total_input_tokens: 7033,
             total_output_tokens: 72126,
+            cached_tokens: 0,
             avg_output_tokens: 988,
             elapsed_hours: 0.02,
             s3_uploaded: 0,

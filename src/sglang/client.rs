@@ -244,6 +244,10 @@ pub struct Completion {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub finish_reason: Option<String>,
+    /// Prompt tokens the radix cache served: `meta_info.cached_tokens` on `/generate`,
+    /// `usage.prompt_tokens_details.cached_tokens` on the OpenAI APIs (only with
+    /// `--enable-cache-report`, srt/entrypoints/openai/usage_processor.py); `None` when unsaid.
+    pub cached_tokens: Option<u64>,
 }
 
 /// What `/server_info` says about capacity.
@@ -542,6 +546,8 @@ struct GenerateResponse {
 struct GenerateMeta {
     prompt_tokens: u64,
     completion_tokens: u64,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
     finish_reason: Option<FinishReason>,
 }
 
@@ -581,6 +587,14 @@ struct OpenAiMessage {
 struct OpenAiUsage {
     prompt_tokens: u64,
     completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 /// Why a 200 answer is not what was asked for.
@@ -604,6 +618,7 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, BodyError> 
                 reasoning: None,
                 prompt_tokens: r.meta_info.prompt_tokens,
                 completion_tokens: r.meta_info.completion_tokens,
+                cached_tokens: r.meta_info.cached_tokens,
                 finish_reason: r.meta_info.finish_reason.map(|f| match f {
                     FinishReason::Typed { kind } => kind,
                     FinishReason::Plain(s) => s,
@@ -623,6 +638,7 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, BodyError> 
                 reasoning: reasoning.filter(|r| !r.is_empty()),
                 prompt_tokens: r.usage.prompt_tokens,
                 completion_tokens: r.usage.completion_tokens,
+                cached_tokens: r.usage.prompt_tokens_details.and_then(|d| d.cached_tokens),
                 finish_reason: choice.finish_reason,
             })
         }

@@ -81,6 +81,7 @@ impl Driver for StreamDriver {
                             prompt_tokens: 0,
                             completion_tokens: done.completion_tokens,
                             finish_reason: done.finish_reason,
+                            cached_tokens: None,
                         },
                         latency: sent.elapsed(),
                     }

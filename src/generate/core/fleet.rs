@@ -32,6 +32,9 @@ pub(super) struct Inst {
     pub metrics_available: bool,
     pub completed: u64,
     pub out_tokens: u64,
+    /// Prompt tokens of its answers that said how many the cache served, and those served.
+    pub reported_prompt_tokens: u64,
+    pub cached_tokens: u64,
     pub window: RateWindow,
     /// The server's own `generation_tokens_total`: output tok/s as it happens, not only when
     /// long requests complete.
@@ -75,6 +78,8 @@ impl Inst {
             metrics_available: true,
             completed: 0,
             out_tokens: 0,
+            reported_prompt_tokens: 0,
+            cached_tokens: 0,
             window,
             server_tokens: RateWindow::new(cfg.timing.rate_window),
             last: None,

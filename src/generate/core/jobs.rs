@@ -221,6 +221,11 @@ impl Core {
                 out.push(Action::Write(Entry::Completion(record)));
                 inst.completed += 1;
                 inst.out_tokens += c.completion_tokens;
+                if let Some(cached) = c.cached_tokens {
+                    inst.reported_prompt_tokens += c.prompt_tokens;
+                    inst.cached_tokens += cached.min(c.prompt_tokens);
+                    self.counts.cached_tokens += cached.min(c.prompt_tokens);
+                }
                 self.counts.completed += 1;
                 self.counts.in_tokens += c.prompt_tokens;
                 self.counts.out_tokens += c.completion_tokens;

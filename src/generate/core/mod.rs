@@ -249,6 +249,8 @@ struct Counts {
     waiting_retry: u64,
     in_tokens: u64,
     out_tokens: u64,
+    /// Prompt tokens the servers' radix caches served: prefill saved.
+    cached_tokens: u64,
     s3_uploaded: u64,
     s3_bytes: u64,
 }

@@ -139,6 +139,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
         eta_hours: progress::eta_hours(remaining, rate),
         total_input_tokens: b.input_tokens + c.in_tokens,
         total_output_tokens: out,
+        cached_tokens: c.cached_tokens,
         avg_output_tokens: out.checked_div(completed).unwrap_or(0),
         elapsed_hours: progress::round(now.as_secs_f64() / 3600.0, 4),
         s3_uploaded: c.s3_uploaded,
@@ -163,6 +164,9 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
                     completed: i.completed,
                     rate_per_sec: progress::round(rate, 2),
                     output_tok_s: progress::round(tok, 1),
+                    cached_fraction: (i.reported_prompt_tokens > 0).then(|| {
+                        progress::round(i.cached_tokens as f64 / i.reported_prompt_tokens as f64, 3)
+                    }),
                     running: i.last.as_ref().and_then(|m| m.num_running_reqs),
                     queued: i.last.as_ref().and_then(|m| m.num_queue_reqs),
                 }

@@ -74,6 +74,7 @@ fn completion(tokens: u64) -> Completion {
         prompt_tokens: 10,
         completion_tokens: tokens,
         finish_reason: Some("stop".into()),
+        cached_tokens: None,
     }
 }
 
