@@ -376,7 +376,10 @@ impl Core {
                 let job = self.job(0, id, 0, req);
                 self.queue(job);
             }
-            Input::InputEnd => self.input_open = false,
+            Input::InputEnd => {
+                self.input_open = false;
+                self.placement.input_end();
+            }
             Input::Done { id, attempt } => self.done(now, id, attempt, &mut out),
             Input::Probe { inst, result } => self.probed(now, inst, result, &mut out),
             Input::Tick => {}

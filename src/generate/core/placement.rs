@@ -1,13 +1,15 @@
 //! Where each request goes: the seam between the core, which owns the jobs (their retries,
 //! backoffs and clamps) and the servers' state, and a placement policy, which holds the queue of
-//! requests ready to go and decides which of them goes to which server. [`LeastLoaded`] is the
-//! first policy.
+//! requests ready to go and decides which of them goes to which server: [`LeastLoaded`], or
+//! [`Prefix`], which keeps prompts that share a prefix on one server.
 
 mod least_loaded;
+mod prefix;
 #[cfg(test)]
 mod tests;
 
 pub use least_loaded::LeastLoaded;
+pub use prefix::Prefix;
 
 use crate::generate::input::Id;
 use crate::sglang::client::{ClientError, Completion, CompletionRequest};
@@ -108,6 +110,9 @@ pub trait Placement: Send {
 
     /// The run is stopping: everything queued is dropped (a resume sends it).
     fn clear(&mut self);
+
+    /// Every input line has been read: what is queued is all there is, besides retries.
+    fn input_end(&mut self) {}
 
     /// What became of a placement, or of a server.
     fn observe(&mut self, _outcome: Outcome<'_>) {}

@@ -7,6 +7,7 @@
 //! content: `sha256:` and the first 16 hex digits of the SHA-256 of its bytes, with `#2`, `#3`,
 //! … for later copies of the same line, so ids do not shift when other lines move.
 
+pub mod prefix;
 mod reader;
 mod scan;
 
@@ -324,6 +325,14 @@ pub fn parse_line(number: u64, bytes: &[u8], ids: &mut Ids) -> Line {
         hash,
         parsed,
     }
+}
+
+/// A line's prompt, when it is a well-formed one (the prefix scan's view of it).
+pub fn prompt_line(bytes: &[u8]) -> Option<PromptLine> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    serde_json::from_str::<RawLine>(text)
+        .ok()
+        .and_then(|raw| prompt_of(raw).ok())
 }
 
 fn prompt_of(raw: RawLine) -> Result<PromptLine, LineError> {

@@ -46,7 +46,7 @@ impl Placement for LeastLoaded {
 /// The server with the most free share of its limit, preferring any other than `avoid` (the
 /// one that last failed the request), and another host when that one's host is failing, while
 /// one has room. Ties go to the first.
-fn pick(servers: &[ServerState], avoid: Option<usize>) -> Option<usize> {
+pub(super) fn pick(servers: &[ServerState], avoid: Option<usize>) -> Option<usize> {
     let avoid_host = avoid
         .map(|a| &servers[a])
         .filter(|a| a.host_failing)
