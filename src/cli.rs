@@ -320,6 +320,16 @@ pub struct GenerateArgs {
     /// How long Ctrl-C waits for in-flight requests.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Where each request goes: `prefix` keeps prompts that share a long prefix on one server
+    /// (its radix cache then prefills the prefix once), `least-loaded` sends each to the server
+    /// with the most room, `auto` picks `prefix` when the input scan finds shared prefixes
+    /// worth it.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "prefix", "least-loaded"])]
+    pub placement: String,
+    /// Scan the prompts and show their prefix groups and the expected cache hits, then exit
+    /// without contacting a server or writing --out.
+    #[arg(long, conflicts_with_all = ["resume", "detach"])]
+    pub dry_run: bool,
     /// Run the job on a GPU host beside its servers, detached: it outlives this terminal and
     /// this machine. --prompts is a local file (sent there) or HOST:PATH; --out is a path there.
     #[arg(long)]

@@ -16,8 +16,8 @@ use crate::generate::lock::LockError;
 use crate::generate::progress::Progress;
 use crate::generate::upload::{Destination, UploadEvent};
 use crate::generate::{
-    self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError, RetryFailed,
-    Targets,
+    self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError, PlacementChoice,
+    PlacementMode, RetryFailed, Targets,
 };
 use crate::launch::Fleet;
 use crate::server::ServerId;
@@ -37,6 +37,9 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     prompts_file(&args.prompts).map_err(UsageError::new)?;
     let mut config = config_from(args)?;
+    if args.dry_run {
+        return dry_run(ctx, &config);
+    }
     let profile = args
         .profile
         .as_deref()
@@ -250,6 +253,7 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     c.grace = args.grace;
     c.sync.shard_lines = args.shard_lines;
     c.upload = upload;
+    c.placement = args.placement.parse().map_err(UsageError::new)?;
     Ok(c)
 }
 
@@ -287,6 +291,19 @@ fn endpoints_from(args: &GenerateArgs, profile: Option<&Profile>) -> anyhow::Res
         .context("invalid --url")
 }
 
+/// `--dry-run`: the input's prefix groups and what a radix cache could serve, without a server.
+fn dry_run(ctx: &Ctx, c: &GenerateConfig) -> anyhow::Result<Outcome> {
+    let started = Instant::now();
+    let plan = generate::input::prefix::scan(&c.prompts, c.limit, c.max_tokens)?;
+    let report = generate::input::prefix::Report::of(&plan, c.placement, started.elapsed());
+    if ctx.global.json {
+        outln!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        outln!("{}", report.render());
+    }
+    Ok(Outcome::Ok)
+}
+
 fn summary_line(p: &Progress) -> String {
     let eta = p
         .eta_hours
@@ -308,6 +325,25 @@ fn summary_line(p: &Progress) -> String {
         eta,
         p.elapsed_hours
     )
+}
+
+/// The first line of a job: its placement, and for `auto` why.
+fn placement_line(c: &PlacementChoice) -> String {
+    let found = format!(
+        "{} prefix groups hold {} of {} prompts, {:.0}% of prompt tokens cacheable",
+        c.groups,
+        c.grouped_prompts,
+        c.prompts,
+        c.expected_cached_fraction * 100.0
+    );
+    match (c.mode, c.prefix) {
+        (PlacementMode::Auto, true) => format!("placement: prefix (auto: {found})"),
+        (PlacementMode::Auto, false) => {
+            format!("placement: least-loaded (auto: {found}, too few to be worth it)")
+        }
+        (_, true) => format!("placement: prefix ({found})"),
+        (_, false) => "placement: least-loaded".into(),
+    }
 }
 
 /// Renders engine events on stderr.
@@ -337,6 +373,7 @@ impl View {
 
     fn show(&mut self, event: Event) {
         match event {
+            Event::Placement(c) => self.say(&placement_line(&c)),
             Event::Started {
                 total,
                 already_done,

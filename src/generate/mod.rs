@@ -87,6 +87,44 @@ pub struct GenerateConfig {
     /// Where finished shards are uploaded (`--upload`).
     pub upload: Option<upload::Destination>,
     pub upload_retry: upload::RetryPolicy,
+    /// `--placement`.
+    pub placement: PlacementMode,
+}
+
+/// `--placement`: which policy places the requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// Prefix placement when the input scan finds shared prefixes worth it.
+    #[default]
+    Auto,
+    Prefix,
+    LeastLoaded,
+}
+
+impl std::str::FromStr for PlacementMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(PlacementMode::Auto),
+            "prefix" => Ok(PlacementMode::Prefix),
+            "least-loaded" => Ok(PlacementMode::LeastLoaded),
+            other => Err(format!(
+                "--placement {other:?}: expected auto, prefix or least-loaded"
+            )),
+        }
+    }
+}
+
+/// The placement a run uses, and what the input scan found that decided it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacementChoice {
+    /// True for prefix placement, false for least-loaded.
+    pub prefix: bool,
+    pub mode: PlacementMode,
+    pub groups: u64,
+    pub grouped_prompts: u64,
+    pub prompts: u64,
+    pub expected_cached_fraction: f64,
 }
 
 impl GenerateConfig {
@@ -115,6 +153,7 @@ impl GenerateConfig {
             files: None,
             upload: None,
             upload_retry: upload::RetryPolicy::default(),
+            placement: PlacementMode::Auto,
         }
     }
 }
@@ -166,6 +205,8 @@ pub struct InstanceInfo {
 /// What happens during a run, for the caller to render.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// Before [`Event::Started`]: which placement the run uses and why.
+    Placement(PlacementChoice),
     Started {
         total: u64,
         already_done: u64,

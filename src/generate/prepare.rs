@@ -7,9 +7,10 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::core::Baseline;
+use super::input::prefix::PrefixPlan;
 use super::input::{self, Known, RetryFailed, Scan};
 use super::lock::OutputLock;
-use super::{GenerateConfig, GenerateError, identity, journal};
+use super::{GenerateConfig, GenerateError, PlacementMode, identity, journal};
 
 /// A directory ready for a run.
 #[derive(Debug)]
@@ -26,6 +27,8 @@ pub struct Prepared {
     pub truncated_bytes: u64,
     /// Shards of earlier runs, finished: with `--upload`, they go first.
     pub earlier_shards: Vec<PathBuf>,
+    /// The input's prefix groups, unless `--placement least-loaded`.
+    pub prefix: Option<PrefixPlan>,
 }
 
 pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
@@ -84,8 +87,16 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
     } else {
         Vec::new()
     };
+    // The whole input, done lines too, so a resumed job deals the same homes.
+    let prefix = match c.placement {
+        PlacementMode::LeastLoaded => None,
+        PlacementMode::Auto | PlacementMode::Prefix => {
+            Some(input::prefix::scan(&c.prompts, c.limit, c.max_tokens)?)
+        }
+    };
     Ok(Prepared {
         lock,
+        prefix,
         base: Baseline {
             total: scan.total,
             completed: scan.completed,

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::core::placement::{LeastLoaded, Placement, Prefix};
 use super::core::{
     Attempt, Core, CoreConfig, End, HostLoss, Input, ProbeKind, ProbeResult, Server,
 };
@@ -23,7 +24,9 @@ use super::journal::{self, Entry, Journal};
 use super::prepare::{self, Prepared};
 use super::progress::{self, Progress, Status};
 use super::upload::Uploader;
-use super::{Event, GenerateConfig, GenerateError, Summary, Targets};
+use super::{
+    Event, GenerateConfig, GenerateError, PlacementChoice, PlacementMode, Summary, Targets,
+};
 use crate::remote::{Link, Tunnel};
 use crate::sglang::client::{CompletionRequest, Endpoint, SglangClient, http_client};
 
@@ -68,6 +71,7 @@ async fn run_on(
         next_shard,
         truncated_bytes,
         earlier_shards,
+        prefix,
     } = ready;
 
     let http = http_client(config.http)?;
@@ -100,7 +104,29 @@ async fn run_on(
         })
         .collect();
     let seed = rand::random();
-    let mut core = Core::new(CoreConfig::from_generate(&config, seed), base, servers);
+    let choice = prefix.as_ref().map(|p| PlacementChoice {
+        prefix: config.placement == PlacementMode::Prefix
+            || (config.placement == PlacementMode::Auto && p.worth_it()),
+        mode: config.placement,
+        groups: p.groups.len() as u64,
+        grouped_prompts: p.prompts() - p.ungrouped.prompts,
+        prompts: p.prompts(),
+        expected_cached_fraction: p.expected_cached_fraction(),
+    });
+    let placement: Box<dyn Placement> = match (&prefix, &choice) {
+        (Some(p), Some(c)) if c.prefix => Box::new(Prefix::new(p, clients.len())),
+        _ => Box::new(LeastLoaded::new()),
+    };
+    drop(prefix);
+    if let Some(c) = choice {
+        on_event(Event::Placement(c));
+    }
+    let mut core = Core::with_placement(
+        CoreConfig::from_generate(&config, seed),
+        base,
+        servers,
+        placement,
+    );
     on_event(Event::Started {
         total: scan.total,
         already_done: base.completed + base.failed,

@@ -18,11 +18,14 @@
 //! of blocks at a time, so a prefix shared by a few prompts only may be found shorter than it is.
 
 use std::path::Path;
+use std::time::Duration;
 
 use rustc_hash::FxHashMap;
+use serde::Serialize;
 use serde_json::Value;
 
 use super::{InputError, Reader, prompt_line};
+use crate::generate::PlacementMode;
 use crate::sglang::client::Prompt;
 
 /// Bytes per block: about 16 tokens at ~4 bytes a token.
@@ -219,7 +222,7 @@ impl Prefixes {
 }
 
 /// A group as the plan counts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct GroupStats {
     pub prompts: u64,
     /// Shared prefix, in estimated tokens.
@@ -319,6 +322,83 @@ pub fn scan(path: &Path, limit: Option<u64>, max_tokens: u32) -> Result<PrefixPl
         }
     }
     Ok(plan)
+}
+
+/// What `fleet generate --dry-run` shows of the plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The placement the job would use: `prefix` or `least-loaded`.
+    pub placement: &'static str,
+    pub prompts: u64,
+    pub groups: u64,
+    pub grouped_prompts: u64,
+    pub prompt_tokens: u64,
+    /// Prompt tokens a radix cache serves when each group's prefix is prefilled once.
+    pub shareable_tokens: u64,
+    pub expected_cached_fraction: f64,
+    /// The largest groups, by work.
+    pub largest: Vec<GroupStats>,
+    pub scan_seconds: f64,
+}
+
+/// Groups the report lists.
+const LISTED: usize = 10;
+
+impl Report {
+    pub fn of(plan: &PrefixPlan, mode: PlacementMode, took: Duration) -> Report {
+        let prefix = match mode {
+            PlacementMode::Prefix => true,
+            PlacementMode::LeastLoaded => false,
+            PlacementMode::Auto => plan.worth_it(),
+        };
+        let mut largest: Vec<GroupStats> = plan.groups.values().copied().collect();
+        largest.sort_by(|a, b| b.work().cmp(&a.work()).then(b.prompts.cmp(&a.prompts)));
+        largest.truncate(LISTED);
+        Report {
+            placement: if prefix { "prefix" } else { "least-loaded" },
+            prompts: plan.prompts(),
+            groups: plan.groups.len() as u64,
+            grouped_prompts: plan.prompts() - plan.ungrouped.prompts,
+            prompt_tokens: plan.prompt_tokens(),
+            shareable_tokens: plan.shareable_tokens(),
+            expected_cached_fraction: (plan.expected_cached_fraction() * 1000.0).round() / 1000.0,
+            largest,
+            scan_seconds: (took.as_secs_f64() * 1000.0).round() / 1000.0,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "prompts      {} ({} est. prompt tokens), scanned in {:.2} s\n\
+             groups       {} sharing a prefix of at least {} tokens, holding {} prompts\n\
+             cacheable    {} prompt tokens ({:.0}%) when each group's prefix is prefilled once\n\
+             placement    {}\n",
+            self.prompts,
+            self.prompt_tokens,
+            self.scan_seconds,
+            self.groups,
+            MIN_SHARED as u64 / BYTES_PER_TOKEN,
+            self.grouped_prompts,
+            self.shareable_tokens,
+            self.expected_cached_fraction * 100.0,
+            self.placement,
+        );
+        if !self.largest.is_empty() {
+            out.push_str(&format!(
+                "\n{:>8} {:>14} {:>14}\n",
+                "prompts", "shared tokens", "work tokens"
+            ));
+            for g in &self.largest {
+                out.push_str(&format!(
+                    "{:>8} {:>14} {:>14}\n",
+                    g.prompts,
+                    g.shared_tokens,
+                    g.work()
+                ));
+            }
+        }
+        out.trim_end().to_string()
+    }
 }
 
 #[cfg(test)]
