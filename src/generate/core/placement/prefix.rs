@@ -308,3 +308,7 @@ impl Placement for Prefix {
         self.input_ended = true;
     }
 }
+
+#[cfg(test)]
+#[path = "prefix_tests.rs"]
+mod tests;

@@ -1,0 +1,240 @@
+//! The prefix policy on fake servers: homes, windows drawn from a server's own groups, whole
+//! groups stolen and moved off a lost server, and read-ahead.
+
+use super::*;
+use crate::generate::input::Id;
+use crate::generate::input::prefix::{Learner, prompt_bytes};
+use crate::sglang::client::{Api, CompletionRequest, Prompt};
+
+fn up(in_flight: u32, limit: u32) -> ServerState {
+    ServerState {
+        up: true,
+        in_flight,
+        limit,
+        host: None,
+        host_failing: false,
+        completed: 0,
+    }
+}
+
+/// Prompt `q` of system prompt `s`: 1,000 shared bytes, then the question.
+fn text(s: usize, q: usize) -> String {
+    format!(
+        "{}{}",
+        format!("system prompt {s} ").repeat(60),
+        format!(" question {q}?")
+    )
+}
+
+fn req(t: &str) -> CompletionRequest {
+    CompletionRequest {
+        api: Api::Generate,
+        prompt: Prompt::Text(t.to_string()),
+        max_tokens: 16,
+        temperature: None,
+        top_p: None,
+        model: None,
+        extra: None,
+    }
+}
+
+/// The plan of `systems` × `questions` prompts, plus `loose` that share nothing.
+fn plan(systems: usize, questions: usize) -> PrefixPlan {
+    let texts: Vec<String> = (0..systems)
+        .flat_map(|s| (0..questions).map(move |q| text(s, q)))
+        .collect();
+    let mut blocks = Vec::new();
+    let mut l = Learner::default();
+    for t in &texts {
+        block_hashes(&Prompt::Text(t.clone()), &mut blocks);
+        l.prompt(&blocks);
+    }
+    let mut p = PrefixPlan {
+        prefixes: l.finish(),
+        ..PrefixPlan::default()
+    };
+    for t in &texts {
+        let prompt = Prompt::Text(t.clone());
+        block_hashes(&prompt, &mut blocks);
+        p.prompt(&blocks, prompt_bytes(&prompt), 16);
+    }
+    p
+}
+
+/// Queues ticket `t` with prompt `text`.
+fn hand(p: &mut Prefix, t: u64, text: &str, avoid: Option<usize>) {
+    let id = Id::line(t);
+    let req = req(text);
+    p.queue(Request {
+        ticket: Ticket(t),
+        id: &id,
+        line: t,
+        req: &req,
+        avoid,
+    });
+}
+
+/// System prompt of each ticket, as queued by [`shuffled`].
+fn system_of(t: u64, systems: usize) -> usize {
+    t as usize % systems
+}
+
+/// Queues `systems` × `questions` prompts, interleaved (ticket t is of system t % systems).
+fn shuffled(p: &mut Prefix, systems: usize, questions: usize) {
+    for t in 0..(systems * questions) as u64 {
+        let s = system_of(t, systems);
+        hand(p, t, &text(s, t as usize / systems), None);
+    }
+}
+
+/// Drains `p` over `servers`, finishing every request at once; returns each ticket's server.
+fn drain(p: &mut Prefix, servers: &[ServerState]) -> Vec<(u64, usize)> {
+    let mut out = Vec::new();
+    while let Some((t, s)) = p.next(servers) {
+        out.push((t.0, s));
+    }
+    out
+}
+
+#[test]
+fn each_group_gets_one_home_and_homes_are_balanced_and_the_same_every_time() {
+    let plan = plan(8, 10);
+    assert_eq!(plan.groups.len(), 8);
+    let p = Prefix::new(&plan, 4);
+    let mut per = [0; 4];
+    for (_, home) in p.homes() {
+        per[home] += 1;
+    }
+    assert_eq!(per, [2, 2, 2, 2]);
+    let mut a: Vec<_> = p.homes().collect();
+    let mut b: Vec<_> = Prefix::new(&plan, 4).homes().collect();
+    a.sort_by_key(|(k, _)| k.hash);
+    b.sort_by_key(|(k, _)| k.hash);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_servers_window_is_drawn_from_its_own_groups_one_group_at_a_time() {
+    let plan = plan(4, 10);
+    let mut p = Prefix::new(&plan, 2);
+    shuffled(&mut p, 4, 10);
+    let mut servers = [up(0, 100), up(0, 100)];
+    let sent = drain(&mut p, &servers);
+    assert_eq!(sent.len(), 40);
+    let home = |t: u64| {
+        let key = {
+            let mut b = Vec::new();
+            block_hashes(&Prompt::Text(text(system_of(t, 4), 0)), &mut b);
+            plan.prefixes.group_of(&b).unwrap()
+        };
+        p.homes().find(|(k, _)| *k == key).unwrap().1
+    };
+    // Every request went home, and a server sent one group's requests together.
+    for &(t, s) in &sent {
+        assert_eq!(s, home(t), "ticket {t}");
+    }
+    for server in 0..2 {
+        let systems: Vec<usize> = sent
+            .iter()
+            .filter(|(_, s)| *s == server)
+            .map(|(t, _)| system_of(*t, 4))
+            .collect();
+        let changes = systems.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(changes, 1, "server {server} went {systems:?}");
+    }
+}
+
+#[test]
+fn an_idle_server_steals_a_whole_group_once_the_input_is_read() {
+    let plan = plan(4, 10);
+    let mut p = Prefix::new(&plan, 2);
+    shuffled(&mut p, 4, 10);
+    // Server 1 is busy; server 0 finishes its own and would take nothing while input may come.
+    let own0 = p.own[0].len();
+    let mut servers = [up(0, 1000), up(0, 0)];
+    servers[1].limit = 1;
+    servers[1].in_flight = 1;
+    let first = drain(&mut p, &servers);
+    assert_eq!(first.len(), own0 * 10);
+    assert!(first.iter().all(|&(_, s)| s == 0));
+    // Now server 1 is on one group; at the input's end server 0 takes its other, whole.
+    servers[1].in_flight = 0;
+    let (t, s) = p.next(&servers).unwrap();
+    assert_eq!(s, 1);
+    servers[1].in_flight = 1;
+    p.input_end();
+    let stolen = drain(&mut p, &servers);
+    assert_eq!(stolen.len(), 10, "one whole group moved");
+    let systems: Vec<usize> = stolen.iter().map(|(t, _)| system_of(*t, 4)).collect();
+    assert!(systems.iter().all(|&x| x == systems[0]));
+    assert_ne!(
+        systems[0],
+        system_of(t.0, 4),
+        "never the group server 1 is on"
+    );
+    assert_eq!(p.moves(), 1);
+}
+
+#[test]
+fn a_lost_servers_groups_move_whole_to_the_others() {
+    let plan = plan(6, 5);
+    let mut p = Prefix::new(&plan, 3);
+    shuffled(&mut p, 6, 5);
+    let mut servers = [up(0, 100), up(0, 100), up(0, 100)];
+    servers[2].up = false;
+    let sent = drain(&mut p, &servers);
+    assert_eq!(sent.len(), 30, "nothing lost");
+    assert!(sent.iter().all(|&(_, s)| s != 2));
+    // Each system prompt still went to one server only.
+    for sys in 0..6 {
+        let on: std::collections::HashSet<usize> = sent
+            .iter()
+            .filter(|(t, _)| system_of(*t, 6) == sys)
+            .map(|&(_, s)| s)
+            .collect();
+        assert_eq!(on.len(), 1, "system {sys} on {on:?}");
+    }
+    assert_eq!(p.moves(), 2);
+}
+
+#[test]
+fn it_reads_ahead_until_every_server_with_room_has_its_own_work_or_the_bound() {
+    let plan = plan(2, 2000);
+    let mut p = Prefix::new(&plan, 2);
+    let servers = [up(0, 4), up(0, 4)];
+    assert!(p.wants_input(&servers));
+    // Only system 0 (one server's) so far: the other server still wants its own.
+    for t in 0..10 {
+        hand(&mut p, t, &text(0, t as usize), None);
+    }
+    assert!(p.wants_input(&servers));
+    hand(&mut p, 10, &text(1, 0), None);
+    assert!(!p.wants_input(&servers));
+    // A full read-ahead reads no more, whatever is missing.
+    let mut q = Prefix::new(&plan, 2);
+    for t in 0..MIN_READ_AHEAD as u64 {
+        hand(&mut q, t, &text(0, t as usize), None);
+    }
+    assert!(!q.wants_input(&servers));
+}
+
+#[test]
+fn prompts_in_no_group_go_to_the_least_loaded_and_a_retry_avoids_where_it_failed() {
+    let plan = plan(2, 10);
+    let mut p = Prefix::new(&plan, 2);
+    hand(&mut p, 0, "a short prompt of its own", None);
+    let servers = [up(3, 4), up(0, 4)];
+    assert_eq!(p.next(&servers), Some((Ticket(0), 1)));
+    let home = p.homes().next().unwrap().1;
+    let key = p.homes().next().unwrap().0;
+    let sys = (0..2)
+        .find(|&s| {
+            let mut b = Vec::new();
+            block_hashes(&Prompt::Text(text(s, 0)), &mut b);
+            plan.prefixes.group_of(&b) == Some(key)
+        })
+        .unwrap();
+    hand(&mut p, 1, &text(sys, 1), Some(home));
+    let servers = [up(0, 4), up(0, 4)];
+    assert_eq!(p.next(&servers), Some((Ticket(1), 1 - home)));
+}
