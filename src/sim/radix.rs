@@ -87,8 +87,9 @@ impl RadixCache {
             }
             path.push(key);
         }
+        let touched_from = tree.clock;
         tree.touch(&path);
-        while tree.nodes.len() > max_nodes && tree.evict_one(&path) {}
+        while tree.nodes.len() > max_nodes && tree.evict_one(touched_from) {}
         matched.min(tokens.len() as u64 - 1)
     }
 }
@@ -108,13 +109,13 @@ impl Tree {
         }
     }
 
-    /// Drops the least recently used leaf, never one on `keep` (the path just used); false
-    /// when nothing can go.
-    fn evict_one(&mut self, keep: &[u64]) -> bool {
+    /// Drops the least recently used leaf, never one stamped after `touched_from` (the path
+    /// just used); false when nothing can go.
+    fn evict_one(&mut self, touched_from: u64) -> bool {
         let Some((&stamp, &key)) = self.lru.iter().next() else {
             return false;
         };
-        if keep.contains(&key) {
+        if stamp > touched_from {
             return false;
         }
         self.lru.remove(&stamp);

@@ -288,11 +288,12 @@ impl Placement for Prefix {
         if self.queued >= Self::read_ahead(servers) {
             return false;
         }
-        servers
-            .iter()
-            .enumerate()
-            .any(|(i, s)| s.free() > 0 && self.own_queued.get(i).is_none_or(|&n| n == 0))
-            && self.loose.is_empty()
+        // A server wants input while its own queue cannot fill its room.
+        self.loose.is_empty()
+            && servers
+                .iter()
+                .enumerate()
+                .any(|(i, s)| s.free() as usize > self.own_queued.get(i).copied().unwrap_or(0))
     }
 
     fn clear(&mut self) {

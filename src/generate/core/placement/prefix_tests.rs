@@ -198,7 +198,7 @@ fn a_lost_servers_groups_move_whole_to_the_others() {
 }
 
 #[test]
-fn it_reads_ahead_until_every_server_with_room_has_its_own_work_or_the_bound() {
+fn it_reads_ahead_until_every_servers_own_queue_fills_its_room_or_the_bound() {
     let plan = plan(2, 2000);
     let mut p = Prefix::new(&plan, 2);
     let servers = [up(0, 4), up(0, 4)];
@@ -208,7 +208,12 @@ fn it_reads_ahead_until_every_server_with_room_has_its_own_work_or_the_bound() {
         hand(&mut p, t, &text(0, t as usize), None);
     }
     assert!(p.wants_input(&servers));
-    hand(&mut p, 10, &text(1, 0), None);
+    // The other server's own queue fills its room of 4 only with its fourth.
+    for t in 10..13 {
+        hand(&mut p, t, &text(1, t as usize), None);
+    }
+    assert!(p.wants_input(&servers));
+    hand(&mut p, 13, &text(1, 13), None);
     assert!(!p.wants_input(&servers));
     // A full read-ahead reads no more, whatever is missing.
     let mut q = Prefix::new(&plan, 2);
