@@ -2,6 +2,7 @@
 //! as whole lines in fsynced batches by one writer thread, and recovery for `--resume` (the
 //! done-set, totals so far, torn tails truncated).
 
+pub mod batch;
 mod recover;
 
 use std::fs::{File, OpenOptions};
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::input::Id;
 use crate::server::ServerId;
 
+pub use batch::OutputFormat;
 pub use recover::{
     RecordError, Recovered, drop_failures, has_output, recover, reset_retries, shards,
 };
