@@ -29,53 +29,16 @@ fn by_custom_id(out: &Path) -> HashMap<String, Value> {
     seen
 }
 
-/// Validates every 200 body in `out`'s shards with the `openai` SDK of the real-SGLang venv
-/// (sglang depends on it): `ChatCompletion.model_validate` or `Completion.model_validate` by the
-/// line's URL. Returns how many of each it validated.
+/// Every 200 body in `out`'s shards, validated with the official `openai` SDK by its line's URL.
 fn validate_with_the_sdk(out: &Path, urls: &HashMap<String, &str>) -> (u64, u64) {
-    let bodies = out.join("bodies.jsonl");
-    let mut text = String::new();
-    for line in completions(out) {
-        let url = urls[line["custom_id"].as_str().unwrap()];
-        let record = json!({"url": url, "body": line["response"]["body"]});
-        text += &format!("{record}\n");
-    }
-    std::fs::write(&bodies, text).unwrap();
-    let script = r#"
-import json, sys
-from openai.types.chat import ChatCompletion
-from openai.types import Completion
-n = {"chat": 0, "completions": 0}
-for raw in open(sys.argv[1]):
-    rec = json.loads(raw)
-    if rec["url"] == "/v1/chat/completions":
-        c = ChatCompletion.model_validate(rec["body"], strict=False)
-        assert c.object == "chat.completion" and c.choices[0].message.role == "assistant", c
-        assert c.usage is not None and c.usage.completion_tokens > 0, c
-        n["chat"] += 1
-    else:
-        c = Completion.model_validate(rec["body"])
-        assert c.object == "text_completion" and isinstance(c.choices[0].text, str), c
-        assert c.usage is not None and c.usage.completion_tokens > 0, c
-        n["completions"] += 1
-print(json.dumps(n))
-"#;
-    let o = std::process::Command::new(RealSglang::find().python)
-        .arg("-c")
-        .arg(script)
-        .arg(&bodies)
-        .output()
-        .expect("the venv's python");
-    assert!(
-        o.status.success(),
-        "the openai SDK refused a body:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let n: Value = serde_json::from_slice(&o.stdout).unwrap();
-    (
-        n["chat"].as_u64().unwrap(),
-        n["completions"].as_u64().unwrap(),
-    )
+    let bodies: Vec<(String, Value)> = completions(out)
+        .into_iter()
+        .map(|l| {
+            let url = urls[l["custom_id"].as_str().unwrap()];
+            (url.to_string(), l["response"]["body"].clone())
+        })
+        .collect();
+    RealSglang::find().validate_openai_bodies(&bodies)
 }
 
 #[test]
