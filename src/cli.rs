@@ -270,6 +270,11 @@ pub struct GenerateArgs {
     /// generate | chat | completions (default: chat for messages, generate for prompt).
     #[arg(long)]
     pub endpoint: Option<String>,
+    /// fleet (fleet's records) | openai-batch (the OpenAI Batch API's output lines, the body
+    /// being the server's response whole). Default: openai-batch when every input line is a
+    /// Batch API line, fleet otherwise; a resumed job keeps its own.
+    #[arg(long, value_parser = ["fleet", "openai-batch"])]
+    pub output_format: Option<String>,
     /// max_tokens of every request whose line does not set its own; lowered to what fits a
     /// server's context when needed.
     #[arg(long, default_value_t = 4096)]

@@ -68,6 +68,7 @@ async fn run_on(
         next_shard,
         truncated_bytes,
         earlier_shards,
+        format,
     } = ready;
 
     let http = http_client(config.http)?;
@@ -100,7 +101,9 @@ async fn run_on(
         })
         .collect();
     let seed = rand::random();
-    let mut core = Core::new(CoreConfig::from_generate(&config, seed), base, servers);
+    let mut core_config = CoreConfig::from_generate(&config, seed);
+    core_config.format = format;
+    let mut core = Core::new(core_config, base, servers);
     on_event(Event::Started {
         total: scan.total,
         already_done: base.completed + base.failed,
