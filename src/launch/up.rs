@@ -616,7 +616,7 @@ mod tests {
             decide(&other, &survey, false),
             Err(Conflict::DifferentConfig {
                 label: "h gpu0 :30000".into(),
-                handle: ours.handle,
+                handle: ours.handle.clone(),
                 profile: "p".into()
             })
         );
