@@ -51,6 +51,13 @@ impl SlurmFleet {
 
     /// `fleet ARGS`, pointed at the cluster by SLURM_CONF as a user's shell would be.
     fn fleet(&self, args: &[&str]) -> Output {
+        let mut child = self.spawn(args);
+        let out = wait_with_timeout(&mut child, Duration::from_secs(180));
+        out.unwrap_or_else(|| panic!("fleet {args:?} ran for 3 minutes"))
+    }
+
+    /// `fleet ARGS` started, its output piped.
+    fn spawn(&self, args: &[&str]) -> std::process::Child {
         let (k, v) = self.cluster.env();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleet"));
         cmd.current_dir(self.path())
@@ -62,13 +69,10 @@ impl SlurmFleet {
             .env_remove("FLEET_LOG")
             .stdin(Stdio::null())
             .args(args);
-        let mut child = cmd
-            .stdout(Stdio::piped())
+        cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap();
-        let out = wait_with_timeout(&mut child, Duration::from_secs(180));
-        out.unwrap_or_else(|| panic!("fleet {args:?} ran for 3 minutes"))
+            .unwrap()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -197,7 +201,10 @@ fn sixteen_servers_as_steps_of_fleets_allocation_generate_and_down_leaves_nothin
     let steps: HashSet<String> = rows
         .iter()
         .map(|r| {
-            assert_eq!(r["job"].as_u64().map(|j| j.to_string()).as_deref(), Some(job));
+            assert_eq!(
+                r["job"].as_u64().map(|j| j.to_string()).as_deref(),
+                Some(job)
+            );
             assert!(addr.contains_key(r["node"].as_str().unwrap()), "{r}");
             format!("{}.{}", r["job"], r["step"])
         })
@@ -259,7 +266,10 @@ fn an_allocation_the_user_holds_is_used_and_left_running() {
     let sims = f.sims();
     assert_eq!(sims.len(), 2, "{sims:?}");
     assert!(sims.iter().all(|p| p.env["SLURM_JOB_ID"] == job));
-    let gpus: BTreeSet<&String> = sims.iter().map(|p| &p.env["CUDA_VISIBLE_DEVICES"]).collect();
+    let gpus: BTreeSet<&String> = sims
+        .iter()
+        .map(|p| &p.env["CUDA_VISIBLE_DEVICES"])
+        .collect();
     assert_eq!(gpus.len(), 2, "{sims:?}");
 
     f.ok(&["-q", "down", "--grace", "5s"]);
@@ -272,4 +282,70 @@ fn an_allocation_the_user_holds_is_used_and_left_running() {
     ]);
     assert_eq!(state.trim(), "RUNNING", "the user's job was touched");
     f.cluster.run(&["scancel", &job]);
+}
+
+#[test]
+fn a_node_killed_mid_job_loses_nothing() {
+    let cluster = SlurmCluster::start(Options {
+        gpus_per_node: 2,
+        ..Options::default()
+    });
+    let ports = reserve_ports(4);
+    let mut f = SlurmFleet::new(
+        cluster,
+        &format!("      partition: {PARTITION}\n      gpus: 4\n      time: 30\n"),
+        ports.base,
+    );
+    f.ok(&["-q", "up", "--profile", "sim"]);
+    let on_first: usize = f
+        .sims()
+        .iter()
+        .filter(|p| p.env["SLURMD_NODENAME"] == f.cluster.nodes[0].name)
+        .count();
+    assert_eq!(on_first, 2, "two servers on each node");
+    write_prompts(&f.path().join("prompts.jsonl"), 800);
+    let mut generate = f.spawn(&[
+        "-q",
+        "generate",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out",
+        "--max-tokens",
+        "64",
+    ]);
+    let progress = f.path().join("out/progress.json");
+    wait_until("the job under way", || {
+        std::fs::read_to_string(&progress)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["completed"].as_u64())
+            .is_some_and(|c| c >= 100)
+    });
+    f.cluster.kill_node(1);
+    let out = wait_with_timeout(&mut generate, Duration::from_secs(180)).expect("generate ends");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&progress).unwrap()).unwrap();
+    assert_eq!(v["status"], "done", "{v}");
+    assert_eq!(completion_ids(&f.path().join("out")).len(), 800);
+    let lost = f.cluster.nodes[1].name.clone();
+    // status says the lost node's servers no longer serve (and exits non-zero for them).
+    let status = f.fleet(&["--json", "status"]);
+    assert_ne!(status.status.code(), Some(0));
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let rows: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let on_lost: Vec<&serde_json::Value> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["node"] == lost.as_str())
+        .collect();
+    assert_eq!(on_lost.len(), 2, "{status}");
+    assert!(on_lost.iter().all(|r| r["state"] != "ready"), "{status}");
 }
