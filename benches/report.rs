@@ -39,6 +39,7 @@ fn snapshot(completed: u64) -> Progress {
             completed: completed / INSTANCES as u64,
             rate_per_sec: 0.1,
             output_tok_s: 140.0 + (completed % 17) as f64,
+            cached_fraction: Some(0.5),
             running: Some(72.0),
             queued: Some(18.0),
         })
@@ -50,7 +51,7 @@ fn snapshot(completed: u64) -> Progress {
 fn timeline_file() -> Vec<u8> {
     let mut r = Recorder::new(Timeline::default(), 2.0);
     let mut file = Vec::new();
-    let mut apply = |w: Option<Write>, file: &mut Vec<u8>| match w {
+    let apply = |w: Option<Write>, file: &mut Vec<u8>| match w {
         Some(Write::Append(b)) => file.extend_from_slice(&b),
         Some(Write::Rewrite(b)) => *file = b,
         None => {}

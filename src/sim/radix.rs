@@ -77,13 +77,16 @@ impl RadixCache {
         for chunk in tokens.chunks_exact(page) {
             key = chunk.iter().fold(key, |h, t| super::text::mix(h ^ *t));
             let parent = path.last().copied();
-            if tree.nodes.contains_key(&key) {
-                if matching {
-                    matched += self.page_size;
+            match tree.nodes.entry(key) {
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    if matching {
+                        matched += self.page_size;
+                    }
                 }
-            } else {
-                matching = false;
-                tree.nodes.insert(key, Node { parent, stamp: 0 });
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    matching = false;
+                    v.insert(Node { parent, stamp: 0 });
+                }
             }
             path.push(key);
         }
