@@ -30,7 +30,7 @@ fn snapshot(completed: u64) -> Progress {
     p.eta_hours = Some((PROMPTS - completed) as f64 / 0.85 / 3600.0);
     p.instances = (0..INSTANCES)
         .map(|i| InstanceProgress {
-            name: ServerId::named(&format!("ct{}:gpu{i}", 200 + i / 4)),
+            name: ServerId::named(format!("ct{}:gpu{i}", 200 + i / 4)),
             url: format!("http://127.0.0.1:{}", 30000 + i),
             healthy: true,
             in_flight: 90,
