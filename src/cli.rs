@@ -372,7 +372,7 @@ pub struct GenerateArgs {
     pub placement: String,
     /// Scan the prompts and show their prefix groups and the expected cache hits, then exit
     /// without contacting a server or writing --out.
-    #[arg(long, conflicts_with_all = ["resume", "detach"])]
+    #[arg(long)]
     pub dry_run: bool,
     /// Run the job on a GPU host beside its servers, detached: it outlives this terminal and
     /// this machine. --prompts is a local file (sent there) or HOST:PATH; --out is a path there.
