@@ -26,6 +26,10 @@
 //!   and copy (the per-request mamba state copy under extra_buffer on this hardware, 8.34 ms)
 //!   is what makes the seed's extra_buffer run 11x slower than no_buffer beyond its lower cap;
 //! - prefill batch = prefill_base + prefill_per_token × new tokens.
+//! - decode CUDA graphs (`--cuda-graph-max-bs-decode`, default 256): their memory outside the
+//!   static pool grows with the bound (`--sim-cuda-graph-gib` at 256) and fails the load when
+//!   it does not fit; a batch above the bound, or any with `--disable-cuda-graph`, decodes
+//!   eagerly, 1.3× slower.
 //!
 //! Calibration at defaults: no_buffer 72 × 988 / (987 × 60.5 + 72 × 7.8) ms ≈ 1,180 tok/s;
 //! extra_buffer (43 / 1.15 + 37 × 8.34 = 346 ms steps) ≈ 107 tok/s.
