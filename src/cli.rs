@@ -88,6 +88,8 @@ pub enum Command {
     Stop(StopArgs),
     /// Copy a detached job's shards, failed.jsonl and progress.json here (resumable).
     Fetch(FetchArgs),
+    /// One page of a sweep and a job: text, JSON or a self-contained offline HTML file.
+    Report(ReportArgs),
     /// The whole flow on a local simulated fleet of 8 GPUs: no GPU, config or network needed.
     Demo(DemoArgs),
     /// Print shell completions.
@@ -96,6 +98,25 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// A sweep.json, a `fleet generate --out` directory (local or `fleet fetch`ed), or one of each.
+    #[arg(required = true, value_name = "SOURCE")]
+    pub sources: Vec<PathBuf>,
+    /// Write the report to this file instead of stdout (HTML unless --format says otherwise).
+    #[arg(short, long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// text, json or html (default: html with -o, else text; --json means json).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::report::Format>,
+    /// Prompts the sweep's ETAs are for (default: the job's total, when a job is given).
+    #[arg(long)]
+    pub total: Option<u64>,
+    /// What one GPU-hour costs: adds each candidate's cost per 1M output tokens.
+    #[arg(long, value_name = "COST")]
+    pub gpu_hour_cost: Option<f64>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -288,6 +309,11 @@ pub struct GenerateArgs {
     /// generate | chat | completions (default: chat for messages, generate for prompt).
     #[arg(long)]
     pub endpoint: Option<String>,
+    /// fleet (fleet's records) | openai-batch (the OpenAI Batch API's output lines, the body
+    /// being the server's response whole). Default: openai-batch when every input line is a
+    /// Batch API line, fleet otherwise; a resumed job keeps its own.
+    #[arg(long, value_parser = ["fleet", "openai-batch"])]
+    pub output_format: Option<String>,
     /// max_tokens of every request whose line does not set its own; lowered to what fits a
     /// server's context when needed.
     #[arg(long, default_value_t = 4096)]

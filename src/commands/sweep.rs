@@ -194,6 +194,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
             outln!("search stopped: {stop}");
         }
         outln!("results: {}", args.out.display());
+        outln!("{}", super::report::hint(&[&args.out]));
     }
     // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
     let winner = r.winning().filter(|_| !ended.interrupted);

@@ -360,6 +360,7 @@ mod tests {
                 version: None,
                 address: "127.0.0.1".into(),
                 gpus_present: vec![0, 1, 2],
+                places: Vec::new(),
             },
         )];
         let p = dry_run(&planned, &profiles, &hosts, None, "/tmp/fleet");
