@@ -48,7 +48,6 @@ pub async fn host_facts(
     env: &BTreeMap<String, String>,
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
-    let address = t.server_address().await?;
     let t_ref = t.as_ref();
     let with_env = |argv: Vec<String>| -> Vec<String> {
         if env.is_empty() {
@@ -59,31 +58,50 @@ pub async fn host_facts(
         full.extend(argv);
         full
     };
-    let help_text = if preflight {
+    // The reads are independent: they run at once, so a host costs its slowest read (on the
+    // real server `--help` imports sglang, seconds) rather than the sum of all of them.
+    let help = async {
+        if !preflight {
+            return Ok(None);
+        }
         let mut argv = launcher.to_vec();
         argv.push("--help".to_string());
-        Some(read_help(t_ref, with_env(argv)).await?)
-    } else {
-        None
+        let began = std::time::Instant::now();
+        let text = read_help(t_ref, with_env(argv)).await?;
+        let secs = began.elapsed().as_secs_f64();
+        tracing::debug!("phase preflight {}: --help {secs:.2}s", t.host());
+        Ok::<_, FactsError>(Some(text))
     };
-    let version = match python_of(launcher) {
-        Some(python) => {
-            let argv = vec![
-                python.to_string(),
-                "-c".to_string(),
-                VERSION_SCRIPT.to_string(),
-            ];
-            read_version(t_ref, with_env(argv)).await
+    // `None` when the launcher is no `python`: the version is then read from `--help`.
+    let python_version = async {
+        let python = python_of(launcher)?;
+        let argv = vec![
+            python.to_string(),
+            "-c".to_string(),
+            VERSION_SCRIPT.to_string(),
+        ];
+        let began = std::time::Instant::now();
+        let version = read_version(t_ref, with_env(argv)).await;
+        let secs = began.elapsed().as_secs_f64();
+        tracing::debug!("phase preflight {}: version {secs:.2}s", t.host());
+        Some(version)
+    };
+    let gpus = async {
+        match host.gpus {
+            GpuSelection::All => Ok(gpu::read_host(t.clone(), host.is_local())
+                .await?
+                .iter()
+                .map(|g| g.index)
+                .collect()),
+            GpuSelection::List(_) => Ok::<_, FactsError>(Vec::new()),
         }
-        None => help_text.as_deref().and_then(help::stated_version),
     };
-    let gpus_present = match host.gpus {
-        GpuSelection::All => gpu::read_host(t.clone(), host.is_local())
-            .await?
-            .iter()
-            .map(|g| g.index)
-            .collect(),
-        GpuSelection::List(_) => Vec::new(),
+    let (address, help_text, python_version, gpus_present) =
+        tokio::join!(t.server_address(), help, python_version, gpus);
+    let (address, help_text, gpus_present) = (address?, help_text?, gpus_present?);
+    let version = match python_version {
+        Some(version) => version,
+        None => help_text.as_deref().and_then(help::stated_version),
     };
     Ok(HostFacts {
         help: help_text.map(|t| HelpSpec::parse(&t)),
