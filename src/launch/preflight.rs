@@ -33,6 +33,28 @@ pub enum FactsError {
         "{host}: `{command}` listed no options; --skip-preflight starts without checking flags"
     )]
     EmptyHelp { host: String, command: String },
+    #[error(transparent)]
+    Slurm(#[from] crate::slurm::SlurmError),
+    #[error(
+        "{host}: job {job} holds {have} GPU(s), fewer than the {want} the inventory's `gpus:` \
+         asks for\n  hint: lower `gpus:`, or leave it out to use every GPU of the job"
+    )]
+    FewerGpus {
+        host: String,
+        job: crate::slurm::JobId,
+        have: u32,
+        want: u32,
+    },
+    #[error(
+        "{host}: job {job} holds no GPUs\n  hint: fleet runs one server per GPU: hold an \
+         allocation with GPUs (e.g. `--gres=gpu:8`) and a task per GPU (`--ntasks-per-node=8`)"
+    )]
+    NoGpus {
+        host: String,
+        job: crate::slurm::JobId,
+    },
+    #[error("{0}")]
+    State(#[from] crate::launch::state::StateError),
     #[error(
         "{0}\n  hint: `gpus: all` reads the GPUs from the host; or list them, e.g. gpus: [0,1,2,3]"
     )]
@@ -48,18 +70,52 @@ pub async fn host_facts(
     env: &BTreeMap<String, String>,
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
-    let t_ref = t.as_ref();
-    let with_env = |argv: Vec<String>| -> Vec<String> {
-        if env.is_empty() {
-            return argv;
+    // The reads are independent: they run at once, so a host costs its slowest read (on the
+    // real server `--help` imports sglang, seconds) rather than the sum of all of them.
+    let gpus = async {
+        match host.gpus {
+            GpuSelection::All => Ok(gpu::read_host(t.clone(), host.is_local())
+                .await?
+                .iter()
+                .map(|g| g.index)
+                .collect()),
+            GpuSelection::List(_) => Ok::<_, FactsError>(Vec::new()),
         }
-        let mut full = vec!["env".to_string()];
-        full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    };
+    let (address, launched, gpus_present) = tokio::join!(
+        t.server_address(),
+        launcher_facts(t.as_ref(), &[], launcher, env, preflight),
+        gpus
+    );
+    let (address, (help, version), gpus_present) = (address?, launched?, gpus_present?);
+    Ok(HostFacts {
+        help,
+        version,
+        address,
+        gpus_present,
+        places: Vec::new(),
+    })
+}
+
+/// The launcher's `--help` (when `preflight`) and the SGLang version, read as the servers
+/// will run: with the profile's `env`, after the argv prefix `via` (a Slurm step's `srun`, so
+/// that they are read on a node of the allocation; empty on a machine). Both at once.
+pub(crate) async fn launcher_facts(
+    t: &dyn Transport,
+    via: &[String],
+    launcher: &[String],
+    env: &BTreeMap<String, String>,
+    preflight: bool,
+) -> Result<(Option<HelpSpec>, Option<String>), FactsError> {
+    let with_env = |argv: Vec<String>| -> Vec<String> {
+        let mut full = via.to_vec();
+        if !env.is_empty() {
+            full.push("env".to_string());
+            full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        }
         full.extend(argv);
         full
     };
-    // The reads are independent: they run at once, so a host costs its slowest read (on the
-    // real server `--help` imports sglang, seconds) rather than the sum of all of them.
     let help = async {
         if !preflight {
             return Ok(None);
@@ -67,7 +123,7 @@ pub async fn host_facts(
         let mut argv = launcher.to_vec();
         argv.push("--help".to_string());
         let began = std::time::Instant::now();
-        let text = read_help(t_ref, with_env(argv)).await?;
+        let text = read_help(t, with_env(argv)).await?;
         let secs = began.elapsed().as_secs_f64();
         tracing::debug!("phase preflight {}: --help {secs:.2}s", t.host());
         Ok::<_, FactsError>(Some(text))
@@ -81,34 +137,18 @@ pub async fn host_facts(
             VERSION_SCRIPT.to_string(),
         ];
         let began = std::time::Instant::now();
-        let version = read_version(t_ref, with_env(argv)).await;
+        let version = read_version(t, with_env(argv)).await;
         let secs = began.elapsed().as_secs_f64();
         tracing::debug!("phase preflight {}: version {secs:.2}s", t.host());
         Some(version)
     };
-    let gpus = async {
-        match host.gpus {
-            GpuSelection::All => Ok(gpu::read_host(t.clone(), host.is_local())
-                .await?
-                .iter()
-                .map(|g| g.index)
-                .collect()),
-            GpuSelection::List(_) => Ok::<_, FactsError>(Vec::new()),
-        }
-    };
-    let (address, help_text, python_version, gpus_present) =
-        tokio::join!(t.server_address(), help, python_version, gpus);
-    let (address, help_text, gpus_present) = (address?, help_text?, gpus_present?);
+    let (help_text, python_version) = tokio::join!(help, python_version);
+    let help_text = help_text?;
     let version = match python_version {
         Some(version) => version,
         None => help_text.as_deref().and_then(help::stated_version),
     };
-    Ok(HostFacts {
-        help: help_text.map(|t| HelpSpec::parse(&t)),
-        version,
-        address,
-        gpus_present,
-    })
+    Ok((help_text.map(|t| HelpSpec::parse(&t)), version))
 }
 
 async fn read_help(t: &dyn Transport, argv: Vec<String>) -> Result<String, FactsError> {
@@ -259,6 +299,7 @@ mod tests {
             version: Some(version.into()),
             address: "127.0.0.1".into(),
             gpus_present: vec![],
+            places: Vec::new(),
         }
     }
 
