@@ -483,6 +483,12 @@ fn down_with_one_instance_already_dead_stops_the_rest() {
             .unwrap()
             .success()
     );
+    // kill(1) returns once the signal is sent, not once the process has died.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(up_pids[1]) {
+        assert!(Instant::now() < deadline, "SIGKILL did not end the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (code, status, _) = f.json(&["status"]);
     assert_eq!(code, 1, "a dead instance makes status partial");
     assert_eq!(
