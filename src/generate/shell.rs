@@ -69,6 +69,7 @@ async fn run_on(
         next_shard,
         truncated_bytes,
         earlier_shards,
+        format,
     } = ready;
 
     let http = http_client(config.http)?;
@@ -101,7 +102,9 @@ async fn run_on(
         })
         .collect();
     let seed = rand::random();
-    let mut core = Core::new(CoreConfig::from_generate(&config, seed), base, servers);
+    let mut core_config = CoreConfig::from_generate(&config, seed);
+    core_config.format = format;
+    let mut core = Core::new(core_config, base, servers);
     let mut timeline = {
         let (dir, resume) = (config.out.clone(), config.resume);
         let earlier = blocking(move || read_timeline(&dir, resume)).await?;
