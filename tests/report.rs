@@ -223,7 +223,7 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
             &tmp.path().join("chromium3"),
             &[
                 &format!("--screenshot={}", dir.join("report.png").display()),
-                "--window-size=1000,4200",
+                "--window-size=1000,3400",
                 "--hide-scrollbars",
                 &url,
             ],
