@@ -35,7 +35,9 @@ pub fn nice_max(x: f64) -> f64 {
 /// `1234.5` as `1235`, `12.345` as `12.3`, `0.01234` as `0.0123`: short labels.
 pub fn short(x: f64) -> String {
     let a = x.abs();
-    if a >= 100.0 {
+    if a == 0.0 {
+        "0".to_string()
+    } else if a >= 100.0 {
         format!("{x:.0}")
     } else if a >= 10.0 {
         format!("{x:.1}")
@@ -96,7 +98,7 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
                     text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value))) + 4.0) y=(y + 15.0) { (short(r.value)) }
                 }
             }
-            text.tick x=(W - RIGHT) y=(h - 2.0) text-anchor="end" { (unit) }
+            text.tick x=(W - RIGHT) y="16" text-anchor="end" { (unit) }
         }
     }
 }
