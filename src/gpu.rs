@@ -50,6 +50,11 @@ pub enum GpuError {
     },
     #[error("{host}: NVML: {message}")]
     Nvml { host: String, message: String },
+    #[error(
+        "{host}: a Slurm host's GPUs are given by Slurm to each step; fleet reads no GPU memory \
+         there (`fleet status` shows the GPU each server got)"
+    )]
+    Slurm { host: String },
     #[error(transparent)]
     Remote(#[from] RemoteError),
 }

@@ -49,6 +49,11 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
     let stops = fleet.backends().map(|b| async move {
         let mut outcomes = down_host(b.as_ref(), profile, args.grace).await?;
         confirm_gpus_released(b.as_ref(), &mut outcomes).await;
+        if outcomes.iter().all(|o| o.state != StopState::Failed)
+            && let Some(what) = b.release().await?
+        {
+            tracing::info!("{}: {what}", b.host());
+        }
         Ok::<_, crate::launch::state::StateError>(outcomes)
     });
     let mut outcomes = Vec::new();

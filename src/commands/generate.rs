@@ -94,6 +94,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     } else {
         outln!("{}", summary_line(p));
         outln!("output: {}", args.out.display());
+        outln!("{}", super::report::hint(&[&args.out]));
     }
     if let Some(dest) = &args.upload {
         if summary.not_uploaded.is_empty() {

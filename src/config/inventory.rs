@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::check::{Checker, suggest};
 use super::yaml::{Loc, Node, Value};
-use super::{ConfigError, GpuSelection, HostSpec, Inventory, MachineSpec, SshTarget};
+use super::{ConfigError, GpuSelection, HostSpec, Inventory, MachineSpec, SlurmHost, SshTarget};
 
 pub(super) const MINIMAL_EXAMPLE: &str = "\
 hosts:
@@ -18,7 +18,18 @@ hosts:
     container: 200         # Proxmox CT id: commands run via `pct exec 200 -- ...`
     gpus: all              # or a list: [0, 1, 2, 3]";
 
-const HOST_KEYS: &[&str] = &["name", "ssh", "container", "gpus", "address", "ssh_options"];
+const HOST_KEYS: &[&str] = &[
+    "name",
+    "ssh",
+    "container",
+    "gpus",
+    "address",
+    "ssh_options",
+    "slurm",
+];
+
+/// What only a machine has: on a Slurm host, Slurm places the servers and gives the GPUs.
+const MACHINE_ONLY: &[&str] = &["container", "gpus", "address"];
 
 /// The OpenSSH options fleet's SSH transport honours, spelled as in `ssh_config(5)`.
 pub const SSH_OPTIONS: &[&str] = &[
@@ -151,14 +162,44 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
     };
     let gpus_loc = f.get("gpus").map_or(f.loc, |n| n.loc);
     let name_loc = name_node.map_or(f.loc, |n| n.loc);
-    let spec = HostSpec::Machine(MachineSpec {
-        name: name?,
-        ssh,
-        container,
-        gpus: gpus?,
-        address,
-        ssh_options,
-    });
+    let spec = match f.get("slurm") {
+        Some(block) => {
+            for key in MACHINE_ONLY {
+                if let Some(n) = f.get(key) {
+                    c.report(
+                        n.loc,
+                        &f.field(key),
+                        "does not apply to a Slurm host",
+                        Some(format!(
+                            "Slurm places the servers and gives each its GPU; set the count \
+                             as `{}.gpus`",
+                            f.field("slurm")
+                        )),
+                    );
+                }
+            }
+            let slurm = super::slurm::slurm_block(c, block, &f.field("slurm"));
+            HostSpec::Slurm(SlurmHost {
+                login: MachineSpec {
+                    name: name?,
+                    ssh,
+                    container: None,
+                    gpus: GpuSelection::List(Vec::new()),
+                    address: None,
+                    ssh_options,
+                },
+                slurm: slurm?,
+            })
+        }
+        None => HostSpec::Machine(MachineSpec {
+            name: name?,
+            ssh,
+            container,
+            gpus: gpus?,
+            address,
+            ssh_options,
+        }),
+    };
     Some(Read {
         spec,
         path: path.to_string(),

@@ -36,15 +36,15 @@ pub enum HostSpec {
     /// A machine fleet starts server processes on: this one, one over SSH, or a Proxmox
     /// container on one of those.
     Machine(MachineSpec),
-    // The next kind is a Slurm allocation whose servers are job steps (a host with a `slurm:`
-    // block): its spec goes here, its reading in `inventory::host`, its backend beside
-    // `launch::backend::machine`.
+    /// A Slurm allocation whose servers are job steps (a host with a `slurm:` block).
+    Slurm(SlurmHost),
 }
 
 impl HostSpec {
     pub fn name(&self) -> &str {
         match self {
             HostSpec::Machine(m) => &m.name,
+            HostSpec::Slurm(s) => &s.login.name,
         }
     }
 
@@ -52,6 +52,7 @@ impl HostSpec {
     pub fn machine(&self) -> Option<&MachineSpec> {
         match self {
             HostSpec::Machine(m) => Some(m),
+            HostSpec::Slurm(_) => None,
         }
     }
 }
@@ -60,6 +61,14 @@ impl From<MachineSpec> for HostSpec {
     fn from(m: MachineSpec) -> HostSpec {
         HostSpec::Machine(m)
     }
+}
+
+/// A Slurm host of the inventory: the shell where its Slurm commands run (this machine, or a
+/// login node over SSH, as `login`; its `gpus` unused) and the allocation its servers run in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlurmHost {
+    pub login: MachineSpec,
+    pub slurm: crate::slurm::SlurmSpec,
 }
 
 /// A machine of the inventory: how to reach it, and its GPUs.

@@ -12,8 +12,6 @@ const KEYS: &[&str] = &["partition", "gpus", "time", "sbatch_args", "job"];
 const NEW_ONLY: &[&str] = &["partition", "time", "sbatch_args"];
 
 /// Reads a host's `slurm:` block at `path` (e.g. `hosts[0].slurm`).
-// The inventory's host kinds call this once the Slurm backend is wired in (issue 23).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(super) fn slurm_block(c: &mut Checker, node: &Node, path: &str) -> Option<SlurmSpec> {
     let f = c.fields(node, path, KEYS)?;
     let gpus = f.get("gpus").map(|n| {

@@ -26,6 +26,7 @@ pub mod lock;
 mod prepare;
 pub mod progress;
 mod shell;
+pub mod timeline;
 pub mod upload;
 pub mod watchdog;
 

@@ -28,8 +28,21 @@ pub struct HostFacts {
     /// Where this host's servers are reached from the SSH side (127.0.0.1 on a bare host, the
     /// container's address for a pct host). Servers bind it unless the profile sets a host.
     pub address: String,
-    /// The host's GPU indices, for `gpus: all` (ignored for an explicit list).
+    /// The host's GPU indices, for `gpus: all` (ignored for an explicit list). On a Slurm
+    /// host, the servers' places in the allocation: 0 to one less than its server count.
     pub gpus_present: Vec<u32>,
+    /// On a Slurm host, where the server in each place is reached (its node's NodeAddr), by
+    /// place; empty on a machine, whose servers all are at `address`.
+    pub places: Vec<String>,
+}
+
+impl HostFacts {
+    /// Where the server at GPU (or place) `gpu` is reached.
+    pub fn address_of(&self, gpu: u32) -> &str {
+        self.places
+            .get(gpu as usize)
+            .map_or(self.address.as_str(), String::as_str)
+    }
 }
 
 /// One server to run: the planned stage of a server.
@@ -190,7 +203,8 @@ fn instance(
     api_key: Option<&str>,
     run_root: &str,
 ) -> Instance {
-    let bind_host = profile.server.host.as_deref().unwrap_or(&facts.address);
+    let address = facts.address_of(gpu);
+    let bind_host = profile.server.host.as_deref().unwrap_or(address);
     let files = RunFiles::new(run_root, port);
     let render = Render {
         help: facts.help.as_ref(),
@@ -201,11 +215,15 @@ fn instance(
     let mut argv = profile.launcher.clone();
     argv.extend(flags::server_args(profile, &render));
     let mut env = profile.env.clone();
-    env.insert("CUDA_VISIBLE_DEVICES".to_string(), gpu.to_string());
-    // CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi, the inventory and
-    // `fleet gpus` number them by PCI bus, so pin by that order.
-    env.entry("CUDA_DEVICE_ORDER".to_string())
-        .or_insert_with(|| "PCI_BUS_ID".to_string());
+    // Slurm sets CUDA_VISIBLE_DEVICES in each step to the GPU it gave; fleet pins only on a
+    // machine.
+    if let HostSpec::Machine(_) = host {
+        env.insert("CUDA_VISIBLE_DEVICES".to_string(), gpu.to_string());
+        // CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi, the inventory and
+        // `fleet gpus` number them by PCI bus, so pin by that order.
+        env.entry("CUDA_DEVICE_ORDER".to_string())
+            .or_insert_with(|| "PCI_BUS_ID".to_string());
+    }
     let fingerprint = fingerprint(&flags::masked(&argv), &env);
     Instance {
         id: ServerId::gpu(host.name(), gpu),
@@ -213,7 +231,7 @@ fn instance(
         argv,
         launcher_len: profile.launcher.len(),
         env,
-        address: facts.address.clone(),
+        address: address.to_string(),
         files,
         fingerprint,
         profile: profile.name.clone(),
@@ -229,6 +247,7 @@ pub fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
             GpuSelection::All => facts.gpus_present.clone(),
             GpuSelection::List(list) => list.clone(),
         },
+        HostSpec::Slurm(_) => facts.gpus_present.clone(),
     }
 }
 
@@ -286,6 +305,7 @@ pub(crate) mod tests {
             version: Some("0.5.10".into()),
             address: address.into(),
             gpus_present: vec![0, 1, 2, 3],
+            places: Vec::new(),
         }
     }
 

@@ -33,6 +33,28 @@ pub enum FactsError {
         "{host}: `{command}` listed no options; --skip-preflight starts without checking flags"
     )]
     EmptyHelp { host: String, command: String },
+    #[error(transparent)]
+    Slurm(#[from] crate::slurm::SlurmError),
+    #[error(
+        "{host}: job {job} holds {have} GPU(s), fewer than the {want} the inventory's `gpus:` \
+         asks for\n  hint: lower `gpus:`, or leave it out to use every GPU of the job"
+    )]
+    FewerGpus {
+        host: String,
+        job: crate::slurm::JobId,
+        have: u32,
+        want: u32,
+    },
+    #[error(
+        "{host}: job {job} holds no GPUs\n  hint: fleet runs one server per GPU: hold an \
+         allocation with GPUs (e.g. `--gres=gpu:8`) and a task per GPU (`--ntasks-per-node=8`)"
+    )]
+    NoGpus {
+        host: String,
+        job: crate::slurm::JobId,
+    },
+    #[error("{0}")]
+    State(#[from] crate::launch::state::StateError),
     #[error(
         "{0}\n  hint: `gpus: all` reads the GPUs from the host; or list them, e.g. gpus: [0,1,2,3]"
     )]
@@ -49,20 +71,47 @@ pub async fn host_facts(
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
     let address = t.server_address().await?;
-    let t_ref = t.as_ref();
+    let (help, version) = launcher_facts(t.as_ref(), &[], launcher, env, preflight).await?;
+    let gpus_present = match host.gpus {
+        GpuSelection::All => gpu::read_host(t.clone(), host.is_local())
+            .await?
+            .iter()
+            .map(|g| g.index)
+            .collect(),
+        GpuSelection::List(_) => Vec::new(),
+    };
+    Ok(HostFacts {
+        help,
+        version,
+        address,
+        gpus_present,
+        places: Vec::new(),
+    })
+}
+
+/// The launcher's `--help` (when `preflight`) and the SGLang version, read as the servers
+/// will run: with the profile's `env`, after the argv prefix `via` (a Slurm step's `srun`, so
+/// that they are read on a node of the allocation; empty on a machine).
+pub(crate) async fn launcher_facts(
+    t: &dyn Transport,
+    via: &[String],
+    launcher: &[String],
+    env: &BTreeMap<String, String>,
+    preflight: bool,
+) -> Result<(Option<HelpSpec>, Option<String>), FactsError> {
     let with_env = |argv: Vec<String>| -> Vec<String> {
-        if env.is_empty() {
-            return argv;
+        let mut full = via.to_vec();
+        if !env.is_empty() {
+            full.push("env".to_string());
+            full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         }
-        let mut full = vec!["env".to_string()];
-        full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         full.extend(argv);
         full
     };
     let help_text = if preflight {
         let mut argv = launcher.to_vec();
         argv.push("--help".to_string());
-        Some(read_help(t_ref, with_env(argv)).await?)
+        Some(read_help(t, with_env(argv)).await?)
     } else {
         None
     };
@@ -73,24 +122,11 @@ pub async fn host_facts(
                 "-c".to_string(),
                 VERSION_SCRIPT.to_string(),
             ];
-            read_version(t_ref, with_env(argv)).await
+            read_version(t, with_env(argv)).await
         }
         None => help_text.as_deref().and_then(help::stated_version),
     };
-    let gpus_present = match host.gpus {
-        GpuSelection::All => gpu::read_host(t.clone(), host.is_local())
-            .await?
-            .iter()
-            .map(|g| g.index)
-            .collect(),
-        GpuSelection::List(_) => Vec::new(),
-    };
-    Ok(HostFacts {
-        help: help_text.map(|t| HelpSpec::parse(&t)),
-        version,
-        address,
-        gpus_present,
-    })
+    Ok((help_text.map(|t| HelpSpec::parse(&t)), version))
 }
 
 async fn read_help(t: &dyn Transport, argv: Vec<String>) -> Result<String, FactsError> {
@@ -241,6 +277,7 @@ mod tests {
             version: Some(version.into()),
             address: "127.0.0.1".into(),
             gpus_present: vec![],
+            places: Vec::new(),
         }
     }
 

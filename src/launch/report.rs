@@ -126,7 +126,11 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             host(&s.id).to_string(),
             gpu(&s.id),
             s.port.to_string(),
-            opt(s.pid),
+            match &s.slurm {
+                // A Slurm step has no pid fleet can name: its step, node and GPU instead.
+                Some(st) => format!("{}.{} {} gpu{}", st.job, st.step, st.node, st.slurm_gpus),
+                None => opt(s.pid),
+            },
             s.state().to_string(),
             format_uptime(s.uptime),
             opt(s.mamba_strategy.as_deref()),

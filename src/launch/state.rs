@@ -40,20 +40,34 @@ pub struct InstanceRecord {
 
 /// How a backend finds a server it started again. The kind of backend decides the kind of
 /// handle; each is stored flat in the record, as its own fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Handle {
     /// A process group on a machine: its leader's pid (also the group's id) and the leader's
     /// start time in clock ticks after boot (`/proc/<pid>/stat` field 22), since a pid with
     /// another start time is another process.
     Process { pid: u32, start_ticks: u64 },
-    // A Slurm job step (`job`, `step`, `node`) is the next kind.
+    /// A step of a Slurm job (`srun` on the host's shell is its lifeline): the job, the step's
+    /// number in it, the node Slurm runs it on, and the GPUs Slurm gave it (the step's
+    /// `CUDA_VISIBLE_DEVICES`).
+    Step {
+        job: crate::slurm::JobId,
+        step: u32,
+        node: String,
+        gpus: String,
+    },
 }
 
 impl std::fmt::Display for Handle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Handle::Process { pid, .. } => write!(f, "pid {pid}"),
+            Handle::Step {
+                job,
+                step,
+                node,
+                gpus,
+            } => write!(f, "step {job}.{step} on {node} gpu {gpus}"),
         }
     }
 }
@@ -63,6 +77,7 @@ impl Handle {
     pub fn pid(&self) -> Option<u32> {
         match self {
             Handle::Process { pid, .. } => Some(*pid),
+            Handle::Step { .. } => None,
         }
     }
 }
@@ -108,6 +123,8 @@ impl InstanceRecord {
 pub enum StateError {
     #[error(transparent)]
     Remote(#[from] RemoteError),
+    #[error(transparent)]
+    Slurm(#[from] crate::slurm::SlurmError),
     #[error("{host}: `{command}` failed: {stderr}")]
     Command {
         host: String,

@@ -18,6 +18,9 @@ pub struct InstanceStatus {
     pub id: ServerId,
     pub port: u16,
     pub pid: Option<u32>,
+    /// On a Slurm host, the server's job step, its node, and the GPU Slurm gave it.
+    #[serde(flatten)]
+    pub slurm: Option<SlurmStep>,
     pub profile: String,
     pub liveness: Liveness,
     /// `ready`, `loading` (starting, or its port not open yet), `unreachable`, `failing` (the
@@ -39,6 +42,35 @@ pub struct InstanceStatus {
     pub log_tail: Option<String>,
     /// The instance's GPU, when the host's GPUs could be read.
     pub gpu_reading: Option<GpuReading>,
+}
+
+/// Where Slurm runs a server: `job`, `step`, `node` and `slurm_gpus` in `status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlurmStep {
+    pub job: crate::slurm::JobId,
+    pub step: u32,
+    pub node: String,
+    /// The step's `CUDA_VISIBLE_DEVICES`, as Slurm set it.
+    pub slurm_gpus: String,
+}
+
+impl SlurmStep {
+    fn of(handle: &crate::launch::state::Handle) -> Option<SlurmStep> {
+        match handle {
+            crate::launch::state::Handle::Step {
+                job,
+                step,
+                node,
+                gpus,
+            } => Some(SlurmStep {
+                job: *job,
+                step: *step,
+                node: node.clone(),
+                slurm_gpus: gpus.clone(),
+            }),
+            crate::launch::state::Handle::Process { .. } => None,
+        }
+    }
 }
 
 /// Gives each instance of `host` the reading of its GPU.
@@ -111,6 +143,7 @@ async fn instance_status(
         id: r.id.clone(),
         port: r.port,
         pid: r.handle.pid(),
+        slurm: SlurmStep::of(&r.handle),
         profile: r.profile.clone(),
         liveness,
         state: state_of(liveness, None, false, *lingering),

@@ -334,7 +334,7 @@ fn decide<'a>(instance: &Instance, s: &'a Survey, replace: bool) -> Result<Actio
         Some(r) if replace => Ok(Action::Replace(r)),
         Some(r) => Err(Conflict::DifferentConfig {
             label: instance.label(),
-            handle: r.handle,
+            handle: r.handle.clone(),
             profile: r.profile.clone(),
         }),
         None if s.ports_in_use.contains(&instance.port) => Err(Conflict::ForeignPort {
@@ -396,7 +396,7 @@ async fn launch(
             let stopped = down::stop(b(), record, opts.grace).await;
             if stopped.state == StopState::Failed || !stopped.port_closed {
                 let why = stopped.error.unwrap_or_default();
-                let handle = record.handle;
+                let handle = &record.handle;
                 let reason = format!("could not stop the old server ({handle}): {why}");
                 return Err(fail(run, key, outcome, reason));
             }
@@ -420,7 +420,7 @@ async fn launch(
         Ok(record) => {
             let _ = run.events.send(UpEvent::Started {
                 key,
-                handle: record.handle,
+                handle: record.handle.clone(),
             });
             Ok(Launched {
                 record,
@@ -473,7 +473,7 @@ async fn follow(
             } else {
                 let _ = events.send(UpEvent::AlreadyRunning {
                     key,
-                    handle: record.handle,
+                    handle: record.handle.clone(),
                 });
                 outcome.state = UpState::AlreadyRunning;
             }
@@ -616,7 +616,7 @@ mod tests {
             decide(&other, &survey, false),
             Err(Conflict::DifferentConfig {
                 label: "h gpu0 :30000".into(),
-                handle: ours.handle,
+                handle: ours.handle.clone(),
                 profile: "p".into()
             })
         );

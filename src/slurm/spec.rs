@@ -21,6 +21,16 @@ pub enum SlurmSpec {
     },
 }
 
+impl SlurmSpec {
+    /// How many servers the inventory asks for; `None`: one per GPU of a held allocation.
+    pub fn servers(&self) -> Option<u32> {
+        match self {
+            SlurmSpec::New(n) => Some(n.gpus),
+            SlurmSpec::Existing { gpus, .. } => *gpus,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NewAllocation {
     /// The cluster's default partition when `None`. Slurm takes a comma-separated list.

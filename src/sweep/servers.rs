@@ -270,6 +270,7 @@ mod tests {
                 version: None,
                 address: "127.0.0.1".into(),
                 gpus_present: vec![0, 1],
+                places: Vec::new(),
             },
         )
     }

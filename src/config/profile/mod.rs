@@ -156,6 +156,8 @@ impl Profile {
                     GpuSelection::List(gpus) => gpus.iter().max().map(|g| (&m.name, *g)),
                     GpuSelection::All => None,
                 },
+                // A Slurm host's servers are numbered 0.. in the allocation.
+                HostSpec::Slurm(s) => s.slurm.servers().map(|n| (&s.login.name, n - 1)),
             })
             .filter_map(|(name, gpu)| self.port_problem(name, gpu))
             .collect();

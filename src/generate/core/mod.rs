@@ -13,6 +13,7 @@ mod fleet;
 mod jobs;
 pub mod placement;
 mod reason;
+mod signals;
 mod watch;
 
 #[cfg(test)]

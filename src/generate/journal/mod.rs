@@ -148,6 +148,8 @@ pub enum Entry {
     /// Written (atomically) after the lines before it are synced, so progress.json never counts
     /// a line that is not on disk, and no file I/O runs on the async threads.
     Progress(Box<super::progress::Progress>),
+    /// Lines for `timeline.jsonl`, appended or replacing it.
+    Timeline(super::timeline::Write),
 }
 
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
@@ -237,6 +239,7 @@ struct Writer {
     shard_buf: Vec<u8>,
     failed: Appended,
     retry: Appended,
+    timeline: Appended,
     pending_lines: usize,
     stats: WriterStats,
     finished: Option<FinishedShards>,
@@ -257,6 +260,7 @@ impl Writer {
             shard_buf: Vec::new(),
             failed: Appended::new(FAILED_FILE),
             retry: Appended::new(RETRY_FILE),
+            timeline: Appended::new(super::timeline::TIMELINE_FILE),
             pending_lines: 0,
             stats: WriterStats::default(),
             finished,
@@ -334,6 +338,15 @@ impl Writer {
                 super::progress::write_atomic(&self.dir, &p)?;
                 return Ok(());
             }
+            Entry::Timeline(super::timeline::Write::Append(lines)) => {
+                self.timeline.buf.extend_from_slice(&lines)
+            }
+            Entry::Timeline(super::timeline::Write::Rewrite(all)) => {
+                // What is buffered is in `all` too: the recorder holds every kept line.
+                self.timeline.buf.clear();
+                self.timeline.replace(&self.dir, &all)?;
+                return Ok(());
+            }
         }
         self.pending_lines += 1;
         Ok(())
@@ -354,6 +367,7 @@ impl Writer {
         }
         self.failed.flush(&self.dir)?;
         self.retry.flush(&self.dir)?;
+        self.timeline.flush(&self.dir)?;
         self.pending_lines = 0;
         self.stats.syncs += 1;
         Ok(())
@@ -393,6 +407,16 @@ impl Appended {
         file.write_all(&self.buf).map_err(io(path))?;
         file.sync_data().map_err(io(path))?;
         self.buf.clear();
+        Ok(())
+    }
+
+    /// Replaces the file with `all` via a temp file and rename; later appends go to the new one.
+    fn replace(&mut self, dir: &Path, all: &[u8]) -> Result<(), JournalError> {
+        let path = dir.join(self.name);
+        let tmp = dir.join(format!(".{}.tmp", self.name));
+        std::fs::write(&tmp, all).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        self.file = None;
         Ok(())
     }
 }

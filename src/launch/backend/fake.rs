@@ -162,6 +162,7 @@ impl Backend for FakeBackend {
             version: Some("0.5.23".into()),
             address: "127.0.0.1".into(),
             gpus_present: vec![0, 1],
+            places: Vec::new(),
         })
     }
 

@@ -2,9 +2,10 @@
 //! inventory host, whatever runs them there. Up, down, status, logs, generate and sweep reach
 //! a host's servers only through it.
 //!
-//! One kind exists today, [`machine::Machine`]: servers as process groups on a POSIX host (this
-//! machine, one over SSH, a Proxmox container). A kind is one more [`HostSpec`] variant, one
-//! more implementation of the trait, and one more arm in [`connect`].
+//! Two kinds exist: [`machine::Machine`], servers as process groups on a POSIX host (this
+//! machine, one over SSH, a Proxmox container), and [`slurm::SlurmBackend`], servers as job
+//! steps of a Slurm allocation. A kind is one more [`HostSpec`] variant, one more
+//! implementation of the trait, and one more arm in [`connect`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -25,6 +26,7 @@ use crate::remote::{ConnectOptions, Link, RemoteError, Transport, Tunnel};
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod machine;
+pub mod slurm;
 
 /// The servers of one inventory host, as one kind of place runs them.
 ///
@@ -91,6 +93,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// The host's GPUs with the memory in use on each.
     async fn gpus(&self) -> Result<Vec<GpuReading>, GpuError>;
+
+    /// Gives back what holds the host's servers once none is left (a Slurm allocation fleet
+    /// made), saying what it gave back; a machine holds nothing.
+    async fn release(&self) -> Result<Option<String>, StateError> {
+        Ok(None)
+    }
 
     /// The state of the connection to the host, which generate watches to move work off a
     /// lost host.
@@ -181,6 +189,14 @@ pub async fn connect(
                 run_root: run_root.to_string(),
             };
             Ok(Arc::new(machine::Machine::new(m.clone(), home)))
+        }
+        HostSpec::Slurm(s) => {
+            let home = Home {
+                host: s.login.name.clone(),
+                shell: crate::remote::connect(&s.login, opts).await?,
+                run_root: run_root.to_string(),
+            };
+            Ok(Arc::new(slurm::SlurmBackend::new(s.clone(), home)))
         }
     }
 }

@@ -174,6 +174,7 @@ impl Harness {
                     self.retries.push(serde_json::from_slice(&b).unwrap())
                 }
                 Action::Write(Entry::Progress(p)) => self.progress.push(*p),
+                Action::Write(Entry::Timeline(_)) => panic!("the timeline is the shell's"),
                 Action::Event(e) => self.events.push(e),
                 Action::Progress(p) => self.progress.push(p),
                 Action::Finish(end) => {

@@ -77,7 +77,9 @@ impl Machine {
         record: &InstanceRecord,
         grace: Duration,
     ) -> Result<StopState, StateError> {
-        let Handle::Process { pid, start_ticks } = record.handle;
+        let Some((pid, start_ticks)) = process_of(&record.handle) else {
+            return Ok(StopState::PidReused);
+        };
         let table = proc::proc_table(self.t()).await?;
         let members = table.group(pid);
         match table.liveness(pid, start_ticks) {
@@ -135,9 +137,24 @@ impl Machine {
     }
 }
 
+/// The process group a machine's record names; `None` for another backend's handle.
+fn process_of(handle: &Handle) -> Option<(u32, u64)> {
+    match handle {
+        Handle::Process { pid, start_ticks } => Some((*pid, *start_ticks)),
+        Handle::Step { .. } => None,
+    }
+}
+
 /// What the process table says became of a recorded server.
 fn seen(record: InstanceRecord, table: &ProcTable) -> Seen {
-    let Handle::Process { pid, start_ticks } = record.handle;
+    let Some((pid, start_ticks)) = process_of(&record.handle) else {
+        // Not a process of this machine's: never touch it.
+        return Seen {
+            record,
+            liveness: Liveness::Reused,
+            lingering: false,
+        };
+    };
     let liveness = table.liveness(pid, start_ticks);
     // A reused pid is someone else's, and so is its group: Linux hands out no pid still in use
     // as a group id, so our group was empty by then.
@@ -199,7 +216,9 @@ impl Backend for Machine {
     }
 
     async fn alive(&self, record: &InstanceRecord) -> Result<bool, StateError> {
-        let Handle::Process { pid, start_ticks } = record.handle;
+        let Some((pid, start_ticks)) = process_of(&record.handle) else {
+            return Ok(false);
+        };
         Ok(proc::proc_stat(self.t(), pid)
             .await?
             .is_some_and(|p| p.running() && p.start_ticks == start_ticks))

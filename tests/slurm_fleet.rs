@@ -1,0 +1,351 @@
+//! The Slurm backend through the real `fleet` binary on a real Slurm 22.05 cluster (two nodes
+//! of eight fake GPUs, tests/common/slurm.rs), with `sglang-sim` as the server: `up` of 16
+//! servers as steps of fleet's own allocation, `status`, `generate` over them, and `down`
+//! leaving no job, step or server; and an allocation the user holds, used and left running.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::local_fleet::{completion_ids, test_path};
+use common::reserve_ports;
+use common::slurm::{Options, PARTITION, Proc, SlurmCluster};
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// A fleet directory (inventory, profiles, run directory) beside a cluster.
+struct SlurmFleet {
+    dir: tempfile::TempDir,
+    cluster: SlurmCluster,
+}
+
+impl SlurmFleet {
+    fn new(cluster: SlurmCluster, slurm_block: &str, port_base: u16) -> SlurmFleet {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("profiles")).unwrap();
+        std::fs::write(
+            d.join("fleet.yaml"),
+            format!("hosts:\n  - name: hpc\n    slurm:\n{slurm_block}"),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("profiles/sim.yaml"),
+            format!(
+                "model: /models/test\nlauncher: [sglang-sim]\nport_base: {port_base}\n\
+                 server:\n  mamba_strategy: no_buffer\n\
+                 env:\n  SGLANG_SIM_TIME_SCALE: \"100\"\n  SGLANG_SIM_STARTUP_SECS: \"20\"\n\
+                 health: {{startup_timeout: 60s, poll: 1s}}\n"
+            ),
+        )
+        .unwrap();
+        SlurmFleet { dir, cluster }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `fleet ARGS`, pointed at the cluster by SLURM_CONF as a user's shell would be.
+    fn fleet(&self, args: &[&str]) -> Output {
+        let mut child = self.spawn(args);
+        let out = wait_with_timeout(&mut child, Duration::from_secs(180));
+        out.unwrap_or_else(|| panic!("fleet {args:?} ran for 3 minutes"))
+    }
+
+    /// `fleet ARGS` started, its output piped.
+    fn spawn(&self, args: &[&str]) -> std::process::Child {
+        let (k, v) = self.cluster.env();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleet"));
+        cmd.current_dir(self.path())
+            .env("PATH", test_path())
+            .env("FLEET_RUN_DIR", self.path().join("run"))
+            .env(k, v)
+            .env_remove("FLEET_CONFIG")
+            .env_remove("FLEET_PROFILES_DIR")
+            .env_remove("FLEET_LOG")
+            .stdin(Stdio::null())
+            .args(args);
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.fleet(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "fleet {args:?}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn sims(&self) -> Vec<Proc> {
+        self.cluster
+            .job_processes()
+            .into_iter()
+            .filter(|p| p.program() == "sglang-sim")
+            .collect()
+    }
+
+    /// fleet's jobs in squeue, by name, that are not over.
+    fn fleet_jobs(&self) -> String {
+        self.cluster
+            .run(&["squeue", "--noheader", "--name=fleet-hpc", "--format=%i %T"])
+            .trim()
+            .to_string()
+    }
+}
+
+fn wait_with_timeout(child: &mut std::process::Child, limit: Duration) -> Option<Output> {
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            use std::io::Read;
+            child.stdout.take().unwrap().read_to_end(&mut stdout).ok();
+            child.stderr.take().unwrap().read_to_end(&mut stderr).ok();
+            let status = child.wait().unwrap();
+            return Some(Output {
+                status,
+                stdout,
+                stderr,
+            });
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < LONG, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn write_prompts(path: &PathBuf, n: usize) {
+    let prompts: String = (0..n)
+        .map(|i| format!("{{\"id\":\"q{i}\",\"prompt\":\"Question {i}: why is the sky blue?\"}}\n"))
+        .collect();
+    std::fs::write(path, prompts).unwrap();
+}
+
+#[test]
+fn sixteen_servers_as_steps_of_fleets_allocation_generate_and_down_leaves_nothing() {
+    let cluster = SlurmCluster::start(Options::default());
+    let ports = reserve_ports(16);
+    let f = SlurmFleet::new(
+        cluster,
+        &format!("      partition: {PARTITION}\n      gpus: 16\n      time: 30\n"),
+        ports.base,
+    );
+    let up = f.ok(&["--json", "up", "--profile", "sim"]);
+    let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
+    let outcomes = outcomes.as_array().expect("one outcome per server");
+    assert_eq!(outcomes.len(), 16, "{up}");
+    assert!(outcomes.iter().all(|o| o["state"] == "ready"), "{up}");
+
+    // One job of fleet's, named so; every server a step of it, on its node's address, with a
+    // GPU of its own on its node.
+    let jobs = f.fleet_jobs();
+    let (job, state) = jobs.split_once(' ').expect("fleet's job in squeue");
+    assert_eq!(state, "RUNNING", "{jobs}");
+    let sims = f.sims();
+    assert_eq!(sims.len(), 16, "{sims:?}");
+    let addr: BTreeMap<String, String> = f
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.addr.clone()))
+        .collect();
+    let mut gpus: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for p in &sims {
+        assert_eq!(p.env.get("SLURM_JOB_ID").map(String::as_str), Some(job));
+        let node = p.env["SLURMD_NODENAME"].clone();
+        let host = p.cmdline.iter().position(|a| a == "--host").unwrap();
+        assert_eq!(p.cmdline[host + 1], addr[&node], "{p:?}");
+        gpus.entry(node)
+            .or_default()
+            .insert(p.env["CUDA_VISIBLE_DEVICES"].clone());
+    }
+    let eight: BTreeSet<String> = (0..8).map(|g| g.to_string()).collect();
+    assert_eq!(gpus.len(), 2, "{gpus:?}");
+    assert!(gpus.values().all(|g| *g == eight), "{gpus:?}");
+    // The allocation's output went into the run directory, never into the working directory.
+    assert!(
+        std::fs::read_dir(f.path())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with("slurm-")),
+        "a slurm-N.out in the working directory"
+    );
+
+    // status names each server's step, node and GPU.
+    let status = f.ok(&["--json", "status"]);
+    let rows: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 16, "{status}");
+    let steps: HashSet<String> = rows
+        .iter()
+        .map(|r| {
+            assert_eq!(
+                r["job"].as_u64().map(|j| j.to_string()).as_deref(),
+                Some(job)
+            );
+            assert!(addr.contains_key(r["node"].as_str().unwrap()), "{r}");
+            format!("{}.{}", r["job"], r["step"])
+        })
+        .collect();
+    assert_eq!(steps.len(), 16, "{status}");
+
+    // generate over the 16 servers: each prompt written exactly once.
+    write_prompts(&f.path().join("prompts.jsonl"), 3000);
+    f.ok(&[
+        "-q",
+        "generate",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out",
+        "--max-tokens",
+        "16",
+    ]);
+    assert_eq!(completion_ids(&f.path().join("out")).len(), 3000);
+
+    // down: no job, step, server or srun of fleet's is left.
+    f.ok(&["-q", "down", "--grace", "5s"]);
+    assert_eq!(f.fleet_jobs(), "");
+    assert!(f.sims().is_empty());
+    wait_until("no srun left", || {
+        !f.cluster.processes().iter().any(|p| p.program() == "srun")
+    });
+    let status = f.ok(&["--json", "status"]);
+    assert_eq!(status.trim(), "[]");
+}
+
+#[test]
+fn an_allocation_the_user_holds_is_used_and_left_running() {
+    let cluster = SlurmCluster::start(Options::default());
+    let out = cluster.dir.path().join("held.out");
+    let job = cluster
+        .run(&[
+            "sbatch",
+            "--parsable",
+            "--job-name=mine",
+            "--nodes=1",
+            "--ntasks-per-node=4",
+            "--gres=gpu:4",
+            "--time=10",
+            &format!("--output={}", out.display()),
+            "--wrap=exec sleep infinity",
+        ])
+        .trim()
+        .to_string();
+    let ports = reserve_ports(2);
+    let f = SlurmFleet::new(
+        cluster,
+        &format!("      job: {job}\n      gpus: 2\n"),
+        ports.base,
+    );
+    let up = f.ok(&["--json", "up", "--profile", "sim"]);
+    let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
+    assert_eq!(outcomes.as_array().unwrap().len(), 2, "{up}");
+    let sims = f.sims();
+    assert_eq!(sims.len(), 2, "{sims:?}");
+    assert!(sims.iter().all(|p| p.env["SLURM_JOB_ID"] == job));
+    let gpus: BTreeSet<&String> = sims
+        .iter()
+        .map(|p| &p.env["CUDA_VISIBLE_DEVICES"])
+        .collect();
+    assert_eq!(gpus.len(), 2, "{sims:?}");
+
+    f.ok(&["-q", "down", "--grace", "5s"]);
+    assert!(f.sims().is_empty());
+    let state = f.cluster.run(&[
+        "squeue",
+        "--noheader",
+        &format!("--jobs={job}"),
+        "--format=%T",
+    ]);
+    assert_eq!(state.trim(), "RUNNING", "the user's job was touched");
+    f.cluster.run(&["scancel", &job]);
+}
+
+#[test]
+fn a_node_killed_mid_job_loses_nothing() {
+    let cluster = SlurmCluster::start(Options {
+        gpus_per_node: 2,
+        ..Options::default()
+    });
+    let ports = reserve_ports(4);
+    let mut f = SlurmFleet::new(
+        cluster,
+        &format!("      partition: {PARTITION}\n      gpus: 4\n      time: 30\n"),
+        ports.base,
+    );
+    f.ok(&["-q", "up", "--profile", "sim"]);
+    let on_first: usize = f
+        .sims()
+        .iter()
+        .filter(|p| p.env["SLURMD_NODENAME"] == f.cluster.nodes[0].name)
+        .count();
+    assert_eq!(on_first, 2, "two servers on each node");
+    write_prompts(&f.path().join("prompts.jsonl"), 800);
+    let mut generate = f.spawn(&[
+        "-q",
+        "generate",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out",
+        "--max-tokens",
+        "64",
+    ]);
+    let progress = f.path().join("out/progress.json");
+    wait_until("the job under way", || {
+        std::fs::read_to_string(&progress)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["completed"].as_u64())
+            .is_some_and(|c| c >= 100)
+    });
+    f.cluster.kill_node(1);
+    let out = wait_with_timeout(&mut generate, Duration::from_secs(180)).expect("generate ends");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&progress).unwrap()).unwrap();
+    assert_eq!(v["status"], "done", "{v}");
+    assert_eq!(completion_ids(&f.path().join("out")).len(), 800);
+    let lost = f.cluster.nodes[1].name.clone();
+    // status says the lost node's servers no longer serve (and exits non-zero for them).
+    let status = f.fleet(&["--json", "status"]);
+    assert_ne!(status.status.code(), Some(0));
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let rows: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let on_lost: Vec<&serde_json::Value> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["node"] == lost.as_str())
+        .collect();
+    assert_eq!(on_lost.len(), 2, "{status}");
+    assert!(on_lost.iter().all(|r| r["state"] != "ready"), "{status}");
+}
