@@ -130,6 +130,17 @@ fn a_batch_file_gets_the_batch_apis_output_that_the_openai_sdk_reads() {
         (Some(300), Some(1))
     );
 
+    // `fleet report` counts the failure by its class, read from the batch line's error.code.
+    let o = fleet()
+        .arg("--json")
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("prompt_too_long"), "{report}");
+
     // A job is one format: resuming it as fleet's is refused, naming both.
     let o = generate(&out, &prompts, &[&sim.url])
         .args(["--resume", "--output-format", "fleet"])
