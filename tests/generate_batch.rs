@@ -50,7 +50,7 @@ fn a_batch_file_gets_the_batch_apis_output_that_the_openai_sdk_reads() {
     let line = |i: usize, text: &str, max_tokens: u64| {
         let id = format!("req-{i}");
         // The two at the end go to completions, whose prompt is counted without a template.
-        if i % 2 == 0 && i < 299 {
+        if i.is_multiple_of(2) && i < 299 {
             json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "test", "max_tokens": max_tokens,
                             "messages": [{"role": "system", "content": "Be brief."},
