@@ -559,6 +559,7 @@ mod tests {
     async fn a_stream_hears_the_first_token_then_every_interval() {
         let settings = Settings {
             stream_interval: 10,
+            cuda_graph_max_bs: Some(crate::sim::model::DEFAULT_CUDA_GRAPH_MAX_BS),
             page_size: None,
             ..settings(Strategy::NoBuffer)
         };
