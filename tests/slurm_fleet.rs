@@ -272,6 +272,10 @@ fn an_allocation_the_user_holds_is_used_and_left_running() {
         .collect();
     assert_eq!(gpus.len(), 2, "{sims:?}");
 
+    // The step's output file is the server's log.
+    let log = f.ok(&["logs", "hpc:1", "-n", "50"]);
+    assert!(!log.trim().is_empty(), "an empty log");
+
     f.ok(&["-q", "down", "--grace", "5s"]);
     assert!(f.sims().is_empty());
     let state = f.cluster.run(&[
