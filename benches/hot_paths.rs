@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use criterion::{BatchSize, Criterion, Throughput};
 use fleet::generate::input::Id;
-use fleet::generate::journal::{self, CompletionRecord, Entry, Journal, SyncPolicy};
+use fleet::generate::journal::{self, CompletionRecord, Entry, Journal, SyncPolicy, batch};
 use fleet::generate::progress::{self, InstanceProgress, Progress, RateWindow, Status};
 use fleet::server::ServerId;
 use fleet::sglang::client::{Api, CompletionRequest, Prompt, parse_completion};
@@ -63,6 +63,19 @@ fn request_body(c: &mut Criterion) {
     g.finish();
 }
 
+/// A chat response with ~1,000 tokens of output, as SGLang writes it.
+fn chat_body() -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1_764_000_000,
+        "model": "qwen3.6-27b",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": output(),
+            "reasoning_content": null, "tool_calls": null}, "logprobs": null,
+            "finish_reason": "stop", "matched_stop": 151_645}],
+        "usage": {"prompt_tokens": 96, "completion_tokens": 988, "total_tokens": 1084},
+    }))
+    .unwrap()
+}
+
 fn response_parsing(c: &mut Criterion) {
     let mut g = c.benchmark_group("parse_completion");
     let generate = serde_json::to_vec(&json!({
@@ -76,15 +89,7 @@ fn response_parsing(c: &mut Criterion) {
     g.bench_function("generate", |b| {
         b.iter(|| parse_completion(Api::Generate, &generate).unwrap())
     });
-    let chat = serde_json::to_vec(&json!({
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1_764_000_000,
-        "model": "qwen3.6-27b",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": output(),
-            "reasoning_content": null, "tool_calls": null}, "logprobs": null,
-            "finish_reason": "stop", "matched_stop": 151_645}],
-        "usage": {"prompt_tokens": 96, "completion_tokens": 988, "total_tokens": 1084},
-    }))
-    .unwrap();
+    let chat = chat_body();
     g.throughput(Throughput::Bytes(chat.len() as u64));
     g.bench_function("chat", |b| {
         b.iter(|| parse_completion(Api::Chat, &chat).unwrap())
@@ -115,6 +120,30 @@ fn journal_append(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                         finish_reason: Some("length"),
                         instance: &server,
                         latency_s: 41.207,
+                    })))
+                    .unwrap();
+                }
+                j.close().await.unwrap();
+                dir
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    // The same through `--output-format openai-batch`: the chat body copied in whole.
+    let body = chat_body();
+    g.bench_function("append_1000_batch_lines", |b| {
+        b.to_async(rt).iter_batched(
+            || tempfile::tempdir().unwrap(),
+            |dir| async {
+                let mut j = Journal::start(dir.path(), 0, SyncPolicy::default(), None).unwrap();
+                for id in &ids {
+                    j.append(Entry::Completion(batch::encode_answer(&batch::Answer {
+                        custom_id: id,
+                        body: &body,
+                        request_id: Some("chatcmpl-1"),
+                        instance: &server,
+                        latency_s: 41.207,
+                        max_tokens: (4096, 4096),
                     })))
                     .unwrap();
                 }
@@ -243,6 +272,12 @@ fn report_medians(started: SystemTime) {
             "journal",
             "append_1000_completions",
             "journal: encode + append one completion, batched fsync",
+            JOURNAL_LINES,
+        ),
+        (
+            "journal",
+            "append_1000_batch_lines",
+            "journal: encode + append one Batch API output line (chat body kept whole)",
             JOURNAL_LINES,
         ),
         (

@@ -88,6 +88,8 @@ pub enum Command {
     Stop(StopArgs),
     /// Copy a detached job's shards, failed.jsonl and progress.json here (resumable).
     Fetch(FetchArgs),
+    /// One page of a sweep and a job: text, JSON or a self-contained offline HTML file.
+    Report(ReportArgs),
     /// The whole flow on a local simulated fleet of 8 GPUs: no GPU, config or network needed.
     Demo(DemoArgs),
     /// Print shell completions.
@@ -96,6 +98,25 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// A sweep.json, a `fleet generate --out` directory (local or `fleet fetch`ed), or one of each.
+    #[arg(required = true, value_name = "SOURCE")]
+    pub sources: Vec<PathBuf>,
+    /// Write the report to this file instead of stdout (HTML unless --format says otherwise).
+    #[arg(short, long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// text, json or html (default: html with -o, else text; --json means json).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::report::Format>,
+    /// Prompts the sweep's ETAs are for (default: the job's total, when a job is given).
+    #[arg(long)]
+    pub total: Option<u64>,
+    /// What one GPU-hour costs: adds each candidate's cost per 1M output tokens.
+    #[arg(long, value_name = "COST")]
+    pub gpu_hour_cost: Option<f64>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -181,8 +202,9 @@ pub struct SweepArgs {
     /// Mamba strategies to compare, e.g. extra_buffer,no_buffer.
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Another axis: KEY=V1,V2,... with any profile key, e.g. server.mem_fraction_static=0.80,0.85
-    /// (repeatable). Values are YAML; a value with a comma is quoted
+    /// Another axis: KEY=V1,V2,... or a range KEY=LO..HI (LO..HI:log for a log scale), KEY a
+    /// profile key (server.mem_fraction_static) or flag.NAME for any SGLang flag without its
+    /// dashes (flag.cuda-graph-max-bs-decode=16..512); repeatable. Values are YAML; a value with a comma is quoted
     /// ('env.X="a,b"',c) or escaped (a\,b), and commas inside [...] or {...} do not split.
     #[arg(long = "set")]
     pub set: Vec<String>,
@@ -250,6 +272,23 @@ pub struct SweepArgs {
     /// How long to wait after SIGTERM before SIGKILL when stopping servers.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// grid: every point of the value lists; adaptive: search the ranges (the default when a
+    /// --set is a range, KEY=LO..HI or LO..HI:log).
+    #[arg(long, value_enum)]
+    pub search: Option<SearchMethod>,
+    /// The adaptive search runs this many trials at most.
+    #[arg(long, default_value_t = 32)]
+    pub trials: usize,
+    /// The adaptive search proposes nothing more after this long (over every --resume).
+    #[arg(long, value_parser = parse_duration)]
+    pub budget: Option<Duration>,
+}
+
+/// How `fleet sweep` searches its space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SearchMethod {
+    Grid,
+    Adaptive,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -270,6 +309,11 @@ pub struct GenerateArgs {
     /// generate | chat | completions (default: chat for messages, generate for prompt).
     #[arg(long)]
     pub endpoint: Option<String>,
+    /// fleet (fleet's records) | openai-batch (the OpenAI Batch API's output lines, the body
+    /// being the server's response whole). Default: openai-batch when every input line is a
+    /// Batch API line, fleet otherwise; a resumed job keeps its own.
+    #[arg(long, value_parser = ["fleet", "openai-batch"])]
+    pub output_format: Option<String>,
     /// max_tokens of every request whose line does not set its own; lowered to what fits a
     /// server's context when needed.
     #[arg(long, default_value_t = 4096)]

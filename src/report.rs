@@ -1,10 +1,37 @@
-//! Rendering results for people (tables) and scripts (JSON). Pure: values in, strings out.
+//! Rendering results for people (tables, HTML pages) and scripts (JSON). Pure: values in,
+//! strings out. `fleet report`'s page model and its renderers live in the submodules.
+
+pub mod html;
+pub mod page;
+pub mod svg;
+pub mod text;
 
 use serde::Serialize;
 use tabled::builder::Builder;
 use tabled::settings::Style;
 
 use crate::gpu::GpuReading;
+
+/// How a result is rendered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+    Html,
+}
+
+/// `fleet report`'s page in `format`.
+pub fn render(p: &page::Page, format: Format) -> String {
+    match format {
+        Format::Text => text::render(p),
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(p).expect("the page always serializes");
+            s.push('\n');
+            s
+        }
+        Format::Html => html::render(p),
+    }
+}
 
 /// Renders rows under a header as a plain, aligned table.
 pub fn table<I, R>(header: &[&str], rows: I) -> String

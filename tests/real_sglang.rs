@@ -1,8 +1,9 @@
 //! fleet against the real SGLang 0.5.23 server on the CPU (a tiny random-weight Llama, the
 //! stand-in `sgl_kernel`), through the real binary, real sshd and the fake `pct`, as on a Proxmox
 //! host: `up` of 2 servers, `status`, `logs`, `generate` (a prompt over the context, a chat
-//! `max_tokens` over it, 5,000 prompts at `--concurrency auto` under `ulimit -n 1024`), a
-//! 2-candidate `sweep`, and `down`, after which no process of the servers is left.
+//! `max_tokens` over it, a Batch API file whose output bodies the `openai` SDK validates, 5,000
+//! prompts at `--concurrency auto` under `ulimit -n 1024`), a 2-candidate `sweep`, and `down`,
+//! after which no process of the servers is left.
 
 mod common;
 
@@ -187,6 +188,69 @@ fn the_real_server_through_ssh_and_pct() {
             "asked for at most what fits: {c}"
         );
     }
+
+    // A Batch API file gets the Batch API's output: the real server's bodies, whole, are what
+    // the openai SDK reads; the prompt over the context carries the server's own message.
+    let batch = r.dir.path().join("batch.jsonl");
+    let line = |id: &str, url: &str, body: Value| {
+        json!({"custom_id": id, "method": "POST", "url": url, "body": body}).to_string()
+    };
+    write_lines(
+        &batch,
+        &[
+            line(
+                "chat",
+                "/v1/chat/completions",
+                json!({"model": "tiny", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "say hello"}]}),
+            ),
+            line(
+                "text",
+                "/v1/completions",
+                json!({"model": "tiny", "max_tokens": 8, "prompt": "one two three"}),
+            ),
+            line(
+                "too-long",
+                "/v1/completions",
+                json!({"model": "tiny", "max_tokens": 8, "prompt": too_long}),
+            ),
+        ],
+    );
+    let batch_out = r.dir.path().join("batch-out");
+    let (o, _) = r.generate(&batch, &batch_out, &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let done = completions(&batch_out);
+    let bodies: Vec<(String, Value)> = done
+        .iter()
+        .map(|l| {
+            let url = match l["custom_id"].as_str() {
+                Some("chat") => "/v1/chat/completions",
+                _ => "/v1/completions",
+            };
+            (url.to_string(), l["response"]["body"].clone())
+        })
+        .collect();
+    assert_eq!(
+        RealSglang::find().validate_openai_bodies(&bodies),
+        (1, 1),
+        "{done:?}"
+    );
+    let failed = failures(&batch_out);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["custom_id"], "too-long", "{failed:?}");
+    assert_eq!(failed[0]["error"]["code"], "prompt_too_long", "{failed:?}");
+    assert!(
+        failed[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("longer than the model's context length"),
+        "the server's words: {failed:?}"
+    );
 
     // 5,000 prompts at --concurrency auto under ulimit -n 1024: every id once, no open-file
     // trouble; then the same at a fixed concurrency, for the rate comparison.

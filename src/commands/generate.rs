@@ -11,7 +11,7 @@ use crate::cli::GenerateArgs;
 use crate::config::{self, Profile};
 use crate::generate::concurrency::FileBudget;
 use crate::generate::input::InputError;
-use crate::generate::journal::JournalError;
+use crate::generate::journal::{JournalError, OutputFormat};
 use crate::generate::lock::LockError;
 use crate::generate::progress::Progress;
 use crate::generate::upload::{Destination, UploadEvent};
@@ -82,6 +82,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         | GenerateError::Input(InputError::Duplicate { .. })
         | GenerateError::Lock(LockError::Held { .. })
         | GenerateError::InputChanged { .. }
+        | GenerateError::FormatChanged { .. }
         | GenerateError::OutNotADirectory { .. }
         | GenerateError::OutUnusable { .. } => UsageError::new(e).into(),
         other => anyhow::Error::new(other),
@@ -93,6 +94,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     } else {
         outln!("{}", summary_line(p));
         outln!("output: {}", args.out.display());
+        outln!("{}", super::report::hint(&[&args.out]));
     }
     if let Some(dest) = &args.upload {
         if summary.not_uploaded.is_empty() {
@@ -210,6 +212,19 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
         .map(str::parse::<Api>)
         .transpose()
         .map_err(UsageError::new)?;
+    let output_format = args
+        .output_format
+        .as_deref()
+        .map(str::parse::<OutputFormat>)
+        .transpose()
+        .map_err(UsageError::new)?;
+    if output_format == Some(OutputFormat::OpenaiBatch) && api == Some(Api::Generate) {
+        return Err(usage(
+            "--output-format openai-batch writes OpenAI response bodies, which /generate does \
+             not answer\n  hint: use --endpoint chat or completions, or --output-format fleet"
+                .into(),
+        ));
+    }
     if let Some(f) = args.abort_below
         && !(f > 0.0 && f <= 1.0)
     {
@@ -250,6 +265,7 @@ fn config_from(args: &GenerateArgs) -> anyhow::Result<GenerateConfig> {
     c.grace = args.grace;
     c.sync.shard_lines = args.shard_lines;
     c.upload = upload;
+    c.output_format = output_format;
     Ok(c)
 }
 

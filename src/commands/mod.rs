@@ -21,6 +21,7 @@ pub mod nofile;
 pub mod output;
 pub mod profile;
 pub mod progress;
+pub mod report;
 pub mod status;
 pub mod sweep;
 pub mod up;
@@ -245,6 +246,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
         Command::Generate(args) => generate::run(ctx, &args).await,
         Command::Sweep(args) => sweep::run(ctx, &args).await,
         Command::Progress(args) => progress::run(ctx, &args).await,
+        Command::Report(args) => report::run(ctx, &args),
         Command::Jobs => jobs::list(ctx).await,
         Command::Stop(args) => jobs::stop(ctx, &args).await,
         Command::Fetch(args) => jobs::fetch(ctx, &args).await,

@@ -9,18 +9,21 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
-use crate::cli::SweepArgs;
+use crate::cli::{SearchMethod, SweepArgs};
 use crate::config::{self, Profile};
 use crate::launch::Fleet;
 use crate::sglang::client::Api;
+use crate::sweep::adaptive::Limits;
 use crate::sweep::event::Event;
 use crate::sweep::file::{FileError, Store};
 use crate::sweep::load::{Workload, WorkloadSpec};
 use crate::sweep::plan::{self, Planned, Request};
 use crate::sweep::profiles::{self, Profiles};
+use crate::sweep::range;
 use crate::sweep::rank::{self, Dataset, Outcome, Trial};
 use crate::sweep::report;
 use crate::sweep::run;
+use crate::sweep::search::SearchSpec;
 use crate::sweep::servers::{self, Setup};
 use crate::sweep::trial::Timing;
 
@@ -77,8 +80,17 @@ fn workload_spec(args: &SweepArgs) -> WorkloadSpec {
 
 pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> {
     check_args(args)?;
-    let search = plan::search(&args.strategies, &args.set).map_err(usage)?;
+    if args.trials == 0 {
+        return Err(usage("--trials must be at least 1"));
+    }
+    let limits = Limits {
+        trials: args.trials,
+        budget_s: args.budget.map(|b| b.as_secs_f64()),
+    };
+    let adaptive = args.search.map(|m| m == SearchMethod::Adaptive);
+    let mut search = plan::search(&args.strategies, &args.set, adaptive, limits).map_err(usage)?;
     let (base_name, base, early) = base_profile(ctx, args).await?;
+    plan::seed(&mut search, &base);
     let profiles = Profiles::load(&base_name, &ctx.global.profiles_dir, &search.space())?;
     let workload_spec = workload_spec(args);
     let workload = workload(args, &base, &workload_spec)?;
@@ -98,6 +110,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     }
     let hosts = fleet.hosts();
     let root = fleet.run_root();
+    check_flag_axes(&search, &hosts)?;
     let request = Request {
         profile: base_name,
         search,
@@ -177,7 +190,11 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         out!("{}", report::text(&r));
+        if let Some(stop) = store.search().stopped {
+            outln!("search stopped: {stop}");
+        }
         outln!("results: {}", args.out.display());
+        outln!("{}", super::report::hint(&[&args.out]));
     }
     // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
     let winner = r.winning().filter(|_| !ended.interrupted);
@@ -227,6 +244,41 @@ fn workload(args: &SweepArgs, base: &Profile, spec: &WorkloadSpec) -> anyhow::Re
         );
     }
     Ok(workload)
+}
+
+/// Every `flag.NAME` axis checked against each host's `--help` before anything starts; every
+/// problem on every host at once.
+fn check_flag_axes(
+    search: &SearchSpec,
+    hosts: &[(config::HostSpec, crate::launch::plan::HostFacts)],
+) -> anyhow::Result<()> {
+    let dims = match search {
+        SearchSpec::Adaptive { dims, .. } => dims.clone(),
+        SearchSpec::Grid { axes } => axes
+            .iter()
+            .map(|a| range::Dim {
+                key: a.key.clone(),
+                domain: range::Domain::List {
+                    values: a.values.clone(),
+                },
+            })
+            .collect(),
+    };
+    let mut lines = Vec::new();
+    for (host, facts) in hosts {
+        let Some(help) = &facts.help else { continue };
+        for p in range::check_flags(&dims, help) {
+            lines.push(format!("  {}: {p}", host.name()));
+        }
+    }
+    if lines.is_empty() {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "preflight: {} axis problem(s); nothing was started\n{}",
+        lines.len(),
+        lines.join("\n")
+    )))
 }
 
 /// `--out`, fresh or (`--resume`) with the search it continues.

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::input::Scan;
+use super::journal::OutputFormat;
 
 pub const IDENTITY_FILE: &str = "input.json";
 
@@ -21,6 +22,9 @@ pub struct Fingerprint {
     pub ids_sha256: String,
     /// Prompt lines (up to `--limit`).
     pub lines: u64,
+    /// What the job writes; absent in jobs that predate the choice, which wrote fleet's records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_format: Option<OutputFormat>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +53,7 @@ pub fn of(path: &Path, scan: &Scan) -> Fingerprint {
         head_sha256: scan.file.head_sha256.clone(),
         ids_sha256: scan.ids_hash.clone(),
         lines: scan.total,
+        output_format: None,
     }
 }
 
@@ -108,6 +113,7 @@ mod tests {
             head_sha256: head.into(),
             ids_sha256: ids.into(),
             lines,
+            output_format: None,
         }
     }
 

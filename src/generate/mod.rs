@@ -26,6 +26,7 @@ pub mod lock;
 mod prepare;
 pub mod progress;
 mod shell;
+pub mod timeline;
 pub mod upload;
 pub mod watchdog;
 
@@ -87,6 +88,9 @@ pub struct GenerateConfig {
     /// Where finished shards are uploaded (`--upload`).
     pub upload: Option<upload::Destination>,
     pub upload_retry: upload::RetryPolicy,
+    /// `--output-format`; `None`: the Batch API's when every input line is a Batch API line,
+    /// fleet's otherwise, and on `--resume` what the job began with.
+    pub output_format: Option<journal::OutputFormat>,
 }
 
 impl GenerateConfig {
@@ -115,6 +119,7 @@ impl GenerateConfig {
             files: None,
             upload: None,
             upload_retry: upload::RetryPolicy::default(),
+            output_format: None,
         }
     }
 }
@@ -257,6 +262,18 @@ pub enum GenerateError {
         changes.join("; ")
     )]
     InputChanged { dir: PathBuf, changes: Vec<String> },
+    #[error(
+        "--output-format {asked}: {} holds a job that writes {job}\n  hint: resume it without \
+         --output-format (or with --output-format {job}), or start a new job with another --out",
+        dir.display(),
+        asked = asked.as_str(),
+        job = job.as_str()
+    )]
+    FormatChanged {
+        dir: PathBuf,
+        asked: journal::OutputFormat,
+        job: journal::OutputFormat,
+    },
     #[error("--out {}: not a directory", dir.display())]
     OutNotADirectory { dir: PathBuf },
     #[error("--out {}: cannot create it: {source}", dir.display())]

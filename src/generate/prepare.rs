@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::core::Baseline;
 use super::input::{self, Known, RetryFailed, Scan};
+use super::journal::OutputFormat;
 use super::lock::OutputLock;
 use super::{GenerateConfig, GenerateError, identity, journal};
 
@@ -26,6 +27,8 @@ pub struct Prepared {
     pub truncated_bytes: u64,
     /// Shards of earlier runs, finished: with `--upload`, they go first.
     pub earlier_shards: Vec<PathBuf>,
+    /// What the job writes.
+    pub format: OutputFormat,
 }
 
 pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
@@ -38,9 +41,11 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
         source,
     })?;
     let lock = OutputLock::acquire(out)?;
-    if !c.resume && journal::has_output(out)? {
+    let had_output = journal::has_output(out)?;
+    if !c.resume && had_output {
         return Err(journal::JournalError::NotEmpty { dir: out.clone() }.into());
     }
+    let job = if c.resume { identity::read(out)? } else { None };
     let recovered = if c.resume {
         journal::recover(out)?
     } else {
@@ -52,14 +57,16 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
         retry: c.retry_failed,
     };
     let scan = input::scan(&c.prompts, c.limit, &known)?;
-    let now = identity::of(&c.prompts, &scan);
+    let format = output_format(c, &scan, job.as_ref(), had_output)?;
+    let mut now = identity::of(&c.prompts, &scan);
+    now.output_format = Some(format);
     // Editing failed lines is what --retry-failed is for, so it accepts a changed input too.
     let may_change = c.allow_changed_input || c.retry_failed != RetryFailed::No;
     if c.resume
         && !may_change
-        && let Some(job) = identity::read(out)?
+        && let Some(job) = &job
     {
-        let changes = identity::changes(&job, &now);
+        let changes = identity::changes(job, &now);
         if !changes.is_empty() {
             return Err(GenerateError::InputChanged {
                 dir: out.clone(),
@@ -98,5 +105,38 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
         next_shard: recovered.next_shard,
         truncated_bytes: recovered.truncated_bytes,
         earlier_shards,
+        format,
     })
+}
+
+/// What the job writes: what it began with when it has output already (a job is one format
+/// throughout), else `--output-format`, else the Batch API's when every line is a Batch API line
+/// and the answers are OpenAI bodies (not `--endpoint generate`).
+fn output_format(
+    c: &GenerateConfig,
+    scan: &Scan,
+    job: Option<&identity::Fingerprint>,
+    had_output: bool,
+) -> Result<OutputFormat, GenerateError> {
+    let began = job
+        .and_then(|j| j.output_format)
+        .or(had_output.then_some(OutputFormat::Fleet));
+    if let Some(job) = began {
+        return match c.output_format {
+            Some(asked) if asked != job => Err(GenerateError::FormatChanged {
+                dir: c.out.clone(),
+                asked,
+                job,
+            }),
+            _ => Ok(job),
+        };
+    }
+    let all_batch = scan.total > 0 && scan.batch_lines == scan.total;
+    Ok(c.output_format.unwrap_or(
+        if all_batch && c.api != Some(crate::sglang::client::Api::Generate) {
+            OutputFormat::OpenaiBatch
+        } else {
+            OutputFormat::Fleet
+        },
+    ))
 }

@@ -22,6 +22,7 @@ use super::input::{self, Ids, Line, Scan};
 use super::journal::{self, Entry, Journal};
 use super::prepare::{self, Prepared};
 use super::progress::{self, Progress, Status};
+use super::timeline::{Recorder, TIMELINE_FILE, Timeline};
 use super::upload::Uploader;
 use super::{Event, GenerateConfig, GenerateError, Summary, Targets};
 use crate::remote::{Link, Tunnel};
@@ -68,6 +69,7 @@ async fn run_on(
         next_shard,
         truncated_bytes,
         earlier_shards,
+        format,
     } = ready;
 
     let http = http_client(config.http)?;
@@ -100,13 +102,22 @@ async fn run_on(
         })
         .collect();
     let seed = rand::random();
-    let mut core = Core::new(CoreConfig::from_generate(&config, seed), base, servers);
-    on_event(Event::Started {
+    let mut core_config = CoreConfig::from_generate(&config, seed);
+    core_config.format = format;
+    let mut core = Core::new(core_config, base, servers);
+    let mut timeline = {
+        let (dir, resume) = (config.out.clone(), config.resume);
+        let earlier = blocking(move || read_timeline(&dir, resume)).await?;
+        Recorder::new(earlier, config.timing.progress_every.as_secs_f64())
+    };
+    let started = Event::Started {
         total: scan.total,
         already_done: base.completed + base.failed,
         truncated_bytes,
         instances: core.instances(),
-    });
+    };
+    let started_mark = timeline.mark(unix_now(), &started);
+    on_event(started);
 
     let mut uploader = config
         .upload
@@ -122,6 +133,9 @@ async fn run_on(
             return Err(e.into());
         }
     };
+    if let Some(w) = started_mark {
+        journal.append(Entry::Timeline(w))?;
+    }
     let (line_tx, line_rx) = mpsc::channel::<Line>(4096);
     let scan_end = scan.end;
     let reader = {
@@ -153,11 +167,17 @@ async fn run_on(
         |o| match o {
             Output::Write(entry) => journal.append(entry).map_err(GenerateError::from),
             Output::Event(e) => {
+                if let Some(w) = timeline.mark(unix_now(), &e) {
+                    journal.append(Entry::Timeline(w))?;
+                }
                 on_event(e);
                 Ok(())
             }
             Output::Progress(p) => {
                 on_event(Event::Progress(p.clone()));
+                if let Some(w) = timeline.point(unix_now(), &p, false) {
+                    journal.append(Entry::Timeline(w))?;
+                }
                 journal
                     .append(Entry::Progress(Box::new(p)))
                     .map_err(GenerateError::from)
@@ -165,6 +185,14 @@ async fn run_on(
         },
     )
     .await;
+    // The job's last figures close its timeline, however it ended.
+    if let Some(w) = timeline.point(
+        unix_now(),
+        &core.snapshot(clock.now(), Status::Running),
+        true,
+    ) {
+        let _ = journal.append(Entry::Timeline(w));
+    }
 
     // The reader stops at its next line now that its receiver is gone.
     let reader_result = reader
@@ -309,6 +337,28 @@ fn link_events(
         .boxed()
     });
     futures::stream::select_all(per_host)
+}
+
+/// What earlier runs of a resumed job recorded; a new job starts its own timeline, and a file
+/// that cannot be read starts a new one too (the timeline is for looking at, never for
+/// resuming).
+fn read_timeline(dir: &std::path::Path, resume: bool) -> Timeline {
+    let path = dir.join(TIMELINE_FILE);
+    if !resume {
+        // A new job in a directory an earlier job's timeline was left in starts its own.
+        let _ = std::fs::remove_file(&path);
+        return Timeline::default();
+    }
+    std::fs::read_to_string(&path)
+        .map(|text| Timeline::parse(&text))
+        .unwrap_or_default()
+}
+
+/// The timeline's clock: wall time, so that the runs of a resumed job share one axis.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 async fn blocking<T: Send + 'static>(

@@ -55,7 +55,12 @@ pub enum ClientError {
         body: String,
     },
     #[error("{url}: does not fit: {overflow}")]
-    ContextOverflow { url: String, overflow: Overflow },
+    ContextOverflow {
+        url: String,
+        overflow: Overflow,
+        /// The server's own words (its 400's `message`).
+        message: String,
+    },
     #[error("{url}: unexpected response: {reason}")]
     Decode { url: String, reason: String },
     /// fleet itself ran out of file descriptors (EMFILE/ENFILE) opening the connection: no
@@ -81,6 +86,16 @@ impl ClientError {
             ClientError::Build(_)
             | ClientError::ContextOverflow { .. }
             | ClientError::Decode { .. } => false,
+        }
+    }
+
+    /// What the server said, for an answer that was not a 200: the `message` of its JSON error
+    /// body, or the body itself. `None` when no server answered.
+    pub fn server_message(&self) -> Option<String> {
+        match self {
+            ClientError::ContextOverflow { message, .. } => Some(message.clone()),
+            ClientError::Status { body, .. } => Some(server_text(body)),
+            _ => None,
         }
     }
 
@@ -244,6 +259,13 @@ pub struct Completion {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub finish_reason: Option<String>,
+    /// The response body as the server sent it, for output that keeps it whole (the Batch
+    /// API's): shared with the HTTP buffer, not copied.
+    #[serde(skip)]
+    pub body: Option<bytes::Bytes>,
+    /// The OpenAI body's `id`.
+    #[serde(skip)]
+    pub response_id: Option<String>,
 }
 
 /// What `/server_info` says about capacity.
@@ -501,10 +523,13 @@ impl SglangClient {
                 &String::from_utf8_lossy(&bytes),
             ));
         }
-        parse_completion(req.api, &bytes).map_err(|e| ClientError::Decode {
-            url,
-            reason: e.to_string(),
-        })
+        let mut completion =
+            parse_completion(req.api, &bytes).map_err(|e| ClientError::Decode {
+                url,
+                reason: e.to_string(),
+            })?;
+        completion.body = Some(bytes);
+        Ok(completion)
     }
 }
 
@@ -514,12 +539,32 @@ pub(crate) fn completion_error(url: String, status: u16, body: &str) -> ClientEr
     if status == 400
         && let Some(overflow) = parse_overflow(body)
     {
-        return ClientError::ContextOverflow { url, overflow };
+        return ClientError::ContextOverflow {
+            url,
+            overflow,
+            message: server_text(body),
+        };
     }
     ClientError::Status {
         url,
         status,
         body: snippet(body),
+    }
+}
+
+/// The `message` of an error body as SGLang's and OpenAI's APIs write it (`{"message"}` or
+/// `{"error":{"message"}}`, srt/entrypoints/openai/serving_base.py `create_error_response`),
+/// else the body, trimmed.
+fn server_text(body: &str) -> String {
+    let v: Option<Value> = serde_json::from_str(body).ok();
+    let message = v.as_ref().and_then(|v| {
+        v.get("message")
+            .or_else(|| v.get("error").and_then(|e| e.get("message")))
+            .and_then(Value::as_str)
+    });
+    match message {
+        Some(m) => m.to_string(),
+        None => body.trim().to_string(),
     }
 }
 
@@ -557,6 +602,8 @@ enum FinishReason {
 
 #[derive(Deserialize)]
 struct OpenAiResponse {
+    #[serde(default)]
+    id: Option<String>,
     choices: Vec<OpenAiChoice>,
     usage: OpenAiUsage,
 }
@@ -608,6 +655,8 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, BodyError> 
                     FinishReason::Typed { kind } => kind,
                     FinishReason::Plain(s) => s,
                 }),
+                body: None,
+                response_id: None,
             })
         }
         Api::Chat | Api::Completions => {
@@ -624,6 +673,8 @@ pub fn parse_completion(api: Api, body: &[u8]) -> Result<Completion, BodyError> 
                 prompt_tokens: r.usage.prompt_tokens,
                 completion_tokens: r.usage.completion_tokens,
                 finish_reason: choice.finish_reason,
+                body: None,
+                response_id: r.id,
             })
         }
     }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 use tokio::sync::{oneshot, watch};
 
-use crate::sim::http::{Shared, json_response, openai_error};
+use crate::sim::app::{Shared, json_response, openai_error};
 use crate::sim::scheduler::{Abort, Job, Progress, Reply};
 use crate::sim::{sampling, text};
 

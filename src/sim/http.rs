@@ -3,8 +3,7 @@
 //! readiness gate. Generation routes live in `generate` and `openai`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Body;
@@ -14,64 +13,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
-use tokio::sync::mpsc;
 
+use crate::sim::app::{Shared, json_response};
 use crate::sim::config::Config;
 use crate::sim::log;
 use crate::sim::model::Plan;
 use crate::sim::scheduler::{Job, Metrics, Reply};
 use crate::sim::{generate, openai};
-
-/// What every handler shares.
-pub struct App {
-    pub cfg: Arc<Config>,
-    /// The loaded model's plan; set once the load succeeds, before `ready`.
-    pub plan: OnceLock<Arc<Plan>>,
-    pub metrics: Arc<Metrics>,
-    pub jobs: mpsc::Sender<Job>,
-    /// Set once the warm-up generation has completed.
-    pub ready: AtomicBool,
-    /// Numbers generation requests, for ids and the fault-injection draw.
-    pub requests: AtomicU64,
-    pub started_unix: u64,
-    pub radix: crate::sim::radix::RadixCache,
-}
-
-impl App {
-    /// The plan; only routes behind the readiness gate call this, and the gate opens after the
-    /// plan is set.
-    pub fn plan(&self) -> &Plan {
-        self.plan
-            .get()
-            .expect("the readiness gate admits requests only after the load")
-    }
-}
-
-pub type Shared = Arc<App>;
-
-pub fn json_response(status: StatusCode, body: &Json) -> Response {
-    let mut r = Response::new(Body::from(body.to_string()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-/// The body of an OpenAI-route error (`ErrorResponse` in SGLang's protocol).
-pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
-    json_response(
-        status,
-        &json!({
-            "object": "error",
-            "message": message,
-            "type": kind,
-            "param": null,
-            "code": status.as_u16(),
-        }),
-    )
-}
 
 fn not_found() -> Response {
     json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))

@@ -4,6 +4,7 @@
 //! process: argument handling, the simulated load, signals and shutdown. Both the `sglang-sim`
 //! binary and `fleet` (when invoked under that name, as `fleet demo` does) run it.
 
+mod app;
 mod argparse;
 mod config;
 mod config_file;
@@ -344,7 +345,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let app = Arc::new(http::App {
+    let app = Arc::new(app::App {
         cfg: cfg.clone(),
         plan: OnceLock::new(),
         metrics: metrics.clone(),

@@ -8,11 +8,11 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
+use crate::sim::app::{Shared, json_response, openai_error};
 use crate::sim::generate::{
     Prepared, Rejection, Sampling, ShuttingDown, Stop, aborted, number_request, parses_reasoning,
     prepare, request_id, run_once, run_streamed, sse, sse_once, unix_now,
 };
-use crate::sim::http::{Shared, json_response, openai_error};
 use crate::sim::scheduler::Abort;
 use crate::sim::text;
 

@@ -191,6 +191,15 @@ fn parse(path: &Path, text: &str) -> Result<SweepFile, FileError> {
     })
 }
 
+/// Reads a sweep's file (finished or not) of any format this fleet knows, for `fleet report`.
+pub fn read(path: &Path) -> Result<SweepFile, FileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
 /// Where the sweep's results live and what is already in there.
 #[derive(Debug)]
 pub struct Store {

@@ -2,6 +2,7 @@
 //! with successive halving (`grid`); planning (`plan`); candidate configs from axes, GPU
 //! assignment, the schedule, the workload, trials, ranking, `sweep.json` and the report.
 
+pub mod adaptive;
 pub mod assign;
 pub mod batch;
 pub mod event;
@@ -11,6 +12,7 @@ pub mod load;
 pub mod plan;
 pub mod profiles;
 pub mod prune;
+pub mod range;
 pub mod rank;
 pub mod report;
 pub mod run;

@@ -5,27 +5,90 @@
 
 use std::time::Duration;
 
-use super::assign::{self, AssignError, Assignment, Mode};
+use super::adaptive::{Adaptive, Limits};
+use super::assign::{self, AssignError, Assignment, Mode, Need};
 use super::file::SweepSpec;
 use super::grid::Grid;
 use super::load::WorkloadSpec;
 use super::profiles::Profiles;
 use super::prune;
+use super::range;
 use super::rank::Trial;
 use super::report::{Plan, PlannedCandidate};
 use super::schedule;
 use super::search::{Model, SearchSpec, SearchState, Strategy, View};
 use super::servers::{facts_by_host, plan_candidate};
 use super::space::{self, SpaceError};
-use crate::config::HostSpec;
+use crate::config::{HostSpec, Profile};
 use crate::launch::plan::HostFacts;
 use crate::launch::preflight;
 
-/// The search the command line asks for: `--strategies` and `--set` axes make a grid.
-pub fn search(strategies: &[String], sets: &[String]) -> Result<SearchSpec, SpaceError> {
+/// The search the command line asks for: value lists make a grid; a range makes the adaptive
+/// search, which `adaptive` (`--search`: `Some(true)` adaptive, `Some(false)` grid) can also
+/// ask for over lists. Its seed is filled in later, from the base profile ([`seed`]).
+pub fn search(
+    strategies: &[String],
+    sets: &[String],
+    adaptive: Option<bool>,
+    limits: Limits,
+) -> Result<SearchSpec, SpaceError> {
+    let ranged = range::has_range(sets);
+    if adaptive == Some(false) && ranged {
+        let raw = sets
+            .iter()
+            .find(|s| range::has_range(std::slice::from_ref(s)))
+            .cloned()
+            .unwrap_or_default();
+        return Err(SpaceError::RangeInGrid(raw));
+    }
+    if adaptive.unwrap_or(ranged) {
+        let dims = range::dims(strategies, sets)?;
+        return Ok(SearchSpec::Adaptive {
+            seed: vec![None; dims.len()],
+            dims,
+            limits,
+        });
+    }
     Ok(SearchSpec::Grid {
         axes: space::axes(strategies, sets)?,
     })
+}
+
+/// Seeds an adaptive search with `base`'s own values: its server settings for `server.KEY`,
+/// its `extra_args` for `flag.NAME` (a bare flag is `true`).
+pub fn seed(search: &mut SearchSpec, base: &Profile) {
+    let SearchSpec::Adaptive { dims, seed, .. } = search else {
+        return;
+    };
+    let server = serde_json::to_value(&base.server).unwrap_or_default();
+    let extra = &base.server.extra_args;
+    *seed = dims
+        .iter()
+        .map(|d| {
+            let value = if let Some(key) = d.key.strip_prefix("server.") {
+                match server.get(key)? {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Null => return None,
+                    v => v.to_string(),
+                }
+            } else if let Some(name) = d.key.strip_prefix(range::FLAG_PREFIX) {
+                let flag = format!("--{name}");
+                let at = extra
+                    .iter()
+                    .rposition(|a| *a == flag || a.starts_with(&format!("{flag}=")))?;
+                match extra[at].split_once('=') {
+                    Some((_, v)) => v.to_string(),
+                    None => match extra.get(at + 1) {
+                        Some(v) if !v.starts_with("--") => v.clone(),
+                        _ => "true".into(),
+                    },
+                }
+            } else {
+                return None;
+            };
+            d.unit(&value).map(|_| value)
+        })
+        .collect();
 }
 
 /// What the command line asks of the sweep, beyond its search.
@@ -55,7 +118,11 @@ pub struct Planned {
 pub fn plan(request: Request, gpus: &[(String, Vec<u32>)]) -> Result<Planned, AssignError> {
     let total: usize = gpus.iter().map(|(_, g)| g.len()).sum();
     let k = request.search.space().len();
-    let mode = assign::choose_mode(k, total, request.sequential);
+    let mode = match request.search {
+        // Its candidates come a round at a time, each on the first free GPU.
+        SearchSpec::Adaptive { .. } if !request.sequential => Mode::Rounds,
+        _ => assign::choose_mode(k, total, request.sequential),
+    };
     let assignment = assign::assign(gpus, k, mode)?;
     // Pruning saves time only where a freed GPU has a next candidate to take it.
     let first_window =
@@ -81,6 +148,26 @@ pub fn plan(request: Request, gpus: &[(String, Vec<u32>)]) -> Result<Planned, As
 pub fn strategy(planned: &Planned, state: &SearchState, trials: &[Trial]) -> Box<dyn Strategy> {
     match (&planned.spec.search, &state.model) {
         (search @ SearchSpec::Grid { .. }, Model::Grid) => Box::new(Grid::new(
+            search.space(),
+            planned.assignment.needs.clone(),
+            trials,
+        )),
+        (SearchSpec::Adaptive { dims, seed, limits }, _) => {
+            let need = match planned.spec.mode {
+                Mode::Sequential => Need::Gpus(planned.assignment.slots.clone()),
+                Mode::Rounds | Mode::Parallel => Need::AnyGpu,
+            };
+            Box::new(Adaptive::new(
+                dims.clone(),
+                seed.clone(),
+                *limits,
+                need,
+                &state.proposed,
+                trials,
+            ))
+        }
+        // A spec and a model that disagree are refused when sweep.json is opened.
+        (search @ SearchSpec::Grid { .. }, Model::Adaptive { .. }) => Box::new(Grid::new(
             search.space(),
             planned.assignment.needs.clone(),
             trials,
@@ -157,6 +244,11 @@ mod tests {
     use crate::config::GpuSelection;
     use crate::sweep::assign::{Need, Slot};
 
+    const LIMITS: Limits = Limits {
+        trials: 32,
+        budget_s: None,
+    };
+
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
     }
@@ -164,7 +256,7 @@ mod tests {
     fn request(strategies: &[&str], sets: &[&str]) -> Request {
         Request {
             profile: "base".into(),
-            search: search(&s(strategies), &s(sets)).unwrap(),
+            search: search(&s(strategies), &s(sets), None, LIMITS).unwrap(),
             sequential: false,
             prune: true,
             workload: WorkloadSpec::Synthetic {
@@ -211,7 +303,7 @@ mod tests {
         );
         assert_eq!(plan(many, &[]), Err(AssignError::NoGpus));
         assert_eq!(
-            search(&[], &s(&["server.m"])),
+            search(&[], &s(&["server.m"]), None, LIMITS),
             Err(SpaceError::Syntax("server.m".into()))
         );
     }

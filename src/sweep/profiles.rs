@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::range;
 use super::rank::{Outcome, Trial};
 use super::space::Candidate;
 use crate::config::{self, ConfigError, Expected, Override, Profile};
@@ -32,15 +33,39 @@ pub enum ProfileError {
     Differs { path: PathBuf },
 }
 
-/// A candidate's settings as `--set` overrides.
+/// A candidate's settings as `--set` overrides, but for its `flag.NAME` settings, which are
+/// server arguments ([`flags`]).
 pub fn overrides(c: &Candidate) -> Vec<Override> {
     c.settings
         .iter()
+        .filter(|(key, _)| !key.starts_with(range::FLAG_PREFIX))
         .map(|(key, value)| Override {
             key: key.clone(),
             value: value.clone(),
         })
         .collect()
+}
+
+/// A candidate's `flag.NAME` settings.
+fn flags(c: &Candidate) -> Vec<(String, String)> {
+    c.settings
+        .iter()
+        .filter(|(key, _)| key.starts_with(range::FLAG_PREFIX))
+        .cloned()
+        .collect()
+}
+
+/// The overrides that write `c`'s profile, loaded as `p`: its settings, with its flags as the
+/// `extra_args` they became.
+fn written_overrides(c: &Candidate, p: &Profile) -> Vec<Override> {
+    let mut o = overrides(c);
+    if !flags(c).is_empty() {
+        o.push(Override {
+            key: "server.extra_args".into(),
+            value: serde_json::to_string(&p.server.extra_args).unwrap_or_default(),
+        });
+    }
+    o
 }
 
 fn load(base: &str, dir: &Path, c: &Candidate) -> Result<Profile, ProfileError> {
@@ -50,6 +75,10 @@ fn load(base: &str, dir: &Path, c: &Candidate) -> Result<Profile, ProfileError> 
             source,
         }
     })?;
+    let flags = flags(c);
+    if !flags.is_empty() {
+        p.server.extra_args = range::flag_args(&p.server.extra_args, &flags);
+    }
     // `fleet status`/`down` show which candidate a server runs, not just the base.
     if !c.settings.is_empty() {
         p.name = format!("{}[{}]", p.name, c.label());
@@ -135,7 +164,7 @@ pub fn write_winner(
     );
     let text = config::derived_profile_yaml(
         &base_reference(&profiles.base, base, path, &profiles.dir),
-        &overrides(&trial.candidate),
+        &written_overrides(&trial.candidate, profile),
         Some(&expected),
         &comment,
     );

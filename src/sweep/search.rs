@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::adaptive::Limits;
 use super::assign::{Need, Slot};
+use super::range::Dim;
 use super::rank::Trial;
 use super::space::{self, Axis, Candidate};
 use super::stats::Estimate;
@@ -18,13 +20,47 @@ use super::stats::Estimate;
 pub enum SearchSpec {
     /// Every point of the product of the axes, with successive halving in rounds.
     Grid { axes: Vec<Axis> },
+    /// Ranges searched adaptively (`adaptive`), from the profile's own values (`seed`, one per
+    /// dimension).
+    Adaptive {
+        dims: Vec<Dim>,
+        seed: Vec<Option<String>>,
+        limits: Limits,
+    },
 }
 
 impl SearchSpec {
-    /// The candidates known before the search starts, in order: the grid's whole space.
+    /// The candidates known before the search starts, in order: the grid's whole space; for
+    /// the adaptive search, the ends of every dimension (what a bad value would show first).
     pub fn space(&self) -> Vec<Candidate> {
         match self {
             SearchSpec::Grid { axes } => space::candidates(axes),
+            SearchSpec::Adaptive { dims, .. } => {
+                let ends = |u: f64| Axis {
+                    key: String::new(),
+                    values: dims.iter().map(|d| d.value(u)).collect(),
+                };
+                let mut out: Vec<Candidate> = Vec::new();
+                for e in [ends(0.0), ends(1.0)] {
+                    let settings: Vec<(String, String)> = dims
+                        .iter()
+                        .zip(e.values)
+                        .map(|(d, v)| (d.key.clone(), v))
+                        .collect();
+                    let c = Candidate {
+                        id: settings
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(";"),
+                        settings,
+                    };
+                    if !out.contains(&c) {
+                        out.push(c);
+                    }
+                }
+                out
+            }
         }
     }
 
@@ -32,6 +68,7 @@ impl SearchSpec {
     pub fn start(&self) -> SearchState {
         SearchState::new(match self {
             SearchSpec::Grid { .. } => Model::Grid,
+            SearchSpec::Adaptive { .. } => Model::Adaptive { step: 0.25 },
         })
     }
 }
@@ -42,6 +79,23 @@ impl SearchSpec {
 pub enum Stop {
     /// Every candidate of the space was proposed and has run.
     Exhausted,
+    /// `--trials` candidates were proposed.
+    Trials,
+    /// `--budget` ran out.
+    Budget,
+    /// The best stopped improving, or refinement reached its finest step.
+    Converged,
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stop::Exhausted => "every candidate of the space has run",
+            Stop::Trials => "it reached --trials",
+            Stop::Budget => "it reached --budget",
+            Stop::Converged => "the best stopped improving",
+        })
+    }
 }
 
 /// What a strategy keeps beyond its trials, restored on `--resume`.
@@ -50,6 +104,9 @@ pub enum Stop {
 pub enum Model {
     /// The grid keeps nothing more: its space is in the spec, its first windows in the trials.
     Grid,
+    /// The adaptive search's refinement step (a fraction of each range) when it last proposed;
+    /// the rest of what it knows is its trials.
+    Adaptive { step: f64 },
 }
 
 /// The search's own state in `sweep.json`, rewritten with every trial and every proposal.

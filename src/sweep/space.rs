@@ -63,6 +63,15 @@ pub enum SpaceError {
          write a\\,b)"
     )]
     Unclosed(String),
+    #[error("--set {raw:?}: {why} (write LO..HI, e.g. 0.80..0.94, or LO..HI:log)")]
+    Range {
+        raw: String,
+        why: super::range::RangeProblem,
+    },
+    #[error(
+        "--set {0:?}: a range needs the adaptive search (drop --search grid, or list the values)"
+    )]
+    RangeInGrid(String),
 }
 
 /// The mamba strategy axis key; `--strategies` is shorthand for `--set server.mamba_strategy=...`.

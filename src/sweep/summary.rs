@@ -410,6 +410,8 @@ mod tests {
                 prompt_tokens: 507,
                 max_input: 506,
             },
+            message: "Input length (507 tokens) exceeds the maximum allowed length (506 tokens)."
+                .into(),
         };
         let full = ClientError::Status {
             url: "u".into(),

@@ -81,6 +81,8 @@ impl Driver for StreamDriver {
                             prompt_tokens: 0,
                             completion_tokens: done.completion_tokens,
                             finish_reason: done.finish_reason,
+                            body: None,
+                            response_id: None,
                         },
                         latency: sent.elapsed(),
                     }
@@ -124,6 +126,7 @@ fn core_config(timing: Timing) -> CoreConfig {
         timing: crate::generate::Timing::default(),
         files: None,
         seed: 0,
+        format: crate::generate::journal::OutputFormat::Fleet,
     }
 }
 

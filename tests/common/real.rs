@@ -21,6 +21,27 @@ pub const CPU_ARGS: &[&str] = &[
 /// The tiny model's context length (`make_model.py`): prompts of more tokens are too long.
 pub const CONTEXT: u64 = 512;
 
+/// Reads `{"url","body"}` lines and validates each body with the SDK's own pydantic models.
+const VALIDATE_BODIES: &str = r#"
+import json, sys
+from openai.types.chat import ChatCompletion
+from openai.types import Completion
+n = {"chat": 0, "completions": 0}
+for raw in open(sys.argv[1]):
+    rec = json.loads(raw)
+    if rec["url"] == "/v1/chat/completions":
+        c = ChatCompletion.model_validate(rec["body"])
+        assert c.object == "chat.completion" and c.choices[0].message.role == "assistant", c
+        assert c.usage is not None and c.usage.completion_tokens > 0, c
+        n["chat"] += 1
+    else:
+        c = Completion.model_validate(rec["body"])
+        assert c.object == "text_completion" and isinstance(c.choices[0].text, str), c
+        assert c.usage is not None and c.usage.completion_tokens > 0, c
+        n["completions"] += 1
+print(json.dumps(n))
+"#;
+
 pub struct RealSglang {
     /// `<venv>/bin/python`.
     pub python: PathBuf,
@@ -100,6 +121,36 @@ impl RealSglang {
             self.model.display(),
             self.python.display(),
             extra.join(", "),
+        )
+    }
+
+    /// Validates each `(url, body)` with the official `openai` SDK of the venv (sglang depends
+    /// on it): `ChatCompletion.model_validate` for `/v1/chat/completions`, else
+    /// `Completion.model_validate`. Panics with the SDK's error on a body it refuses; returns how
+    /// many chat and completions bodies it validated.
+    pub fn validate_openai_bodies(&self, bodies: &[(String, serde_json::Value)]) -> (u64, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bodies.jsonl");
+        let text: String = bodies
+            .iter()
+            .map(|(url, body)| format!("{}\n", serde_json::json!({"url": url, "body": body})))
+            .collect();
+        std::fs::write(&file, text).unwrap();
+        let o = std::process::Command::new(&self.python)
+            .arg("-c")
+            .arg(VALIDATE_BODIES)
+            .arg(&file)
+            .output()
+            .expect("the venv's python");
+        assert!(
+            o.status.success(),
+            "the openai SDK refused a body:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let n: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            n["chat"].as_u64().unwrap(),
+            n["completions"].as_u64().unwrap(),
         )
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::placement::Outcome;
-use super::watch::SignalAcc;
+use super::signals::SignalAcc;
 use super::{Action, Core, CoreConfig, DownReason, HostLoss, ProbeKind, ProbeResult, Server, Time};
 use crate::generate::concurrency::{Capacity, Controller, Gauges};
 use crate::generate::progress::RateWindow;

@@ -9,7 +9,10 @@ use super::placement::{Outcome, Request, Ticket};
 use super::{Action, Attempt, Core, DownReason, InFlight, ReqId, Time};
 use crate::generate::Event;
 use crate::generate::input::{Id, Line};
-use crate::generate::journal::{self, CompletionRecord, Entry, FailureReason, FailureRecord};
+use crate::generate::journal::batch::{self, Answer};
+use crate::generate::journal::{
+    self, CompletionRecord, Entry, FailureReason, FailureRecord, OutputFormat,
+};
 use crate::generate::progress;
 use crate::sglang::client::{Api, ClientError, CompletionRequest, Prompt};
 use crate::sglang::overflow::Remedy;
@@ -32,6 +35,8 @@ pub(super) struct Job {
     pub redispatches: u32,
     /// Whether max_tokens was clamped to the room beside the prompt (C − P − 1) already.
     pub clamped: bool,
+    /// max_tokens as the line asked, before any clamp.
+    pub asked: u32,
     /// The instance that last failed it: the next try goes elsewhere when possible.
     pub avoid: Option<usize>,
 }
@@ -43,6 +48,7 @@ impl Job {
             line,
             id,
             hash,
+            asked: req.max_tokens,
             req: Arc::new(req),
             attempts: 0,
             redispatches: 0,
@@ -132,8 +138,10 @@ impl Core {
                 return;
             }
         };
+        // A Batch API output line holds an OpenAI body, so a bare prompt goes to completions.
         let api = self.cfg.api.or(parsed.api).unwrap_or(match parsed.prompt {
             Prompt::Messages(_) => Api::Chat,
+            Prompt::Text(_) if self.cfg.format == OutputFormat::OpenaiBatch => Api::Completions,
             Prompt::Text(_) => Api::Generate,
         });
         if matches!(
@@ -168,13 +176,33 @@ impl Core {
         error: &str,
         out: &mut Vec<Action>,
     ) {
-        let record = journal::encode(&FailureRecord {
-            id: at.id,
-            line: at.line,
-            reason,
-            error,
-            line_hash: Some(format!("{:016x}", at.hash)),
-        });
+        self.fail_with(at, reason, error, None, out);
+    }
+
+    /// [`Self::fail`], with the server's own words when it gave some: a Batch API line's
+    /// `error.message` is the server's text, fleet's record keeps fleet's account.
+    fn fail_with(
+        &mut self,
+        at: Origin<'_>,
+        reason: FailureReason,
+        error: &str,
+        server: Option<&str>,
+        out: &mut Vec<Action>,
+    ) {
+        let line_hash = Some(format!("{:016x}", at.hash));
+        let record = match self.cfg.format {
+            OutputFormat::Fleet => journal::encode(&FailureRecord {
+                id: at.id,
+                line: at.line,
+                reason,
+                error,
+                line_hash,
+            }),
+            OutputFormat::OpenaiBatch => {
+                let message = server.unwrap_or(error);
+                batch::encode_failure(at.id, at.line, reason, message, line_hash)
+            }
+        };
         out.push(Action::Write(Entry::Failure(record)));
         self.counts.failed += 1;
     }
@@ -182,13 +210,19 @@ impl Core {
     /// Records a prompt the fleet kept failing (retries exhausted on 5xx, 429 or timeouts): it
     /// goes to `retry.jsonl`, and `--resume` sends it again.
     fn give_up(&mut self, job: &Job, error: &str, out: &mut Vec<Action>) {
-        let record = journal::encode(&FailureRecord {
-            id: &job.id,
-            line: job.line,
-            reason: FailureReason::RetriesExhausted,
-            error,
-            line_hash: None,
-        });
+        let reason = FailureReason::RetriesExhausted;
+        let record = match self.cfg.format {
+            OutputFormat::Fleet => journal::encode(&FailureRecord {
+                id: &job.id,
+                line: job.line,
+                reason,
+                error,
+                line_hash: None,
+            }),
+            OutputFormat::OpenaiBatch => {
+                batch::encode_failure(&job.id, job.line, reason, error, None)
+            }
+        };
         out.push(Action::Write(Entry::Retry(record)));
         self.counts.waiting_retry += 1;
     }
@@ -208,16 +242,27 @@ impl Core {
                 latency,
             } => {
                 let inst = &mut self.insts[i];
-                let record = journal::encode(&CompletionRecord {
-                    id: &job.id,
-                    output: &c.text,
-                    reasoning: c.reasoning.as_deref(),
-                    prompt_tokens: c.prompt_tokens,
-                    completion_tokens: c.completion_tokens,
-                    finish_reason: c.finish_reason.as_deref(),
-                    instance: &inst.id,
-                    latency_s: progress::round(latency.as_secs_f64(), 3),
-                });
+                let latency_s = progress::round(latency.as_secs_f64(), 3);
+                let record = match self.cfg.format {
+                    OutputFormat::Fleet => journal::encode(&CompletionRecord {
+                        id: &job.id,
+                        output: &c.text,
+                        reasoning: c.reasoning.as_deref(),
+                        prompt_tokens: c.prompt_tokens,
+                        completion_tokens: c.completion_tokens,
+                        finish_reason: c.finish_reason.as_deref(),
+                        instance: &inst.id,
+                        latency_s,
+                    }),
+                    OutputFormat::OpenaiBatch => batch::encode_answer(&Answer {
+                        custom_id: &job.id,
+                        body: c.body.as_deref().unwrap_or_default(),
+                        request_id: c.response_id.as_deref(),
+                        instance: &inst.id,
+                        latency_s,
+                        max_tokens: (job.asked, job.req.max_tokens),
+                    }),
+                };
                 out.push(Action::Write(Entry::Completion(record)));
                 inst.completed += 1;
                 inst.out_tokens += c.completion_tokens;
@@ -242,7 +287,9 @@ impl Core {
             ClientError::ContextOverflow { overflow, .. } => match overflow.remedy() {
                 Remedy::PromptTooLong => {
                     let why = overflow.to_string();
-                    self.fail(Origin::job(&job), FailureReason::PromptTooLong, &why, out);
+                    let server = error.server_message();
+                    let reason = FailureReason::PromptTooLong;
+                    self.fail_with(Origin::job(&job), reason, &why, server.as_deref(), out);
                 }
                 // One clamp to C − P − 1; chat's clamp to C comes before it, being made before
                 // the server has read the prompt.
@@ -257,7 +304,9 @@ impl Core {
                 }
                 Remedy::MaxTokens(fit) => {
                     let why = format!("{overflow}; still too long with max_tokens {fit}");
-                    self.fail(Origin::job(&job), FailureReason::ContextOverflow, &why, out);
+                    let server = error.server_message();
+                    let reason = FailureReason::ContextOverflow;
+                    self.fail_with(Origin::job(&job), reason, &why, server.as_deref(), out);
                 }
             },
             e if e.is_local() => {
@@ -317,7 +366,14 @@ impl Core {
                     ClientError::Decode { .. } => FailureReason::BadResponse,
                     _ => FailureReason::Rejected,
                 };
-                self.fail(Origin::job(&job), reason, &e.to_string(), out);
+                let server = e.server_message();
+                self.fail_with(
+                    Origin::job(&job),
+                    reason,
+                    &e.to_string(),
+                    server.as_deref(),
+                    out,
+                );
             }
         }
     }

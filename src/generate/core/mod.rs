@@ -13,6 +13,7 @@ mod fleet;
 mod jobs;
 pub mod placement;
 mod reason;
+mod signals;
 mod watch;
 
 #[cfg(test)]
@@ -28,7 +29,7 @@ use rustc_hash::FxHashMap;
 
 use super::concurrency::{ConcurrencyMode, FileBudget};
 use super::input::{Id, Line};
-use super::journal::Entry;
+use super::journal::{Entry, OutputFormat};
 pub use super::progress::Baseline;
 use super::progress::{Progress, RateWindow, Status};
 use super::upload::UploadEvent;
@@ -70,6 +71,8 @@ pub struct CoreConfig {
     pub files: Option<FileBudget>,
     /// Seeds the retry jitter: the same seed and inputs give the same decisions.
     pub seed: u64,
+    /// The shape of the lines it writes.
+    pub format: OutputFormat,
 }
 
 impl CoreConfig {
@@ -89,6 +92,8 @@ impl CoreConfig {
             timing: c.timing,
             files: c.files,
             seed,
+            // The shell sets what `prepare` settled (the flag, the input, or the job's own).
+            format: c.output_format.unwrap_or_default(),
         }
     }
 }

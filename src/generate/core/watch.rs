@@ -11,29 +11,6 @@ use crate::generate::watchdog::{self, Finding, Signals};
 /// `/metrics` readings after warm-up before the watchdog judges an instance.
 const MIN_READINGS: u64 = 3;
 
-/// One instance's `/metrics` readings since the warm-up.
-#[derive(Debug, Default)]
-pub(super) struct SignalAcc {
-    readings: u64,
-    running: f64,
-    queue_empty: u64,
-    /// Sum and count of `sglang:gen_throughput` readings: the decode rate as the batch runs.
-    gen_tok_s: f64,
-    gen_readings: u64,
-}
-
-impl SignalAcc {
-    pub fn add(&mut self, running: f64, queued: f64, gen_throughput: Option<f64>) {
-        self.readings += 1;
-        self.running += running;
-        self.queue_empty += u64::from(queued < 1.0);
-        if let Some(g) = gen_throughput {
-            self.gen_tok_s += g;
-            self.gen_readings += 1;
-        }
-    }
-}
-
 impl Core {
     pub(super) fn record_rates(&mut self, now: Time) {
         self.window

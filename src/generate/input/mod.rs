@@ -251,6 +251,8 @@ struct IdFields<'a> {
     id: Option<&'a RawValue>,
     #[serde(borrow)]
     custom_id: Option<&'a RawValue>,
+    /// Skipped, not buffered: only whether it is there.
+    body: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -267,6 +269,8 @@ pub struct Named {
     pub id: Option<Id>,
     /// Why the line cannot be a prompt, when that is already clear (bytes, JSON shape, id type).
     pub problem: Option<LineError>,
+    /// An OpenAI Batch API line: a `custom_id` and a `body`.
+    pub batch: bool,
 }
 
 /// Reads a line's bytes as far as its id: UTF-8, a JSON object, and its `id`/`custom_id`.
@@ -279,6 +283,7 @@ pub fn name(bytes: &[u8]) -> Named {
                 problem: Some(LineError::NotUtf8 {
                     at: e.valid_up_to() + 1,
                 }),
+                batch: false,
             };
         }
     };
@@ -286,19 +291,29 @@ pub fn name(bytes: &[u8]) -> Named {
         return Named {
             id: None,
             problem: Some(LineError::NotAnObject),
+            batch: false,
         };
     }
     match serde_json::from_str::<IdFields>(text) {
-        Ok(f) => match f.id.or(f.custom_id).map(Id::from_json).transpose() {
-            Ok(id) => Named { id, problem: None },
-            Err(why) => Named {
-                id: None,
-                problem: Some(why.into()),
-            },
-        },
+        Ok(f) => {
+            let batch = f.custom_id.is_some() && f.body.is_some();
+            match f.id.or(f.custom_id).map(Id::from_json).transpose() {
+                Ok(id) => Named {
+                    id,
+                    problem: None,
+                    batch,
+                },
+                Err(why) => Named {
+                    id: None,
+                    problem: Some(why.into()),
+                    batch,
+                },
+            }
+        }
         Err(e) => Named {
             id: None,
             problem: Some(LineError::json(e)),
+            batch: false,
         },
     }
 }

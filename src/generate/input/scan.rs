@@ -51,6 +51,8 @@ pub struct Scan {
     pub failed: u64,
     /// Failed prompts of this input to send again.
     pub retry: HashSet<u128>,
+    /// Lines that are OpenAI Batch API lines (`custom_id` and `body`).
+    pub batch_lines: u64,
     /// The file's size, mtime and head hash, as this pass opened it.
     pub file: FileFacts,
 }
@@ -70,7 +72,9 @@ pub fn scan(path: &Path, limit: Option<u64>, known: &Known<'_>) -> Result<Scan, 
             break;
         };
         let hash = content_hash(bytes);
-        let key = name(bytes).id.unwrap_or_else(|| Id::content(hash, 1)).key();
+        let named = name(bytes);
+        tally.scan.batch_lines += u64::from(named.batch);
+        let key = named.id.unwrap_or_else(|| Id::content(hash, 1)).key();
         if !seen.insert(hash64(key)) {
             suspects.insert(hash64(key));
         }
@@ -84,7 +88,9 @@ pub fn scan(path: &Path, limit: Option<u64>, known: &Known<'_>) -> Result<Scan, 
     }
 
     // Again, with the final ids: named duplicates are errors, repeated contents get numbered.
+    let batch_lines = tally.scan.batch_lines;
     let mut tally = Tally::new(known);
+    tally.scan.batch_lines = batch_lines;
     let mut first_line: HashMap<String, u64> = HashMap::new();
     let mut copies: HashMap<u64, u32> = HashMap::new();
     let mut before_pending: Option<HashMap<u64, u32>> = None;

@@ -2,6 +2,7 @@
 //! as whole lines in fsynced batches by one writer thread, and recovery for `--resume` (the
 //! done-set, totals so far, torn tails truncated).
 
+pub mod batch;
 mod recover;
 
 use std::fs::{File, OpenOptions};
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::input::Id;
 use crate::server::ServerId;
 
+pub use batch::OutputFormat;
 pub use recover::{
     RecordError, Recovered, drop_failures, has_output, recover, reset_retries, shards,
 };
@@ -146,6 +148,8 @@ pub enum Entry {
     /// Written (atomically) after the lines before it are synced, so progress.json never counts
     /// a line that is not on disk, and no file I/O runs on the async threads.
     Progress(Box<super::progress::Progress>),
+    /// Lines for `timeline.jsonl`, appended or replacing it.
+    Timeline(super::timeline::Write),
 }
 
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
@@ -235,6 +239,7 @@ struct Writer {
     shard_buf: Vec<u8>,
     failed: Appended,
     retry: Appended,
+    timeline: Appended,
     pending_lines: usize,
     stats: WriterStats,
     finished: Option<FinishedShards>,
@@ -255,6 +260,7 @@ impl Writer {
             shard_buf: Vec::new(),
             failed: Appended::new(FAILED_FILE),
             retry: Appended::new(RETRY_FILE),
+            timeline: Appended::new(super::timeline::TIMELINE_FILE),
             pending_lines: 0,
             stats: WriterStats::default(),
             finished,
@@ -332,6 +338,15 @@ impl Writer {
                 super::progress::write_atomic(&self.dir, &p)?;
                 return Ok(());
             }
+            Entry::Timeline(super::timeline::Write::Append(lines)) => {
+                self.timeline.buf.extend_from_slice(&lines)
+            }
+            Entry::Timeline(super::timeline::Write::Rewrite(all)) => {
+                // What is buffered is in `all` too: the recorder holds every kept line.
+                self.timeline.buf.clear();
+                self.timeline.replace(&self.dir, &all)?;
+                return Ok(());
+            }
         }
         self.pending_lines += 1;
         Ok(())
@@ -352,6 +367,7 @@ impl Writer {
         }
         self.failed.flush(&self.dir)?;
         self.retry.flush(&self.dir)?;
+        self.timeline.flush(&self.dir)?;
         self.pending_lines = 0;
         self.stats.syncs += 1;
         Ok(())
@@ -391,6 +407,16 @@ impl Appended {
         file.write_all(&self.buf).map_err(io(path))?;
         file.sync_data().map_err(io(path))?;
         self.buf.clear();
+        Ok(())
+    }
+
+    /// Replaces the file with `all` via a temp file and rename; later appends go to the new one.
+    fn replace(&mut self, dir: &Path, all: &[u8]) -> Result<(), JournalError> {
+        let path = dir.join(self.name);
+        let tmp = dir.join(format!(".{}.tmp", self.name));
+        std::fs::write(&tmp, all).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        self.file = None;
         Ok(())
     }
 }
@@ -537,6 +563,66 @@ mod tests {
         );
         assert_eq!(parse_done(&line).unwrap().0, big, "no float round-trip");
         assert!(parse_done(b"{\"id\":\"a\",\"output\":\"torn").is_err());
+    }
+
+    #[test]
+    fn batch_lines_read_back_by_custom_id_with_the_bodys_usage() {
+        let body = br#"{"id":"r","object":"text_completion","choices":[{"index":0,"text":"say \"prompt_tokens\":999","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46,"prompt_tokens_details":null}}"#;
+        let answer = |custom_id: &Id| {
+            batch::encode_answer(&batch::Answer {
+                custom_id,
+                body,
+                request_id: Some("r"),
+                instance: &ServerId::named("a"),
+                latency_s: 0.1,
+                max_tokens: (64, 64),
+            })
+        };
+        let user = id("batch_req_but_mine");
+        let line = answer(&user);
+        assert_eq!(parse_done(&line).unwrap(), (user.clone(), 12, 34));
+        // The full parse, as for a line another tool rewrote: the same answer.
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        let mut reordered = serde_json::to_vec(&serde_json::json!({
+            "error": null, "response": v["response"], "custom_id": v["custom_id"], "id": v["id"],
+        }))
+        .unwrap();
+        reordered.push(b'\n');
+        assert_eq!(parse_done(&reordered).unwrap(), (user, 12, 34));
+        let n = Id::line(7);
+        assert_eq!(parse_done(&answer(&n)).unwrap().0, n, "a numeric custom_id");
+        // fleet's own record of an id that happens to look like a batch id still reads as such.
+        let own = id("batch_req_x");
+        let record = encode(&CompletionRecord {
+            id: &own,
+            output: "",
+            reasoning: None,
+            prompt_tokens: 1,
+            completion_tokens: 2,
+            finish_reason: None,
+            instance: &ServerId::named("a"),
+            latency_s: 1.0,
+        });
+        assert_eq!(parse_done(&record).unwrap(), (own, 1, 2));
+
+        let dir = tempfile::tempdir().unwrap();
+        let failed = batch::encode_failure(
+            &id("long"),
+            4,
+            FailureReason::PromptTooLong,
+            "too long",
+            Some("00000000000000ab".into()),
+        );
+        std::fs::write(dir.path().join(FAILED_FILE), failed).unwrap();
+        std::fs::write(dir.path().join(shard_name(0)), answer(&id("ok"))).unwrap();
+        let r = recover(dir.path()).unwrap();
+        assert_eq!(r.failed[&key_of("long")], Some(0xab));
+        assert!(r.completed.contains(&key_of("ok")));
+        assert_eq!((r.input_tokens, r.output_tokens), (12, 34));
+        assert_eq!(
+            drop_failures(dir.path(), |k| k == key_of("long")).unwrap(),
+            1
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{FAILED_FILE, JournalError, RETRY_FILE, io, shard_index};
+use super::{FAILED_FILE, JournalError, RETRY_FILE, batch, io, shard_index};
 use crate::generate::input::{Id, IdError};
 
 /// Why a journal line does not read back.
@@ -43,21 +43,57 @@ pub struct Recovered {
     pub truncated_bytes: u64,
 }
 
-/// Reads a journal line's id and token counts. Lines fleet wrote start with `{"id":` and keep
-/// the counts after the output text, which is most of the line: the text is skipped, not
-/// parsed. JSON escapes quotes inside strings, so the last `"prompt_tokens":` is the field.
-/// Anything else takes the full parse.
+/// Reads a journal line's id and token counts, in either output format. Lines fleet wrote
+/// start with `{"id":` and keep the counts after the output text, which is most of the line:
+/// the text is skipped, not parsed. JSON escapes quotes inside strings, so the last
+/// `"prompt_tokens":` is the field (in a batch line, the body's `usage`: fleet's own fields
+/// after it have no counts). Anything else takes the full parse.
 pub(super) fn parse_done(line: &[u8]) -> Result<(Id, u64, u64), RecordError> {
     #[derive(Deserialize)]
     struct Full<'a> {
         #[serde(borrow)]
         id: &'a RawValue,
+        #[serde(borrow, default)]
+        custom_id: Option<&'a RawValue>,
+        #[serde(default)]
+        prompt_tokens: u64,
+        #[serde(default)]
+        completion_tokens: u64,
+        #[serde(default)]
+        response: Option<BatchResponse>,
+    }
+    #[derive(Deserialize)]
+    struct BatchResponse {
+        #[serde(default)]
+        body: Option<BatchBody>,
+    }
+    #[derive(Deserialize)]
+    struct BatchBody {
+        #[serde(default)]
+        usage: Option<Usage>,
+    }
+    #[derive(Deserialize, Default)]
+    struct Usage {
         #[serde(default)]
         prompt_tokens: u64,
         #[serde(default)]
         completion_tokens: u64,
     }
-    if let Some(rest) = line.strip_prefix(br#"{"id":"#) {
+    let counts = || {
+        Some((
+            number_after(line, br#""prompt_tokens":"#)?,
+            number_after(line, br#""completion_tokens":"#)?,
+        ))
+    };
+    if line.starts_with(batch::LINE_PREFIX)
+        && let Some(custom_id) = batch_custom_id(line)
+        && let Some((p, c)) = counts()
+    {
+        return Ok((Id::from_json(custom_id)?, p, c));
+    }
+    if !line.starts_with(batch::LINE_PREFIX)
+        && let Some(rest) = line.strip_prefix(br#"{"id":"#)
+    {
         let mut de = serde_json::Deserializer::from_slice(rest);
         if let Ok(raw) = <&RawValue>::deserialize(&mut de)
             && let (Some(p), Some(c)) = (
@@ -69,7 +105,30 @@ pub(super) fn parse_done(line: &[u8]) -> Result<(Id, u64, u64), RecordError> {
         }
     }
     let f: Full = serde_json::from_slice(line)?;
-    Ok((Id::from_json(f.id)?, f.prompt_tokens, f.completion_tokens))
+    match f.custom_id {
+        Some(custom_id) => {
+            let usage = f
+                .response
+                .and_then(|r| r.body)
+                .and_then(|b| b.usage)
+                .unwrap_or_default();
+            let (p, c) = (usage.prompt_tokens, usage.completion_tokens);
+            Ok((Id::from_json(custom_id)?, p, c))
+        }
+        None => Ok((Id::from_json(f.id)?, f.prompt_tokens, f.completion_tokens)),
+    }
+}
+
+/// A batch line's `custom_id`, which fleet writes right after its `id`.
+fn batch_custom_id(line: &[u8]) -> Option<&RawValue> {
+    let rest = line.strip_prefix(br#"{"id":"#)?;
+    let mut de = serde_json::Deserializer::from_slice(rest);
+    let id = <&RawValue>::deserialize(&mut de).ok()?;
+    let after = rest
+        .get(id.get().len()..)?
+        .strip_prefix(br#","custom_id":"#)?;
+    let mut de = serde_json::Deserializer::from_slice(after);
+    <&RawValue>::deserialize(&mut de).ok()
 }
 
 /// A `failed.jsonl` line's id and the hash of the line it failed on.
@@ -78,16 +137,26 @@ fn parse_failed(line: &[u8]) -> Result<(Id, Option<u64>), RecordError> {
     struct Failed<'a> {
         #[serde(borrow)]
         id: &'a RawValue,
+        #[serde(borrow, default)]
+        custom_id: Option<&'a RawValue>,
+        line_hash: Option<String>,
+        #[serde(default)]
+        fleet: Option<Fleet>,
+    }
+    /// A batch line keeps fleet's fields under `fleet`.
+    #[derive(Deserialize)]
+    struct Fleet {
         line_hash: Option<String>,
     }
     let f: Failed = serde_json::from_slice(line)?;
     let hash = f
         .line_hash
+        .or(f.fleet.and_then(|x| x.line_hash))
         .map(|h| {
             u64::from_str_radix(&h, 16).map_err(|source| RecordError::LineHash { value: h, source })
         })
         .transpose()?;
-    Ok((Id::from_json(f.id)?, hash))
+    Ok((Id::from_json(f.custom_id.unwrap_or(f.id))?, hash))
 }
 
 fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {

@@ -36,6 +36,7 @@ fn cfg() -> CoreConfig {
         timing: Timing::default(),
         files: None,
         seed: 7,
+        format: OutputFormat::Fleet,
     }
 }
 
@@ -74,6 +75,8 @@ fn completion(tokens: u64) -> Completion {
         prompt_tokens: 10,
         completion_tokens: tokens,
         finish_reason: Some("stop".into()),
+        body: None,
+        response_id: None,
     }
 }
 
@@ -103,6 +106,7 @@ fn overflow(o: Overflow) -> ClientError {
     ClientError::ContextOverflow {
         url: "u".into(),
         overflow: o,
+        message: format!("the server: {o}"),
     }
 }
 
@@ -169,6 +173,7 @@ impl Harness {
                     self.retries.push(serde_json::from_slice(&b).unwrap())
                 }
                 Action::Write(Entry::Progress(p)) => self.progress.push(*p),
+                Action::Write(Entry::Timeline(_)) => panic!("the timeline is the shell's"),
                 Action::Event(e) => self.events.push(e),
                 Action::Progress(p) => self.progress.push(p),
                 Action::Finish(end) => {

@@ -1,0 +1,255 @@
+//! The report's charts as inline SVG (maud markup): horizontal bars with 95% intervals, bars
+//! along a window, and time series with event marks. Pure; every drawn value also has a
+//! `<title>` tooltip, and the page puts the numbers in a table next to each chart.
+
+use maud::{Markup, html};
+
+/// Colours of series, in order; chosen to stay apart in greyscale print too.
+pub const PALETTE: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#7f7f7f",
+];
+
+const W: f64 = 720.0;
+const LEFT: f64 = 170.0;
+const RIGHT: f64 = 20.0;
+
+/// A tick-friendly upper bound: 1, 2 or 5 times a power of ten at or above `x`.
+pub fn nice_max(x: f64) -> f64 {
+    if x <= 0.0 || !x.is_finite() {
+        return 1.0;
+    }
+    let p = 10f64.powf(x.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if m * p >= x {
+            return m * p;
+        }
+    }
+    10.0 * p
+}
+
+/// `1234.5` as `1235`, `12.345` as `12.3`, `0.01234` as `0.0123`: short labels.
+pub fn short(x: f64) -> String {
+    let a = x.abs();
+    if a >= 100.0 {
+        format!("{x:.0}")
+    } else if a >= 10.0 {
+        format!("{x:.1}")
+    } else if a >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// One horizontal bar.
+pub struct Bar {
+    pub label: String,
+    pub value: f64,
+    /// A 95% interval drawn as a whisker.
+    pub interval: Option<(f64, f64)>,
+    /// CSS class of the bar (`winner`, `pruned`, `failed`).
+    pub class: &'static str,
+    /// What the bar says when there is no value (`failed`).
+    pub note: Option<String>,
+}
+
+/// Horizontal bars on one axis from zero, labelled on the left.
+pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
+    let row_h = 26.0;
+    let h = 30.0 + row_h * rows.len() as f64 + 24.0;
+    let max = nice_max(
+        rows.iter()
+            .map(|r| r.interval.map_or(r.value, |(_, hi)| hi.max(r.value)))
+            .fold(0.0, f64::max),
+    );
+    let x = |v: f64| LEFT + (W - LEFT - RIGHT) * (v / max).clamp(0.0, 1.0);
+    let axis_y = 30.0 + row_h * rows.len() as f64;
+    html! {
+        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
+            text.title x="4" y="16" { (title) }
+            @for i in 0..=4 {
+                @let v = max * i as f64 / 4.0;
+                line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
+                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (short(v)) }
+            }
+            @for (i, r) in rows.iter().enumerate() {
+                @let y = 30.0 + row_h * i as f64;
+                text.label x=(LEFT - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
+                @if let Some(note) = &r.note {
+                    text.note x=(LEFT + 4.0) y=(y + 15.0) { (note) }
+                } @else {
+                    rect class=(r.class) x=(LEFT) y=(y + 4.0) width=(x(r.value) - LEFT) height=(row_h - 8.0) {
+                        title { (r.label) ": " (short(r.value)) " " (unit)
+                            @if let Some((lo, hi)) = r.interval { " [" (short(lo)) ", " (short(hi)) "]" } }
+                    }
+                    @if let Some((lo, hi)) = r.interval {
+                        line.whisker x1=(x(lo)) x2=(x(hi)) y1=(y + row_h / 2.0) y2=(y + row_h / 2.0) {}
+                        line.whisker x1=(x(lo)) x2=(x(lo)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
+                        line.whisker x1=(x(hi)) x2=(x(hi)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
+                    }
+                    text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value))) + 4.0) y=(y + 15.0) { (short(r.value)) }
+                }
+            }
+            text.tick x=(W - RIGHT) y=(h - 2.0) text-anchor="end" { (unit) }
+        }
+    }
+}
+
+/// A line of a time series.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub dashed: bool,
+}
+
+/// An event drawn as a vertical line across a time chart.
+pub struct Event {
+    pub t: f64,
+    pub label: String,
+    pub trouble: bool,
+}
+
+/// Seconds as `42s`, `17m`, `3.5h` for time-axis ticks.
+fn since(s: f64) -> String {
+    if s < 120.0 {
+        format!("{s:.0}s")
+    } else if s < 7200.0 {
+        format!("{:.0}m", s / 60.0)
+    } else {
+        format!("{:.1}h", s / 3600.0)
+    }
+}
+
+/// Series over time since `t0` (Unix seconds), with the job's events as vertical lines.
+pub fn time_chart(
+    id: &str,
+    title: &str,
+    unit: &str,
+    t0: f64,
+    series: &[Series],
+    events: &[Event],
+) -> Markup {
+    let h = 240.0;
+    let (top, bottom) = (26.0, h - 40.0);
+    let left = 60.0;
+    let all = series.iter().flat_map(|s| s.points.iter());
+    let t_end = all
+        .clone()
+        .map(|p| p.0)
+        .chain(events.iter().map(|e| e.t))
+        .fold(t0, f64::max);
+    let span = (t_end - t0).max(1.0);
+    let max = nice_max(all.map(|p| p.1).fold(0.0, f64::max));
+    let x = |t: f64| left + (W - left - RIGHT) * ((t - t0) / span).clamp(0.0, 1.0);
+    let y = |v: f64| bottom - (bottom - top) * (v / max).clamp(0.0, 1.0);
+    html! {
+        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
+            text.title x="4" y="16" { (title) }
+            @for i in 0..=4 {
+                @let v = max * i as f64 / 4.0;
+                line.grid x1=(left) x2=(W - RIGHT) y1=(y(v)) y2=(y(v)) {}
+                text.tick x=(left - 4.0) y=(y(v) + 4.0) text-anchor="end" { (short(v)) }
+                @let t = t0 + span * i as f64 / 4.0;
+                text.tick x=(x(t)) y=(bottom + 14.0) text-anchor="middle" { (since(t - t0)) }
+            }
+            @for e in events {
+                line class=(if e.trouble { "mark trouble" } else { "mark" }) x1=(x(e.t)) x2=(x(e.t)) y1=(top) y2=(bottom) {
+                    title { (since(e.t - t0)) ": " (e.label) }
+                }
+            }
+            @for (i, s) in series.iter().enumerate() {
+                @let colour = PALETTE[i % PALETTE.len()];
+                @let pts = s.points.iter().map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v))).collect::<Vec<_>>().join(" ");
+                polyline.series points=(pts) stroke=(colour) stroke-dasharray=(if s.dashed { "6 4" } else { "none" }) {
+                    title { (s.name) }
+                }
+            }
+            @for (i, s) in series.iter().enumerate() {
+                @let colour = PALETTE[i % PALETTE.len()];
+                @let lx = left + 8.0 + 150.0 * (i % 4) as f64;
+                @let ly = h - 14.0 + 12.0 * (i / 4) as f64 - 12.0 * ((series.len().saturating_sub(1)) / 4) as f64;
+                rect x=(lx) y=(ly - 8.0) width="10" height="10" fill=(colour) {}
+                text.legend x=(lx + 14.0) y=(ly + 1.0) { (s.name) }
+            }
+            text.tick x=(W - RIGHT) y=(top - 4.0) text-anchor="end" { (unit) }
+        }
+    }
+}
+
+/// One candidate's run along the measured window: pruned ones stop at their first window.
+pub struct Span {
+    pub label: String,
+    pub end_s: f64,
+    pub class: &'static str,
+    pub note: String,
+}
+
+/// The sweep's candidates along the measured window, with where pruning stopped them.
+pub fn spans(
+    id: &str,
+    title: &str,
+    window_s: f64,
+    first_window_s: Option<f64>,
+    rows: &[Span],
+) -> Markup {
+    let row_h = 24.0;
+    let h = 30.0 + row_h * rows.len() as f64 + 24.0;
+    let max = window_s.max(1.0);
+    let x = |v: f64| LEFT + (W - LEFT - RIGHT - 160.0) * (v / max).clamp(0.0, 1.0);
+    let axis_y = 30.0 + row_h * rows.len() as f64;
+    html! {
+        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
+            text.title x="4" y="16" { (title) }
+            @for i in 0..=4 {
+                @let v = max * i as f64 / 4.0;
+                line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
+                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (short(v)) "s" }
+            }
+            @if let Some(f) = first_window_s {
+                line.mark.trouble x1=(x(f)) x2=(x(f)) y1="24" y2=(axis_y) {
+                    title { "first window: " (short(f)) " s" }
+                }
+            }
+            @for (i, r) in rows.iter().enumerate() {
+                @let y = 30.0 + row_h * i as f64;
+                text.label x=(LEFT - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
+                rect class=(r.class) x=(LEFT) y=(y + 4.0) width=((x(r.end_s) - LEFT).max(2.0)) height=(row_h - 8.0) {
+                    title { (r.label) ": " (r.note) }
+                }
+                text.note x=(x(r.end_s).max(LEFT + 2.0) + 6.0) y=(y + 15.0) { (r.note) }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_bounds_are_round_numbers_at_or_above_the_data() {
+        assert_eq!(nice_max(0.0), 1.0);
+        assert_eq!(nice_max(3.2), 5.0);
+        assert_eq!(nice_max(1180.0), 2000.0);
+        assert_eq!(nice_max(100.0), 100.0);
+    }
+
+    #[test]
+    fn a_bar_chart_escapes_labels_and_tells_each_value() {
+        let svg = bars(
+            "t",
+            "tok/s",
+            "tok/s/GPU",
+            &[Bar {
+                label: "<b>".into(),
+                value: 120.0,
+                interval: Some((110.0, 130.0)),
+                class: "winner",
+                note: None,
+            }],
+        )
+        .into_string();
+        assert!(svg.contains("&lt;b&gt;: 120 tok/s/GPU [110, 130]"), "{svg}");
+        assert!(!svg.contains("<b>"));
+    }
+}

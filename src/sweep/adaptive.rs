@@ -1,0 +1,459 @@
+//! The adaptive search over ranges: a space-filling sample led by the profile's own values,
+//! screened by successive halving, then coordinate refinement around the best measured point
+//! on a shrinking step, never near a failed point nor past a memory edge it taught; it stops at
+//! `--trials`, `--budget`, or when the best has stopped improving. Pure: everything it decides
+//! on comes through the [`Strategy`] calls.
+
+use serde::{Deserialize, Serialize};
+
+use super::assign::{Need, Slot};
+use super::prune::{self, Contender};
+use super::range::Dim;
+use super::rank::{Outcome, Trial};
+use super::search::{Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
+use super::space::Candidate;
+
+/// The first step of refinement, as a fraction of each range; each level halves it.
+const FIRST_STEP: f64 = 0.25;
+/// Refinement ends below this step: a 1/128 of a range is under what a window can tell apart.
+const LAST_STEP: f64 = 1.0 / 128.0;
+/// Keys whose larger values take more GPU memory (the static pool, the captured decode
+/// graphs, the requests held at once): past a failed point on all of them lies failure too.
+const MEMORY_KEYS: [&str; 5] = [
+    "server.mem_fraction_static",
+    "server.max_running_requests",
+    "flag.mem-fraction-static",
+    "flag.cuda-graph-max-bs-decode",
+    "flag.cuda-graph-max-bs",
+];
+
+/// How far the search may go, from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Trials at most (`--trials`).
+    pub trials: usize,
+    /// Seconds of search at most (`--budget`), over every run of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_s: Option<f64>,
+}
+
+/// The adaptive search with what it has seen.
+#[derive(Debug, Clone)]
+pub struct Adaptive {
+    dims: Vec<Dim>,
+    /// The profile's value for each dimension, where it has one inside the dimension.
+    seed: Vec<Option<String>>,
+    limits: Limits,
+    need: Need,
+    /// Every candidate proposed, in order: the board's indices point here.
+    known: Vec<Candidate>,
+    board: Vec<Contender>,
+    /// The step the last proposal used, for `sweep.json`.
+    step: f64,
+}
+
+fn hosts(slots: &[Slot]) -> Vec<String> {
+    let mut h: Vec<String> = slots.iter().map(|s| s.host.clone()).collect();
+    h.sort();
+    h.dedup();
+    h
+}
+
+/// The `i`th element of the van der Corput sequence in `base`: Halton's coordinates.
+fn halton(mut i: usize, base: usize) -> f64 {
+    let (mut f, mut r) = (1.0, 0.0);
+    while i > 0 {
+        f /= base as f64;
+        r += f * (i % base) as f64;
+        i /= base;
+    }
+    r
+}
+
+const PRIMES: [usize; 12] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37];
+
+/// A trial's figure to maximise: output tok/s per GPU over the full window.
+fn score(t: &Trial) -> Option<f64> {
+    match &t.outcome {
+        Outcome::Ok(m) => Some(m.output_tok_s_per_gpu),
+        _ => None,
+    }
+}
+
+impl Adaptive {
+    /// The search over `dims`, seeded with `seed`, each candidate needing `need`, continuing
+    /// from what is on file: the candidates `proposed` and the finished `trials`.
+    pub fn new(
+        dims: Vec<Dim>,
+        seed: Vec<Option<String>>,
+        limits: Limits,
+        need: Need,
+        proposed: &[Candidate],
+        trials: &[Trial],
+    ) -> Adaptive {
+        let mut a = Adaptive {
+            dims,
+            seed,
+            limits,
+            need,
+            known: proposed.to_vec(),
+            board: Vec::new(),
+            step: FIRST_STEP,
+        };
+        for t in trials {
+            if matches!(t.outcome, Outcome::Failed { .. }) {
+                continue;
+            }
+            if let Some(w) = t.first_window {
+                let candidate = a.index(&t.candidate);
+                a.board.push(Contender {
+                    candidate,
+                    hosts: hosts(&t.gpus),
+                    estimate: w.estimate,
+                });
+            }
+        }
+        a
+    }
+
+    fn index(&mut self, c: &Candidate) -> usize {
+        match self.known.iter().position(|k| k.id == c.id) {
+            Some(i) => i,
+            None => {
+                self.known.push(c.clone());
+                self.known.len() - 1
+            }
+        }
+    }
+
+    /// The candidate at `u` (one coordinate per dimension, in [0, 1]).
+    pub fn candidate(&self, u: &[f64]) -> Candidate {
+        let settings: Vec<(String, String)> = self
+            .dims
+            .iter()
+            .zip(u)
+            .map(|(d, &x)| (d.key.clone(), d.value(x)))
+            .collect();
+        let id = settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(";");
+        Candidate { id, settings }
+    }
+
+    /// Where a candidate sits, one coordinate per dimension.
+    fn point(&self, c: &Candidate) -> Option<Vec<f64>> {
+        self.dims
+            .iter()
+            .map(|d| {
+                let (_, v) = c.settings.iter().find(|(k, _)| *k == d.key)?;
+                d.unit(v)
+            })
+            .collect()
+    }
+
+    /// How many candidates the first sample has: enough to see each dimension from both
+    /// sides, and at least the GPUs free at the start.
+    fn sample_size(&self, free: usize) -> usize {
+        (2 * self.dims.len() + 2).max(free).min(self.limits.trials)
+    }
+
+    /// The `i`th point of the sample: the profile's own values first (the middle of a range
+    /// it does not set), then Halton points, which cover the space evenly at any count.
+    fn sample(&self, i: usize) -> Vec<f64> {
+        if i == 0 {
+            return self
+                .dims
+                .iter()
+                .zip(&self.seed)
+                .map(|(d, s)| s.as_deref().and_then(|v| d.unit(v)).unwrap_or(0.5))
+                .collect();
+        }
+        (0..self.dims.len())
+            .map(|d| halton(i, PRIMES[d % PRIMES.len()]))
+            .collect()
+    }
+
+    /// Whether `c` is too close to a failed point `f` at this `step`, or past it on every
+    /// memory dimension with the rest the same: a memory edge.
+    fn infeasible(&self, c: &[f64], failed: &[Vec<f64>], step: f64) -> bool {
+        failed.iter().any(|f| {
+            let mut near = true;
+            let mut beyond = true;
+            for (d, dim) in self.dims.iter().enumerate() {
+                let gap = c[d] - f[d];
+                if dim.is_list() {
+                    if gap.abs() > 1e-9 {
+                        near = false;
+                        beyond = false;
+                    }
+                    continue;
+                }
+                if gap.abs() >= step / 2.0 {
+                    near = false;
+                }
+                let memory = MEMORY_KEYS.contains(&dim.key.as_str());
+                if !(memory && gap >= -1e-9 || gap.abs() < 1e-9) {
+                    beyond = false;
+                }
+            }
+            near || beyond
+        })
+    }
+
+    /// The neighbours of `best` at `step`: one step down and up each range, every other
+    /// value of each list.
+    fn neighbours(&self, best: &[f64], step: f64, behind: &[(usize, f64)]) -> Vec<Vec<f64>> {
+        let mut out = Vec::new();
+        let mut lists = Vec::new();
+        for (d, dim) in self.dims.iter().enumerate() {
+            let moves: Vec<f64> = match &dim.domain {
+                super::range::Domain::List { values } => {
+                    let n = values.len() as f64;
+                    (0..values.len())
+                        .map(|i| (i as f64 + 0.5) / n)
+                        .filter(|&u| !behind.iter().any(|&(e, b)| e == d && (b - u).abs() < 1e-9))
+                        .collect()
+                }
+                super::range::Domain::Range { .. } => vec![best[d] - step, best[d] + step],
+            };
+            for m in moves {
+                let mut p = best.to_vec();
+                p[d] = m.clamp(0.0, 1.0);
+                if dim.is_list() {
+                    lists.push(p);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        // Then the diagonals of each pair of ranges: where two knobs trade memory against
+        // each other, the best lies along a ridge that single steps cannot climb.
+        let ranges: Vec<usize> = (0..self.dims.len())
+            .filter(|&d| !self.dims[d].is_list())
+            .collect();
+        for (i, &a) in ranges.iter().enumerate() {
+            for &b in &ranges[i + 1..] {
+                for (sa, sb) in [(1.0, -1.0), (-1.0, 1.0), (1.0, 1.0), (-1.0, -1.0)] {
+                    let mut p = best.to_vec();
+                    p[a] = (p[a] + sa * step).clamp(0.0, 1.0);
+                    p[b] = (p[b] + sb * step).clamp(0.0, 1.0);
+                    out.push(p);
+                }
+            }
+        }
+        // Another list value last: it moves the most at once.
+        out.extend(lists);
+        out
+    }
+
+    /// The list values clearly behind: (dimension, coordinate) of each value that ran at
+    /// least twice and never came within 70% of the best figure.
+    fn behind(&self, trials: &[Trial]) -> Vec<(usize, f64)> {
+        let top = trials.iter().filter_map(score).fold(0.0, f64::max);
+        let mut out = Vec::new();
+        for (d, dim) in self.dims.iter().enumerate() {
+            let super::range::Domain::List { values } = &dim.domain else {
+                continue;
+            };
+            for v in values {
+                let ran: Vec<f64> = trials
+                    .iter()
+                    .filter(|t| {
+                        t.candidate
+                            .settings
+                            .iter()
+                            .any(|(k, x)| *k == dim.key && x == v)
+                    })
+                    .filter_map(score)
+                    .collect();
+                if ran.len() >= 2 && ran.iter().all(|&s| s < 0.7 * top) {
+                    out.extend(dim.unit(v).map(|u| (d, u)));
+                }
+            }
+        }
+        out
+    }
+
+    /// How much memory a point asks for, to break ties: the sum of its memory coordinates.
+    fn memory(&self, c: &Candidate) -> f64 {
+        let Some(u) = self.point(c) else { return 0.0 };
+        self.dims
+            .iter()
+            .zip(u)
+            .filter(|(d, _)| MEMORY_KEYS.contains(&d.key.as_str()))
+            .map(|(_, x)| x)
+            .sum()
+    }
+
+    /// The best measured trial and its place: the highest figure, and among figures within
+    /// half a percent of it (the same, to a window's precision) the one asking least memory,
+    /// which leaves the most room to grow into.
+    fn best<'t>(&self, trials: &'t [Trial]) -> Option<(usize, &'t Trial)> {
+        let top = trials.iter().filter_map(score).fold(f64::NAN, f64::max);
+        trials
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| score(t).is_some_and(|s| s >= top * 0.995))
+            .min_by(|a, b| {
+                self.memory(&a.1.candidate)
+                    .total_cmp(&self.memory(&b.1.candidate))
+                    .then(a.0.cmp(&b.0))
+            })
+    }
+}
+
+impl Strategy for Adaptive {
+    fn propose(&mut self, view: &View<'_>) -> Next {
+        for c in view.proposed {
+            self.index(c);
+        }
+        let proposed = view.proposed.len();
+        let stop = |stop| Next {
+            run: Vec::new(),
+            stop: Some(stop),
+        };
+        if proposed >= self.limits.trials {
+            return stop(Stop::Trials);
+        }
+        if let Some(b) = self.limits.budget_s
+            && view.elapsed.as_secs_f64() >= b
+        {
+            return stop(Stop::Budget);
+        }
+        let room = view.free.len().min(self.limits.trials - proposed);
+        let taken = |id: &str, run: &[Candidate]| {
+            view.proposed.iter().any(|p| p.id == id) || run.iter().any(|p| p.id == id)
+        };
+        let failed: Vec<Vec<f64>> = view
+            .trials
+            .iter()
+            .filter(|t| matches!(t.outcome, Outcome::Failed { .. }))
+            .filter_map(|t| self.point(&t.candidate))
+            .collect();
+        let best = self.best(view.trials);
+        let mut run: Vec<Candidate> = Vec::new();
+        let n0 = self.sample_size(view.free.len());
+        // The sample first; it goes on past its size while nothing has been measured.
+        let sampling = proposed < n0 || best.is_none();
+        if sampling {
+            let want = if best.is_none() {
+                room
+            } else {
+                room.min(n0 - proposed)
+            };
+            let mut i = 0;
+            // The sample runs out only where the space is smaller than what is asked.
+            while run.len() < want && i < 64 * n0.max(1) {
+                let u = self.sample(i);
+                i += 1;
+                let c = self.candidate(&u);
+                if taken(&c.id, &run) || self.infeasible(&u, &failed, FIRST_STEP) {
+                    continue;
+                }
+                run.push(c);
+            }
+        } else if let Some((at, t)) = best {
+            // The best has not moved for this many finished trials: the last rounds stopped
+            // improving.
+            let patience = 3 * (2 * self.dims.len()).max(view.free.len());
+            if view.trials.len() - at > patience {
+                return stop(Stop::Converged);
+            }
+            let Some(centre) = self.point(&t.candidate) else {
+                return stop(Stop::Exhausted);
+            };
+            let behind = self.behind(view.trials);
+            // Each round of refinement starts a step finer than the last: the later rounds
+            // look closer around a best the earlier ones placed.
+            let rounds = (proposed - n0) / view.free.len().max(1);
+            let mut step = FIRST_STEP / 2f64.powi(rounds.min(16) as i32);
+            while run.len() < room && step >= LAST_STEP {
+                for u in self.neighbours(&centre, step, &behind) {
+                    if run.len() == room {
+                        break;
+                    }
+                    let c = self.candidate(&u);
+                    if !taken(&c.id, &run) && !self.infeasible(&u, &failed, step) {
+                        run.push(c);
+                    }
+                }
+                self.step = step;
+                if run.len() < room {
+                    step /= 2.0;
+                }
+            }
+        }
+        let pending = view
+            .proposed
+            .iter()
+            .any(|c| !view.trials.iter().any(|t| t.candidate.id == c.id));
+        let end = (run.is_empty() && !pending).then_some(if sampling {
+            Stop::Exhausted
+        } else {
+            Stop::Converged
+        });
+        for c in &run {
+            self.index(c);
+        }
+        Next {
+            run: run
+                .into_iter()
+                .map(|candidate| Proposal {
+                    candidate,
+                    need: self.need.clone(),
+                })
+                .collect(),
+            stop: end,
+        }
+    }
+
+    /// Successive halving, as the grid does it: a candidate clearly behind the leader on the
+    /// same hosts after its first window stops there.
+    fn judge(&mut self, screens: &[Screen]) -> Vec<Verdict> {
+        let contenders: Vec<Option<Contender>> = screens
+            .iter()
+            .map(|s| {
+                let candidate = self.index(&s.candidate);
+                Some(Contender {
+                    candidate,
+                    hosts: hosts(&s.gpus),
+                    estimate: s.estimate?,
+                })
+            })
+            .collect();
+        let judged: Vec<Contender> = contenders.iter().flatten().cloned().collect();
+        let mut decided = prune::decide(&self.board, &judged).into_iter();
+        let verdicts = contenders
+            .iter()
+            .map(
+                |c| match c.as_ref().and_then(|_| decided.next().flatten()) {
+                    Some(l) => Verdict::Prune {
+                        leader: self.known[l.candidate].clone(),
+                        estimate: l.estimate,
+                    },
+                    None => Verdict::Continue,
+                },
+            )
+            .collect();
+        self.board.extend(judged);
+        verdicts
+    }
+
+    /// A failed candidate leads nobody; where it failed is read from the trials.
+    fn observe(&mut self, trial: &Trial) {
+        if matches!(trial.outcome, Outcome::Failed { .. }) {
+            let failed = self.index(&trial.candidate);
+            self.board.retain(|c| c.candidate != failed);
+        }
+    }
+
+    fn model(&self) -> Model {
+        Model::Adaptive { step: self.step }
+    }
+}
+
+#[cfg(test)]
+#[path = "adaptive_tests.rs"]
+mod tests;

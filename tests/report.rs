@@ -1,0 +1,200 @@
+//! `fleet report` end to end: a 4-candidate sweep on `sglang-sim` servers and a 2,500-prompt
+//! `fleet generate` job on two more (one prompt too long for the context) become one HTML page,
+//! through the real `fleet` binary; the page is checked for its numbers, for having nothing
+//! remote, and rendered offline in headless Chromium (Debian's `chromium`, every host
+//! unresolvable), which must draw its charts and make no network request.
+
+mod common;
+mod sweep_common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::generate::{Sim, generate, write_lines};
+use serde_json::{Value, json};
+use sweep_common::{Fleet, serial, short};
+
+/// Headless Chromium with no network, no background traffic and a fresh profile.
+fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-default-apps",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("Debian's chromium is installed (scripts/test installs it)")
+}
+
+fn job_dir(tmp: &Path) -> std::path::PathBuf {
+    let a = Sim::start(&["--context-length", "512", "--sim-time-scale", "100"]);
+    let b = Sim::start(&["--context-length", "512", "--sim-time-scale", "100"]);
+    let prompts = tmp.join("prompts.jsonl");
+    let mut lines: Vec<String> = (0..2499)
+        .map(|i| {
+            json!({"id": i, "prompt": format!("question {i}: {}", "word ".repeat(10 + i % 20))})
+                .to_string()
+        })
+        .collect();
+    // The sim counts ceil(chars / 4) tokens: 1000 of them is over the 512 context.
+    lines.insert(
+        1234,
+        json!({"id": "too-long", "prompt": "y".repeat(4000)}).to_string(),
+    );
+    write_lines(&prompts, &lines);
+    let out = tmp.join("job");
+    let o = generate(&out, &prompts, &[&a.url, &b.url])
+        .args(["--max-tokens", "16"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "one prompt fails: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "report: fleet report {} -o report.html",
+            out.display()
+        )),
+        "{stdout}"
+    );
+    out
+}
+
+#[test]
+fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
+    let _g = serial();
+    let f = Fleet::new(2, &["mamba_strategy: extra_buffer"], &[]);
+    let (code, out, err) = f.fleet(&short(&[
+        "sweep",
+        "--profile",
+        "base",
+        "--strategies",
+        "extra_buffer,no_buffer",
+        "--set",
+        "server.mem_fraction_static=0.30,0.85",
+    ]));
+    assert!(code == 0 || code == 1, "{err}");
+    assert!(
+        out.contains("report: fleet report sweep.json -o report.html"),
+        "{out}"
+    );
+    let sweep = f.file();
+    let labels: Vec<String> = sweep["search"]["proposed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            c["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|kv| {
+                    // As `Candidate::label` names it.
+                    let (k, v) = (kv[0].as_str().unwrap(), kv[1].as_str().unwrap());
+                    match k.strip_prefix("server.").unwrap_or(k) {
+                        "mamba_strategy" => v.to_string(),
+                        k => format!("{k}={v}"),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(labels.len(), 4, "{labels:?}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let job = job_dir(tmp.path());
+    let timeline = std::fs::read_to_string(job.join("timeline.jsonl")).unwrap();
+    assert!(timeline.lines().count() >= 3, "{timeline}");
+
+    let html = tmp.path().join("report.html");
+    let o = f
+        .command(&["report", "sweep.json"])
+        .arg(&job)
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.len() < 300_000, "{} bytes", page.len());
+    // Nothing remote, and nothing to load at all: no script, link, image or font.
+    for remote in [
+        "http://", "https://", "src=", "href=", "<script", "@import", "url(",
+    ] {
+        assert!(!page.contains(remote), "the page has {remote:?}");
+    }
+    for l in &labels {
+        assert!(page.contains(l.as_str()), "no candidate {l} in the page");
+    }
+    assert!(page.contains("prompt_too_long"));
+    let progress: Value =
+        serde_json::from_str(&std::fs::read_to_string(job.join("progress.json")).unwrap()).unwrap();
+    assert_eq!(progress["completed"], 2499);
+    assert!(page.contains(r#"<td id="job-completed">2499</td>"#));
+    assert!(page.contains(r#"<td id="job-total">2500</td>"#));
+    // The winner's figure as sweep.json has it, to the table's precision.
+    let (code, json_out, err) = f.fleet(&["--json", "report", "sweep.json"]);
+    assert_eq!(code, 0, "{err}");
+    let model: Value = serde_json::from_str(&json_out).unwrap();
+    let rows = model["sweep"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    let trials = sweep["trials"].as_array().unwrap();
+    for r in rows.iter().filter(|r| r["state"] != "failed") {
+        let t = trials
+            .iter()
+            .find(|t| {
+                let m = &t["outcome"];
+                m["output_tok_s_per_gpu"] == r["tok_s_per_gpu"]
+            })
+            .unwrap_or_else(|| panic!("{r} is not a trial of sweep.json"));
+        assert!(t["outcome"]["cap"] == r["cap"], "{r} vs {t}");
+    }
+
+    // Offline in a real browser: the DOM it builds has the charts and the numbers.
+    let profile = tmp.path().join("chromium");
+    let netlog = tmp.path().join("net.json");
+    let url = format!("file://{}", html.display());
+    let dom = chromium(
+        &profile,
+        &[
+            &format!("--log-net-log={}", netlog.display()),
+            "--dump-dom",
+            &url,
+        ],
+    );
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    let charts = dom_text.matches("<svg class=\"chart\"").count();
+    assert!(charts >= 4, "{charts} charts in the rendered DOM");
+    assert!(dom_text.contains("polyline"), "the time series are drawn");
+    assert!(dom_text.contains("prompt_too_long"));
+    for l in &labels {
+        assert!(dom_text.contains(l.as_str()), "no {l} in the rendered DOM");
+    }
+    // The browser's own record of its requests: none went to the network.
+    let log = std::fs::read_to_string(&netlog).unwrap_or_default();
+    for remote in ["\"http://", "\"https://", "\"ws://", "\"wss://"] {
+        assert!(
+            !log.contains(remote),
+            "chromium requested {remote}: see {}",
+            netlog.display()
+        );
+    }
+}
