@@ -373,12 +373,158 @@ fn jobs_list() {
     );
 }
 
+/// Whether `GET /health` at `address:port` answers 200.
+fn healthy(address: &str, port: u16) -> bool {
+    let Ok(mut s) = std::net::TcpStream::connect((address, port)) else {
+        return false;
+    };
+    let _ = s.write_all(b"GET /health HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.ends_with(b"200")
+}
+
+/// `fleet up` of 8 sims with a 3 s load on one host through ssh and `pct`, against the same 8
+/// servers started by hand in parallel (one `ssh host pct exec …` each, as a person would,
+/// polled every 10 ms): the floor `up` is measured against, in the same run, median of rounds.
+fn up_vs_by_hand() {
+    const GPUS: u16 = 8;
+    let rounds = if headline::quick() { 1 } else { 3 };
+    let world = World::new(1);
+    let h = &world.hosts[0];
+    let list: Vec<String> = (0..GPUS).map(|g| g.to_string()).collect();
+    world.inventory(&format!("[{}]", list.join(", ")));
+    let port_base = common::free_port_base(GPUS);
+    std::fs::create_dir_all(world.home.path().join("profiles")).unwrap();
+    std::fs::write(
+        world.home.path().join("profiles/sim.yaml"),
+        format!(
+            "model: /models/test\nlauncher: [{}]\nport_base: {port_base}\nserver:\n  \
+             mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"3\"\n",
+            common::local_fleet::SIM
+        ),
+    )
+    .unwrap();
+    let fleet = |args: &[&str]| {
+        let o = world.fleet(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
+        o
+    };
+    let plan: Value =
+        serde_json::from_slice(&fleet(&["--json", "up", "--profile", "sim", "--dry-run"]).stdout)
+            .unwrap();
+    // OpenSSH reads ~/.ssh from the passwd entry, not $HOME: the world's files are named.
+    let ssh_dir = world.home.path().join(".ssh");
+    let ssh = || {
+        let mut c = Command::new("ssh");
+        c.arg("-F")
+            .arg(ssh_dir.join("config"))
+            .arg("-i")
+            .arg(ssh_dir.join(format!("{}_key", h.alias)))
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile={}",
+                ssh_dir.join("known_hosts").display()
+            ))
+            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+            .arg(&h.alias);
+        c
+    };
+    let (mut ups, mut hands) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        // By hand: one ssh command that starts every server in the background, each with its
+        // command line and environment from the dry run, prints their pids and waits.
+        let started = Instant::now();
+        let mut script = String::new();
+        for server in plan.as_array().unwrap() {
+            let mut line = vec!["env".to_string()];
+            for (k, v) in server["env"].as_object().unwrap() {
+                let kv = format!("{k}={}", v.as_str().unwrap());
+                line.push(shlex::try_quote(&kv).unwrap().into_owned());
+            }
+            for a in server["argv"].as_array().unwrap() {
+                line.push(shlex::try_quote(a.as_str().unwrap()).unwrap().into_owned());
+            }
+            script.push_str(&format!("{} >/dev/null 2>&1 & echo $!; ", line.join(" ")));
+        }
+        script.push_str("wait");
+        let remote = format!("sh -c {}", shlex::try_quote(&script).unwrap());
+        let mut shell = ssh()
+            .args(["pct", "exec", &h.container.to_string(), "--", &remote])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let ports: Vec<u16> = plan
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["port"].as_u64().unwrap() as u16)
+            .collect();
+        // One poller per server: a server still warming up holds a /health request open.
+        std::thread::scope(|scope| {
+            for p in &ports {
+                let address = h.address.as_str();
+                scope.spawn(move || {
+                    while !healthy(address, *p) {
+                        assert!(
+                            started.elapsed() < Duration::from_secs(60),
+                            "never ready by hand"
+                        );
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                });
+            }
+        });
+        hands.push(started.elapsed());
+        // Stop them by the pids the shell printed, then let the ssh session end.
+        let mut pids = String::new();
+        let stdout = shell.stdout.as_mut().unwrap();
+        while pids.lines().count() < ports.len() {
+            let mut chunk = [0u8; 256];
+            let n = stdout.read(&mut chunk).unwrap();
+            assert!(n > 0, "the shell ended before printing every pid: {pids}");
+            pids.push_str(&text(&chunk[..n]));
+        }
+        let mut kill = vec!["pct".to_string(), "exec".into(), h.container.to_string()];
+        kill.extend(["--".into(), "kill".into()]);
+        kill.extend(pids.split_whitespace().map(str::to_string));
+        let o = ssh().args(&kill).output().unwrap();
+        assert!(o.status.success(), "kill: {}", text(&o.stderr));
+        shell.wait().unwrap();
+        while ports.iter().any(|p| healthy(&h.address, *p)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+
+        let started = Instant::now();
+        fleet(&["up", "--profile", "sim"]);
+        ups.push(started.elapsed());
+        fleet(&["down", "--grace", "10s"]);
+    }
+    println!("up through ssh + pct: {ups:?}; by hand: {hands:?}");
+    ups.sort();
+    hands.sort();
+    let (up, hand) = (ups[rounds / 2], hands[rounds / 2]);
+    let ratio = up.as_secs_f64() / hand.as_secs_f64();
+    headline::line(
+        "hosts.up_vs_hand",
+        &format!(
+            "{ratio:.2}× ({:.2} s vs {:.2} s by hand, medians of {rounds})",
+            up.as_secs_f64(),
+            hand.as_secs_f64()
+        ),
+        "`fleet up` of 8 sims (3 s load) through ssh + `pct` ≤ 1.3× the same started by hand",
+        Some(ratio <= 1.3),
+    );
+}
+
 fn main() {
     let filter = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .unwrap_or_default();
-    let benches: [(&str, fn()); 5] = [
+    let benches: [(&str, fn()); 6] = [
+        ("up_vs_by_hand", up_vs_by_hand),
         ("sixteen_on_two", sixteen_on_two),
         ("survivor", survivor),
         ("reconnect", reconnect),

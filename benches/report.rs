@@ -30,7 +30,7 @@ fn snapshot(completed: u64) -> Progress {
     p.eta_hours = Some((PROMPTS - completed) as f64 / 0.85 / 3600.0);
     p.instances = (0..INSTANCES)
         .map(|i| InstanceProgress {
-            name: ServerId::named(&format!("ct{}:gpu{i}", 200 + i / 4)),
+            name: ServerId::named(format!("ct{}:gpu{i}", 200 + i / 4)),
             url: format!("http://127.0.0.1:{}", 30000 + i),
             healthy: true,
             in_flight: 90,
@@ -50,7 +50,7 @@ fn snapshot(completed: u64) -> Progress {
 fn timeline_file() -> Vec<u8> {
     let mut r = Recorder::new(Timeline::default(), 2.0);
     let mut file = Vec::new();
-    let mut apply = |w: Option<Write>, file: &mut Vec<u8>| match w {
+    let apply = |w: Option<Write>, file: &mut Vec<u8>| match w {
         Some(Write::Append(b)) => file.extend_from_slice(&b),
         Some(Write::Rewrite(b)) => *file = b,
         None => {}

@@ -50,7 +50,7 @@ fn a_batch_file_gets_the_batch_apis_output_that_the_openai_sdk_reads() {
     let line = |i: usize, text: &str, max_tokens: u64| {
         let id = format!("req-{i}");
         // The two at the end go to completions, whose prompt is counted without a template.
-        if i % 2 == 0 && i < 299 {
+        if i.is_multiple_of(2) && i < 299 {
             json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "test", "max_tokens": max_tokens,
                             "messages": [{"role": "system", "content": "Be brief."},
@@ -129,6 +129,17 @@ fn a_batch_file_gets_the_batch_apis_output_that_the_openai_sdk_reads() {
         (p["completed"].as_u64(), p["failed"].as_u64()),
         (Some(300), Some(1))
     );
+
+    // `fleet report` counts the failure by its class, read from the batch line's error.code.
+    let o = fleet()
+        .arg("--json")
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("prompt_too_long"), "{report}");
 
     // A job is one format: resuming it as fleet's is refused, naming both.
     let o = generate(&out, &prompts, &[&sim.url])

@@ -483,6 +483,12 @@ fn down_with_one_instance_already_dead_stops_the_rest() {
             .unwrap()
             .success()
     );
+    // kill(1) returns once the signal is sent, not once the process has died.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(up_pids[1]) {
+        assert!(Instant::now() < deadline, "SIGKILL did not end the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (code, status, _) = f.json(&["status"]);
     assert_eq!(code, 1, "a dead instance makes status partial");
     assert_eq!(
@@ -664,7 +670,7 @@ fn up_status_down_through_ssh_and_pct() {
             .unwrap_or_else(|e| panic!("{args:?}: {e}\nstderr:\n{stderr}\n{}", sshd.log()));
         (out.status.code(), value, stderr)
     };
-    let (code, up, stderr) = fleet(&["up", "--profile", "sim"]);
+    let (code, up, stderr) = fleet(&["-v", "up", "--profile", "sim"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         rows(&up)
@@ -672,6 +678,34 @@ fn up_status_down_through_ssh_and_pct() {
             .all(|r| r["state"] == "ready" && r["host"] == "ct200"),
         "{up:?}"
     );
+    // -v says where the time went: connect, preflight's reads, and each server's phases.
+    for phase in [
+        "phase connect: ",
+        "phase preflight ct200: --help ",
+        "phase up ",
+    ] {
+        assert!(stderr.contains(phase), "no `{phase}` in:\n{stderr}");
+    }
+    let phases: Vec<&str> = stderr.lines().filter(|l| l.contains("phases ")).collect();
+    assert_eq!(phases.len(), 2, "{stderr}");
+    for (line, row) in phases.iter().zip(rows(&up)) {
+        for part in ["spawn ", "port open +", "health 200 +", "server_info "] {
+            assert!(line.contains(part), "no `{part}` in {line}");
+        }
+        // Liveness is a remote command through ssh and `pct exec`: at most one a second while
+        // waiting (plus the first), however often /health is tried.
+        let checks: u64 = line
+            .split(", ")
+            .last()
+            .and_then(|p| p.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no liveness count in {line}"));
+        let waited = row["ready_after"].as_f64().unwrap();
+        assert!(
+            checks <= waited.ceil() as u64 + 1,
+            "{checks} checks in {waited}s: {line}"
+        );
+    }
     // The servers run detached on the far side: they outlive fleet's SSH session.
     let (code, status, stderr) = fleet(&["status"]);
     assert_eq!(code, Some(0), "{stderr}");

@@ -35,7 +35,8 @@ pub enum SourceError {
     Second { path: PathBuf, what: &'static str },
 }
 
-/// The `reason` of every line of failed.jsonl; a torn last line is skipped.
+/// The `reason` of every line of failed.jsonl (a Batch API line's `error.code`); a torn last
+/// line is skipped.
 fn failure_reasons(dir: &Path) -> Result<BTreeMap<String, u64>, SourceError> {
     let path = dir.join(FAILED_FILE);
     let mut out = BTreeMap::new();
@@ -46,7 +47,11 @@ fn failure_reasons(dir: &Path) -> Result<BTreeMap<String, u64>, SourceError> {
     };
     for line in text.lines() {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
-            let reason = v["reason"].as_str().unwrap_or("unknown").to_string();
+            let reason = v["reason"]
+                .as_str()
+                .or(v["error"]["code"].as_str())
+                .unwrap_or("unknown")
+                .to_string();
             *out.entry(reason).or_insert(0) += 1;
         }
     }

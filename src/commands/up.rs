@@ -26,13 +26,21 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let profile = config::load_profile(&args.profile, &ctx.global.profiles_dir)?;
     let api_key = env::api_key(&profile).map_err(UsageError::new)?;
+    // Where the time goes, phase by phase, for `-v`.
+    let began = std::time::Instant::now();
     let mut fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
+    tracing::debug!("phase connect: {:.2}s", began.elapsed().as_secs_f64());
     let mut partial = fleet.log_unreachable();
+    let learning = std::time::Instant::now();
     let learned = fleet.learn(&profile.launcher, &profile.env, !args.skip_preflight);
     let failed = tokio::select! {
         failed = learned => failed,
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
+    tracing::debug!(
+        "phase preflight (--help, version, GPUs, address; hosts in parallel): {:.2}s",
+        learning.elapsed().as_secs_f64()
+    );
     for e in &failed {
         tracing::error!("{e}");
         partial = true;
@@ -94,10 +102,19 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         events: &events,
         cancel: &ctx.cancel,
     };
+    let starting = std::time::Instant::now();
     let result = up::up(&instances, &profile.health, &opts, &run).await;
     drop(events);
     progress.await.context("the progress display failed")?;
     let outcomes = result?;
+    for o in &outcomes {
+        tracing::debug!("phases {}: {}", o.id.label(o.port), o.phases.summary());
+    }
+    tracing::debug!(
+        "phase up (lock, survey, spawns, readiness, server_info): {:.2}s; {:.2}s in all",
+        starting.elapsed().as_secs_f64(),
+        began.elapsed().as_secs_f64()
+    );
 
     if ctx.global.json {
         outln!("{}", serde_json::to_string_pretty(&outcomes)?);

@@ -70,16 +70,24 @@ pub async fn host_facts(
     env: &BTreeMap<String, String>,
     preflight: bool,
 ) -> Result<HostFacts, FactsError> {
-    let address = t.server_address().await?;
-    let (help, version) = launcher_facts(t.as_ref(), &[], launcher, env, preflight).await?;
-    let gpus_present = match host.gpus {
-        GpuSelection::All => gpu::read_host(t.clone(), host.is_local())
-            .await?
-            .iter()
-            .map(|g| g.index)
-            .collect(),
-        GpuSelection::List(_) => Vec::new(),
+    // The reads are independent: they run at once, so a host costs its slowest read (on the
+    // real server `--help` imports sglang, seconds) rather than the sum of all of them.
+    let gpus = async {
+        match host.gpus {
+            GpuSelection::All => Ok(gpu::read_host(t.clone(), host.is_local())
+                .await?
+                .iter()
+                .map(|g| g.index)
+                .collect()),
+            GpuSelection::List(_) => Ok::<_, FactsError>(Vec::new()),
+        }
     };
+    let (address, launched, gpus_present) = tokio::join!(
+        t.server_address(),
+        launcher_facts(t.as_ref(), &[], launcher, env, preflight),
+        gpus
+    );
+    let (address, (help, version), gpus_present) = (address?, launched?, gpus_present?);
     Ok(HostFacts {
         help,
         version,
@@ -91,7 +99,7 @@ pub async fn host_facts(
 
 /// The launcher's `--help` (when `preflight`) and the SGLang version, read as the servers
 /// will run: with the profile's `env`, after the argv prefix `via` (a Slurm step's `srun`, so
-/// that they are read on a node of the allocation; empty on a machine).
+/// that they are read on a node of the allocation; empty on a machine). Both at once.
 pub(crate) async fn launcher_facts(
     t: &dyn Transport,
     via: &[String],
@@ -108,22 +116,36 @@ pub(crate) async fn launcher_facts(
         full.extend(argv);
         full
     };
-    let help_text = if preflight {
+    let help = async {
+        if !preflight {
+            return Ok(None);
+        }
         let mut argv = launcher.to_vec();
         argv.push("--help".to_string());
-        Some(read_help(t, with_env(argv)).await?)
-    } else {
-        None
+        let began = std::time::Instant::now();
+        let text = read_help(t, with_env(argv)).await?;
+        let secs = began.elapsed().as_secs_f64();
+        tracing::debug!("phase preflight {}: --help {secs:.2}s", t.host());
+        Ok::<_, FactsError>(Some(text))
     };
-    let version = match python_of(launcher) {
-        Some(python) => {
-            let argv = vec![
-                python.to_string(),
-                "-c".to_string(),
-                VERSION_SCRIPT.to_string(),
-            ];
-            read_version(t, with_env(argv)).await
-        }
+    // `None` when the launcher is no `python`: the version is then read from `--help`.
+    let python_version = async {
+        let python = python_of(launcher)?;
+        let argv = vec![
+            python.to_string(),
+            "-c".to_string(),
+            VERSION_SCRIPT.to_string(),
+        ];
+        let began = std::time::Instant::now();
+        let version = read_version(t, with_env(argv)).await;
+        let secs = began.elapsed().as_secs_f64();
+        tracing::debug!("phase preflight {}: version {secs:.2}s", t.host());
+        Some(version)
+    };
+    let (help_text, python_version) = tokio::join!(help, python_version);
+    let help_text = help_text?;
+    let version = match python_version {
+        Some(version) => version,
         None => help_text.as_deref().and_then(help::stated_version),
     };
     Ok((help_text.map(|t| HelpSpec::parse(&t)), version))

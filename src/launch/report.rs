@@ -247,6 +247,7 @@ mod tests {
             error: None,
             log_tail: None,
             argv: vec![],
+            phases: Default::default(),
         }
     }
 

@@ -25,6 +25,13 @@ use crate::sglang::client::{Endpoint, Health, ServerInfo, SglangClient};
 /// First wait between health checks; doubled up to the profile's poll period (at most 1 s).
 const FIRST_POLL: Duration = Duration::from_millis(100);
 const MAX_POLL: Duration = Duration::from_secs(1);
+/// Wait between connection attempts while the port is still closed. A refused connection
+/// costs the server nothing (SGLang opens its port only after the model load, and every
+/// `/health` it answers runs a generation), so readiness is seen soon after the port opens.
+const CLOSED_POLL: Duration = Duration::from_millis(100);
+/// How often, at most, a server that does not answer yet is checked for being alive: each
+/// check is a remote command (through ssh and `pct exec`, a fork and exec on the host).
+const ALIVE_EVERY: Duration = Duration::from_secs(1);
 /// Log lines shown for an instance that failed.
 pub const LOG_TAIL_LINES: usize = 20;
 
@@ -95,6 +102,50 @@ pub struct UpOutcome {
     pub log_tail: Option<String>,
     /// The server argv with secrets masked.
     pub argv: Vec<String>,
+    /// Where the time went (shown with `-v`, not part of the JSON).
+    #[serde(skip)]
+    pub phases: Phases,
+}
+
+/// How long each step of bringing one server up took, as far as it got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Starting and recording the process (the remote spawn).
+    pub spawn: Option<Duration>,
+    /// From the spawn to the first HTTP answer on the port (any status).
+    pub port_open: Option<Duration>,
+    /// From the port opening to `/health` answering 200.
+    pub health_200: Option<Duration>,
+    /// Reading `/server_info` once ready.
+    pub server_info: Option<Duration>,
+    /// `/health` requests sent, and liveness checks (remote commands) run, while waiting.
+    pub health_polls: u32,
+    pub alive_checks: u32,
+}
+
+impl Phases {
+    /// One line for `-v`: `spawn 0.12s, port open +3.01s, health 200 +0.20s, ...`.
+    pub fn summary(&self) -> String {
+        let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+        let mut parts = Vec::new();
+        if let Some(d) = self.spawn {
+            parts.push(format!("spawn {}", secs(d)));
+        }
+        if let Some(d) = self.port_open {
+            parts.push(format!("port open +{}", secs(d)));
+        }
+        if let Some(d) = self.health_200 {
+            parts.push(format!("health 200 +{}", secs(d)));
+        }
+        if let Some(d) = self.server_info {
+            parts.push(format!("server_info {}", secs(d)));
+        }
+        parts.push(format!(
+            "{} /health polls, {} liveness checks",
+            self.health_polls, self.alive_checks
+        ));
+        parts.join(", ")
+    }
 }
 
 /// The capacity a ready server reports in `/server_info`, as `up` shows it.
@@ -349,6 +400,8 @@ struct Launched {
     record: InstanceRecord,
     /// Started by this `up` (not one it found running).
     started_here: bool,
+    /// How long the spawn took, when this `up` started it.
+    spawn: Option<Duration>,
 }
 
 fn outcome_of(instance: &Instance) -> UpOutcome {
@@ -362,6 +415,7 @@ fn outcome_of(instance: &Instance) -> UpOutcome {
         error: None,
         log_tail: None,
         argv: instance.display_argv(),
+        phases: Phases::default(),
     }
 }
 
@@ -390,6 +444,7 @@ async fn launch(
             return Ok(Launched {
                 record: record.clone(),
                 started_here: false,
+                spawn: None,
             });
         }
         Action::Replace(record) => {
@@ -416,6 +471,7 @@ async fn launch(
             ..outcome
         });
     }
+    let spawning = Instant::now();
     match b().start(instance).await {
         Ok(record) => {
             let _ = run.events.send(UpEvent::Started {
@@ -425,6 +481,7 @@ async fn launch(
             Ok(Launched {
                 record,
                 started_here: true,
+                spawn: Some(spawning.elapsed()),
             })
         }
         Err(e) => Err(fail(run, key, outcome, e.to_string())),
@@ -444,6 +501,7 @@ async fn follow(
     let Launched {
         record,
         started_here,
+        spawn,
     } = match launched {
         Ok(l) => l,
         Err(outcome) => return (outcome, None),
@@ -454,13 +512,14 @@ async fn follow(
         pid: record.handle.pid(),
         ..outcome_of(instance)
     };
+    outcome.phases.spawn = spawn;
     // Only what this run started is undone after an interrupt.
     let ours = started_here.then(|| record.clone());
     let started = Instant::now();
     // An instance left running by an earlier `up` may still be loading: it is waited for too.
     let waited = tokio::select! {
         _ = cancel.cancelled() => None,
-        w = wait_ready(b, instance, &record, health, run) => Some(w),
+        w = wait_ready(b, instance, &record, health, run, &mut outcome.phases) => Some(w),
     };
     let after = started.elapsed();
     match waited {
@@ -477,7 +536,10 @@ async fn follow(
                 });
                 outcome.state = UpState::AlreadyRunning;
             }
-            match server_info(b, instance, &record, run).await {
+            let reading = Instant::now();
+            let info = server_info(b, instance, &record, run).await;
+            outcome.phases.server_info = Some(reading.elapsed());
+            match info {
                 Ok(info) => outcome.info = Capacity::from(&info),
                 Err(e) => tracing::warn!("{}: /server_info: {e}", instance.label()),
             }
@@ -509,29 +571,50 @@ enum Failure {
 }
 
 /// Polls `/health` until 200, failing as soon as the process is gone or the startup timeout
-/// passes. Polls quickly at first, then every `health.poll` (at most 1 s).
+/// passes. While the port is closed it only tries to connect (every [`CLOSED_POLL`]); once the
+/// server answers, `/health` is asked quickly at first, then every `health.poll` (at most 1 s),
+/// one request at a time. Liveness, a remote command, is checked at most every [`ALIVE_EVERY`].
 async fn wait_ready(
     b: &dyn Backend,
     instance: &Instance,
     record: &InstanceRecord,
     health: &HealthSettings,
     run: &Run<'_>,
+    phases: &mut Phases,
 ) -> Result<(), Failure> {
     let tunnel = b.endpoint(&record.address, record.port).await?;
     let client = client(run, instance, &tunnel);
     let started = Instant::now();
+    let mut opened: Option<Instant> = None;
+    let mut last_alive: Option<Instant> = None;
     let mut waits = poll_waits(health.poll);
     let result = loop {
-        if let Ok(Health::Ready) = client.health().await {
-            break Ok(());
+        phases.health_polls += 1;
+        // An error is nothing listening yet (or the tunnel not reaching it): still loading.
+        if let Ok(answer) = client.health().await {
+            let now = Instant::now();
+            let since = *opened.get_or_insert(now);
+            phases.port_open.get_or_insert(since - started);
+            if answer == Health::Ready {
+                phases.health_200 = Some(now - since);
+                break Ok(());
+            }
         }
-        if !b.alive(record).await? {
-            break Err(Failure::Died);
+        if last_alive.is_none_or(|t| t.elapsed() >= ALIVE_EVERY) {
+            phases.alive_checks += 1;
+            last_alive = Some(Instant::now());
+            if !b.alive(record).await? {
+                break Err(Failure::Died);
+            }
         }
         if started.elapsed() >= health.startup_timeout {
             break Err(Failure::Timeout(health.startup_timeout));
         }
-        tokio::time::sleep(waits.next().unwrap_or(MAX_POLL)).await;
+        let wait = match opened {
+            None => CLOSED_POLL,
+            Some(_) => waits.next().unwrap_or(MAX_POLL),
+        };
+        tokio::time::sleep(wait).await;
     };
     tunnel.close().await;
     result

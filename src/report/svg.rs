@@ -10,8 +10,13 @@ pub const PALETTE: [&str; 8] = [
 ];
 
 const W: f64 = 720.0;
-const LEFT: f64 = 170.0;
 const RIGHT: f64 = 20.0;
+
+/// Room on the left for the longest of `labels` at 11px (about 6.2px a character).
+fn left_for<'a>(labels: impl Iterator<Item = &'a str>) -> f64 {
+    let longest = labels.map(|l| l.chars().count()).max().unwrap_or(0);
+    (longest as f64 * 6.2 + 12.0).clamp(80.0, 340.0)
+}
 
 /// A tick-friendly upper bound: 1, 2 or 5 times a power of ten at or above `x`.
 pub fn nice_max(x: f64) -> f64 {
@@ -30,7 +35,9 @@ pub fn nice_max(x: f64) -> f64 {
 /// `1234.5` as `1235`, `12.345` as `12.3`, `0.01234` as `0.0123`: short labels.
 pub fn short(x: f64) -> String {
     let a = x.abs();
-    if a >= 100.0 {
+    if a == 0.0 {
+        "0".to_string()
+    } else if a >= 100.0 {
         format!("{x:.0}")
     } else if a >= 10.0 {
         format!("{x:.1}")
@@ -55,6 +62,7 @@ pub struct Bar {
 
 /// Horizontal bars on one axis from zero, labelled on the left.
 pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
+    let left = left_for(rows.iter().map(|r| r.label.as_str()));
     let row_h = 26.0;
     let h = 30.0 + row_h * rows.len() as f64 + 24.0;
     let max = nice_max(
@@ -62,7 +70,7 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
             .map(|r| r.interval.map_or(r.value, |(_, hi)| hi.max(r.value)))
             .fold(0.0, f64::max),
     );
-    let x = |v: f64| LEFT + (W - LEFT - RIGHT) * (v / max).clamp(0.0, 1.0);
+    let x = |v: f64| left + (W - left - RIGHT) * (v / max).clamp(0.0, 1.0);
     let axis_y = 30.0 + row_h * rows.len() as f64;
     html! {
         svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
@@ -74,11 +82,11 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
             }
             @for (i, r) in rows.iter().enumerate() {
                 @let y = 30.0 + row_h * i as f64;
-                text.label x=(LEFT - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
+                text.label x=(left - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
                 @if let Some(note) = &r.note {
-                    text.note x=(LEFT + 4.0) y=(y + 15.0) { (note) }
+                    text.note x=(left + 4.0) y=(y + 15.0) { (note) }
                 } @else {
-                    rect class=(r.class) x=(LEFT) y=(y + 4.0) width=(x(r.value) - LEFT) height=(row_h - 8.0) {
+                    rect class=(r.class) x=(left) y=(y + 4.0) width=(x(r.value) - left) height=(row_h - 8.0) {
                         title { (r.label) ": " (short(r.value)) " " (unit)
                             @if let Some((lo, hi)) = r.interval { " [" (short(lo)) ", " (short(hi)) "]" } }
                     }
@@ -90,7 +98,7 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
                     text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value))) + 4.0) y=(y + 15.0) { (short(r.value)) }
                 }
             }
-            text.tick x=(W - RIGHT) y=(h - 2.0) text-anchor="end" { (unit) }
+            text.tick x=(W - RIGHT) y="16" text-anchor="end" { (unit) }
         }
     }
 }
@@ -129,8 +137,10 @@ pub fn time_chart(
     series: &[Series],
     events: &[Event],
 ) -> Markup {
-    let h = 240.0;
-    let (top, bottom) = (26.0, h - 40.0);
+    // Three legend entries a row under the time axis.
+    let legend_rows = series.len().div_ceil(3);
+    let (top, bottom) = (26.0, 200.0);
+    let h = bottom + 30.0 + 14.0 * legend_rows as f64;
     let left = 60.0;
     let all = series.iter().flat_map(|s| s.points.iter());
     let t_end = all
@@ -166,8 +176,8 @@ pub fn time_chart(
             }
             @for (i, s) in series.iter().enumerate() {
                 @let colour = PALETTE[i % PALETTE.len()];
-                @let lx = left + 8.0 + 150.0 * (i % 4) as f64;
-                @let ly = h - 14.0 + 12.0 * (i / 4) as f64 - 12.0 * ((series.len().saturating_sub(1)) / 4) as f64;
+                @let lx = left + 220.0 * (i % 3) as f64;
+                @let ly = bottom + 34.0 + 14.0 * (i / 3) as f64;
                 rect x=(lx) y=(ly - 8.0) width="10" height="10" fill=(colour) {}
                 text.legend x=(lx + 14.0) y=(ly + 1.0) { (s.name) }
             }
@@ -192,10 +202,11 @@ pub fn spans(
     first_window_s: Option<f64>,
     rows: &[Span],
 ) -> Markup {
+    let left = left_for(rows.iter().map(|r| r.label.as_str()));
     let row_h = 24.0;
     let h = 30.0 + row_h * rows.len() as f64 + 24.0;
     let max = window_s.max(1.0);
-    let x = |v: f64| LEFT + (W - LEFT - RIGHT - 160.0) * (v / max).clamp(0.0, 1.0);
+    let x = |v: f64| left + (W - left - RIGHT - 160.0) * (v / max).clamp(0.0, 1.0);
     let axis_y = 30.0 + row_h * rows.len() as f64;
     html! {
         svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
@@ -212,11 +223,11 @@ pub fn spans(
             }
             @for (i, r) in rows.iter().enumerate() {
                 @let y = 30.0 + row_h * i as f64;
-                text.label x=(LEFT - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
-                rect class=(r.class) x=(LEFT) y=(y + 4.0) width=((x(r.end_s) - LEFT).max(2.0)) height=(row_h - 8.0) {
+                text.label x=(left - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
+                rect class=(r.class) x=(left) y=(y + 4.0) width=((x(r.end_s) - left).max(2.0)) height=(row_h - 8.0) {
                     title { (r.label) ": " (r.note) }
                 }
-                text.note x=(x(r.end_s).max(LEFT + 2.0) + 6.0) y=(y + 15.0) { (r.note) }
+                text.note x=(x(r.end_s).max(left + 2.0) + 6.0) y=(y + 15.0) { (r.note) }
             }
         }
     }

@@ -242,6 +242,10 @@ fn modeled(dest: &str) -> Option<(Kind, &'static str)> {
             "Disable the overlap scheduler, which overlaps the CPU scheduler with GPU model worker.",
         ),
         "log_level" => (Kind::Str, "The logging level of all loggers."),
+        "cuda_graph_max_bs_decode" => (
+            Kind::Int,
+            "Set the maximum batch size for decode cuda graph.",
+        ),
         _ => return None,
     })
 }

@@ -496,6 +496,11 @@ fn resolve(
         chunked_prefill_size: num(parsed, "chunked_prefill_size").unwrap_or(8192),
         max_prefill_tokens: num(parsed, "max_prefill_tokens").unwrap_or(16384),
         stream_interval: num(parsed, "stream_interval").unwrap_or(1).max(1),
+        cuda_graph_max_bs: (!parsed.flag("disable_cuda_graph")).then(|| {
+            num(parsed, "cuda_graph_max_bs_decode")
+                .or_else(|| num(parsed, "cuda_graph_max_bs"))
+                .unwrap_or(crate::sim::model::DEFAULT_CUDA_GRAPH_MAX_BS)
+        }),
     };
     let time_scale = sim_f64(parsed, "--sim-time-scale")?;
     if time_scale <= 0.0 {

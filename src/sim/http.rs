@@ -182,7 +182,7 @@ async fn server_info(State(app): State<Shared>) -> Response {
                 "kvcache": gb(plan.kv_mib),
                 "token_capacity": plan.max_total_num_tokens,
                 "token_capacity_swa": null,
-                "graph": {"prefill": 0.0, "decode": gb(plan.params.cuda_graph_mib)},
+                "graph": {"prefill": 0.0, "decode": gb(crate::sim::model::graph_mib(&plan.params, &plan.settings))},
             },
         }]),
     );

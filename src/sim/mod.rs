@@ -236,12 +236,12 @@ impl Loader<'_> {
             gib(free)
         ));
         self.phase(0.3).await?;
-        let used = plan.static_mib + p.cuda_graph_mib;
+        let used = plan.static_mib + model::graph_mib(p, &plan.settings);
         self.gpu(used, 0);
         log::tp0(&format!(
             "Capture cuda graph end. Time elapsed: {:.2} s. mem usage={:.2} GB. avail mem={:.2} GB.",
             self.cfg.startup_secs * 0.3,
-            gib(p.cuda_graph_mib),
+            gib(model::graph_mib(p, &plan.settings)),
             gib(total - used)
         ));
         log::tp0(&format!(
@@ -411,7 +411,8 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         gpu: cfg.gpu_index,
         pid,
         port: cfg.port,
-        memory_used_mib: (plan.static_mib + cfg.params.cuda_graph_mib).round() as u64,
+        memory_used_mib: (plan.static_mib + model::graph_mib(&cfg.params, &plan.settings)).round()
+            as u64,
         memory_total_mib: cfg.params.gpu_total_mib.round() as u64,
         utilization_gpu: 0,
     };

@@ -26,6 +26,10 @@
 //!   and copy (the per-request mamba state copy under extra_buffer on this hardware, 8.34 ms)
 //!   is what makes the seed's extra_buffer run 11x slower than no_buffer beyond its lower cap;
 //! - prefill batch = prefill_base + prefill_per_token × new tokens.
+//! - decode CUDA graphs (`--cuda-graph-max-bs-decode`, default 256): their memory outside the
+//!   static pool grows with the bound (`--sim-cuda-graph-gib` at 256) and fails the load when
+//!   it does not fit; a batch above the bound, or any with `--disable-cuda-graph`, decodes
+//!   eagerly, 1.3× slower.
 //!
 //! Calibration at defaults: no_buffer 72 × 988 / (987 × 60.5 + 72 × 7.8) ms ≈ 1,180 tok/s;
 //! extra_buffer (43 / 1.15 + 37 × 8.34 = 346 ms steps) ≈ 107 tok/s.
@@ -124,7 +128,20 @@ pub struct Settings {
     pub max_prefill_tokens: u64,
     /// `--stream-interval`: streamed requests hear about every this many tokens (and the last).
     pub stream_interval: u64,
+    /// `--cuda-graph-max-bs-decode`: the largest decode batch captured as a CUDA graph;
+    /// `None` with `--disable-cuda-graph`.
+    pub cuda_graph_max_bs: Option<u64>,
 }
+
+/// The decode graph bound when none is given. SGLang's `srt/server_args.py`
+/// (`_handle_gpu_memory_settings`) picks it from the GPU's memory and the TP size; the sim
+/// models the one value a single large GPU gets, at which `cuda_graph_mib` is measured.
+pub const DEFAULT_CUDA_GRAPH_MAX_BS: u64 = 256;
+
+/// How much slower a decode step runs eagerly than replayed from a graph. In
+/// `srt/model_executor/cuda_graph_runner.py`, `can_run` is false for a batch above the largest
+/// captured size, and `model_runner.forward_decode` then launches every kernel itself.
+pub const EAGER_DECODE_FACTOR: f64 = 1.3;
 
 /// Why loading the model fails, with the numbers the log shows.
 #[derive(Debug, Clone, PartialEq)]
@@ -230,9 +247,10 @@ pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
         return Err(LoadError::NotEnoughMemory);
     }
     let free_mib = params.gpu_total_mib - static_mib;
-    if free_mib < params.cuda_graph_mib {
+    let graph_mib = graph_mib(params, settings);
+    if free_mib < graph_mib {
         return Err(LoadError::CudaGraphOom {
-            needed_mib: params.cuda_graph_mib,
+            needed_mib: graph_mib,
             free_mib,
         });
     }
@@ -268,6 +286,15 @@ pub fn general_cap(token_capacity: u64, context_len: u64, requested: Option<u64>
     }
 }
 
+/// The memory CUDA graph capture takes outside the static pool: `cuda_graph_runner.py`
+/// captures every batch size up to the bound into one memory pool, which the largest size
+/// fills, so it grows with the bound (`cuda_graph_mib` at the default bound).
+pub fn graph_mib(params: &Params, settings: &Settings) -> f64 {
+    settings.cuda_graph_max_bs.map_or(0.0, |bs| {
+        params.cuda_graph_mib * bs as f64 / DEFAULT_CUDA_GRAPH_MAX_BS as f64
+    })
+}
+
 impl Plan {
     /// Simulated seconds of one decode step with `batch` running requests.
     pub fn decode_step_secs(&self, batch: u64) -> f64 {
@@ -276,6 +303,10 @@ impl Plan {
         let mut ms = p.decode_base_ms + p.decode_per_req_ms * b;
         if self.overlap {
             ms /= p.overlap_speedup;
+        }
+        // A batch the graphs do not cover runs eagerly (see EAGER_DECODE_FACTOR).
+        if self.settings.cuda_graph_max_bs.is_none_or(|bs| batch > bs) {
+            ms *= EAGER_DECODE_FACTOR;
         }
         if !p.dense && self.settings.strategy.buffered() {
             ms += p.extra_buffer_copy_ms * b;
@@ -327,6 +358,7 @@ pub(crate) mod tests {
             chunked_prefill_size: 8192,
             max_prefill_tokens: 16384,
             stream_interval: 1,
+            cuda_graph_max_bs: Some(DEFAULT_CUDA_GRAPH_MAX_BS),
         }
     }
 

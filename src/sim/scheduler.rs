@@ -538,6 +538,7 @@ mod tests {
     async fn a_stream_hears_the_first_token_then_every_interval() {
         let settings = Settings {
             stream_interval: 10,
+            cuda_graph_max_bs: Some(crate::sim::model::DEFAULT_CUDA_GRAPH_MAX_BS),
             ..settings(Strategy::NoBuffer)
         };
         let plan = Arc::new(plan(&Params::default(), &settings).unwrap());

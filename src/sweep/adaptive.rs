@@ -45,6 +45,9 @@ pub struct Adaptive {
     seed: Vec<Option<String>>,
     limits: Limits,
     need: Need,
+    /// The sweep's GPUs: a round's size. The scheduler asks whenever one GPU frees, so the
+    /// GPUs free at a call say nothing about the round.
+    gpus: usize,
     /// Every candidate proposed, in order: the board's indices point here.
     known: Vec<Candidate>,
     board: Vec<Contender>,
@@ -81,13 +84,15 @@ fn score(t: &Trial) -> Option<f64> {
 }
 
 impl Adaptive {
-    /// The search over `dims`, seeded with `seed`, each candidate needing `need`, continuing
+    /// The search over `dims`, seeded with `seed`, each candidate needing `need` on a sweep of
+    /// `gpus` GPUs, continuing
     /// from what is on file: the candidates `proposed` and the finished `trials`.
     pub fn new(
         dims: Vec<Dim>,
         seed: Vec<Option<String>>,
         limits: Limits,
         need: Need,
+        gpus: usize,
         proposed: &[Candidate],
         trials: &[Trial],
     ) -> Adaptive {
@@ -96,6 +101,7 @@ impl Adaptive {
             seed,
             limits,
             need,
+            gpus: gpus.max(1),
             known: proposed.to_vec(),
             board: Vec::new(),
             step: FIRST_STEP,
@@ -154,9 +160,11 @@ impl Adaptive {
     }
 
     /// How many candidates the first sample has: enough to see each dimension from both
-    /// sides, and at least the GPUs free at the start.
-    fn sample_size(&self, free: usize) -> usize {
-        (2 * self.dims.len() + 2).max(free).min(self.limits.trials)
+    /// sides, and at least a round.
+    fn sample_size(&self) -> usize {
+        (2 * self.dims.len() + 2)
+            .max(self.gpus)
+            .min(self.limits.trials)
     }
 
     /// The `i`th point of the sample: the profile's own values first (the middle of a range
@@ -334,7 +342,7 @@ impl Strategy for Adaptive {
             .collect();
         let best = self.best(view.trials);
         let mut run: Vec<Candidate> = Vec::new();
-        let n0 = self.sample_size(view.free.len());
+        let n0 = self.sample_size();
         // The sample first; it goes on past its size while nothing has been measured.
         let sampling = proposed < n0 || best.is_none();
         if sampling {
@@ -357,7 +365,7 @@ impl Strategy for Adaptive {
         } else if let Some((at, t)) = best {
             // The best has not moved for this many finished trials: the last rounds stopped
             // improving.
-            let patience = 3 * (2 * self.dims.len()).max(view.free.len());
+            let patience = 3 * (2 * self.dims.len()).max(self.gpus);
             if view.trials.len() - at > patience {
                 return stop(Stop::Converged);
             }
@@ -367,7 +375,7 @@ impl Strategy for Adaptive {
             let behind = self.behind(view.trials);
             // Each round of refinement starts a step finer than the last: the later rounds
             // look closer around a best the earlier ones placed.
-            let rounds = (proposed - n0) / view.free.len().max(1);
+            let rounds = (proposed - n0) / self.gpus;
             let mut step = FIRST_STEP / 2f64.powi(rounds.min(16) as i32);
             while run.len() < room && step >= LAST_STEP {
                 for u in self.neighbours(&centre, step, &behind) {

@@ -104,6 +104,9 @@ fn limits(trials: usize) -> Limits {
     }
 }
 
+/// The GPUs of the sweep [`search`] makes.
+const GPUS: usize = 8;
+
 fn search(trials: usize, state: &SearchState, done: &[Trial]) -> Adaptive {
     let seed = vec![None, Some("0.85".into()), None];
     Adaptive::new(
@@ -111,6 +114,7 @@ fn search(trials: usize, state: &SearchState, done: &[Trial]) -> Adaptive {
         seed,
         limits(trials),
         Need::AnyGpu,
+        GPUS,
         &state.proposed,
         done,
     )
@@ -207,7 +211,7 @@ fn a_resumed_search_proposes_what_an_uninterrupted_one_would() {
             &mut search(24, &state, &[]),
             &mut state,
             &mut trials,
-            4,
+            GPUS as u32,
             usize::MAX,
         );
         state.proposed
@@ -219,7 +223,7 @@ fn a_resumed_search_proposes_what_an_uninterrupted_one_would() {
             &mut search(24, &state, &[]),
             &mut state,
             &mut trials,
-            4,
+            GPUS as u32,
             cut,
         );
         let state: SearchState =
@@ -229,7 +233,13 @@ fn a_resumed_search_proposes_what_an_uninterrupted_one_would() {
             serde_json::from_str(&serde_json::to_string(&trials).unwrap()).unwrap();
         let mut trials = trials_back;
         let mut resumed = search(24, &state, &trials);
-        play(&mut resumed, &mut state, &mut trials, 4, usize::MAX);
+        play(
+            &mut resumed,
+            &mut state,
+            &mut trials,
+            GPUS as u32,
+            usize::MAX,
+        );
         assert_eq!(state.proposed, whole, "cut after {cut} rounds");
     }
 }
@@ -275,6 +285,7 @@ fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
             budget_s: Some(120.0),
         },
         Need::AnyGpu,
+        2,
         &[],
         &[],
     );
@@ -289,7 +300,7 @@ fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
     // One list of two values: the space has two points and is soon exhausted.
     let tiny = dims(&s(&["a", "b"]), &[]).unwrap();
     let mut state = SearchState::new(Model::Adaptive { step: 0.25 });
-    let mut a = Adaptive::new(tiny, vec![None], limits(10), Need::AnyGpu, &[], &[]);
+    let mut a = Adaptive::new(tiny, vec![None], limits(10), Need::AnyGpu, 2, &[], &[]);
     let mut trials: Vec<Trial> = Vec::new();
     for round in 0..4 {
         let next = a.propose(&View {

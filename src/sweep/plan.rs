@@ -162,6 +162,7 @@ pub fn strategy(planned: &Planned, state: &SearchState, trials: &[Trial]) -> Box
                 seed.clone(),
                 *limits,
                 need,
+                planned.assignment.slots.len(),
                 &state.proposed,
                 trials,
             ))

@@ -36,27 +36,19 @@ impl SearchSpec {
         match self {
             SearchSpec::Grid { axes } => space::candidates(axes),
             SearchSpec::Adaptive { dims, .. } => {
-                let ends = |u: f64| Axis {
-                    key: String::new(),
-                    values: dims.iter().map(|d| d.value(u)).collect(),
-                };
                 let mut out: Vec<Candidate> = Vec::new();
-                for e in [ends(0.0), ends(1.0)] {
-                    let settings: Vec<(String, String)> = dims
+                for u in [0.0, 1.0] {
+                    let ends: Vec<Axis> = dims
                         .iter()
-                        .zip(e.values)
-                        .map(|(d, v)| (d.key.clone(), v))
+                        .map(|d| Axis {
+                            key: d.key.clone(),
+                            values: vec![d.value(u)],
+                        })
                         .collect();
-                    let c = Candidate {
-                        id: settings
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(";"),
-                        settings,
-                    };
-                    if !out.contains(&c) {
-                        out.push(c);
+                    for c in space::candidates(&ends) {
+                        if !out.contains(&c) {
+                            out.push(c);
+                        }
                     }
                 }
                 out

@@ -84,7 +84,7 @@ async fn pipe(
                 // Usually nothing listens there yet (SGLang opens its port only after the model
                 // has loaded): the caller sees the reset and decides what it means.
                 if !session.is_closed() {
-                    tracing::debug!(host = %dest.host, "forward to {}:{}: the server refused the channel: {e}", dest.addr, dest.port);
+                    tracing::trace!(host = %dest.host, "forward to {}:{}: the server refused the channel: {e}", dest.addr, dest.port);
                 }
                 reset(tcp);
                 return;

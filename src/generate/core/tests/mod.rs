@@ -2,6 +2,7 @@
 //! for, then one test per decision. `faults` covers instances going out, pausing, the wind-down,
 //! the watchdog and how a run ends; `placement` the seam to the placement policy.
 
+mod batch;
 mod capacity;
 mod faults;
 mod placement;
