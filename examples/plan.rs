@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
                         .and_then(|m| m.address.clone())
                         .unwrap_or_else(|| "127.0.0.1".into()),
                     gpus_present: (0..8).collect(),
+                    places: Vec::new(),
                 };
                 (h.clone(), facts)
             })

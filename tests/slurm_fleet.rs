@@ -272,6 +272,10 @@ fn an_allocation_the_user_holds_is_used_and_left_running() {
         .collect();
     assert_eq!(gpus.len(), 2, "{sims:?}");
 
+    // The step's output file is the server's log.
+    let log = f.ok(&["logs", "hpc:1", "-n", "50"]);
+    assert!(!log.trim().is_empty(), "an empty log");
+
     f.ok(&["-q", "down", "--grace", "5s"]);
     assert!(f.sims().is_empty());
     let state = f.cluster.run(&[
@@ -335,7 +339,11 @@ fn a_node_killed_mid_job_loses_nothing() {
     assert_eq!(v["status"], "done", "{v}");
     assert_eq!(completion_ids(&f.path().join("out")).len(), 800);
     let lost = f.cluster.nodes[1].name.clone();
-    // status says the lost node's servers no longer serve (and exits non-zero for them).
+    // Once Slurm has marked the node DOWN, status says its servers are dead (and exits
+    // non-zero for them), and down stops the rest and cancels the allocation.
+    f.cluster.wait_for("the node DOWN", LONG, |c| {
+        c.node_state(1).starts_with("DOWN")
+    });
     let status = f.fleet(&["--json", "status"]);
     assert_ne!(status.status.code(), Some(0));
     let status = String::from_utf8_lossy(&status.stdout).into_owned();
@@ -347,5 +355,10 @@ fn a_node_killed_mid_job_loses_nothing() {
         .filter(|r| r["node"] == lost.as_str())
         .collect();
     assert_eq!(on_lost.len(), 2, "{status}");
-    assert!(on_lost.iter().all(|r| r["state"] != "ready"), "{status}");
+    assert!(on_lost.iter().all(|r| r["liveness"] == "dead"), "{status}");
+    f.ok(&["-q", "down", "--grace", "5s"]);
+    // Cancelled; Slurm keeps it COMPLETING until the DOWN node is back.
+    let left = f.fleet_jobs();
+    assert!(left.is_empty() || left.ends_with(" COMPLETING"), "{left}");
+    assert!(f.sims().is_empty());
 }

@@ -538,6 +538,32 @@ mod tests {
     }
 
     #[test]
+    fn a_slurm_host_reads_with_its_login_and_machine_keys_are_refused() {
+        let inv = load(
+            "hosts:\n  - name: hpc\n    ssh: me@login\n    slurm:\n      partition: gpu\n      gpus: 16\n      time: 60\n",
+        )
+        .unwrap();
+        let HostSpec::Slurm(s) = &inv.hosts[0] else {
+            panic!("a Slurm host: {inv:?}")
+        };
+        assert_eq!((inv.hosts[0].name(), s.slurm.servers()), ("hpc", Some(16)));
+        assert_eq!(s.login.ssh.as_ref().map(|t| t.host.as_str()), Some("login"));
+        let problems = shown(
+            "hosts:\n  - name: hpc\n    container: 200\n    slurm:\n      job: 7\n      time: 60\n",
+        );
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0]
+                .starts_with("fleet.yaml:3:16: hosts[0].container: does not apply to a Slurm host"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].contains("hosts[0].slurm.time: applies only"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
     fn the_design_example_loads() {
         let inv = load(
             "hosts:\n  - name: ct200\n    ssh: root@10.1.2.6\n    container: 200\n    gpus: [0,1,2,3,4,5,6,7]\n    address: 10.1.2.50\n    ssh_options: {identityfile: ~/.ssh/id_ed25519, Port: 2222}\n  - name: local\n",

@@ -24,8 +24,8 @@ use crate::launch::preflight::{self, FactsError};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
 use crate::remote::{RemoteError, Transport, Tunnel, argv};
 use crate::slurm::{
-    AllocationRequest, JobId, JobRecord, JobStatus, Shape, Slurm, SlurmSpec, Step, StepId,
-    StepRequest,
+    AllocationRequest, JobId, JobRecord, JobState, JobStatus, Shape, Slurm, SlurmSpec, Step,
+    StepId, StepRequest,
 };
 
 /// How often squeue is asked while an allocation pends, a step starts or a step ends.
@@ -308,7 +308,21 @@ impl SlurmBackend {
         let deadline = Instant::now() + AFTER_KILL * 4;
         let mut attempt = 0;
         loop {
-            let over = self.slurm.job(job).await?.is_none_or(|s| s.state.is_over());
+            // COMPLETING: cancelled, and ending; on a DOWN node it stays so until the node
+            // is back, with nothing of the job running.
+            // squeue without `--states=all` lists the job until it has ended on every node
+            // (`--states=all` says CANCELLED at once).
+            let listed = self.slurm.jobs_named(&self.job_name()).await?;
+            let over = match listed.into_iter().find(|s| s.id == job) {
+                None => true,
+                Some(s) if s.state == JobState::Completing && !s.nodes.is_empty() => self
+                    .slurm
+                    .nodes(&s.nodes)
+                    .await?
+                    .iter()
+                    .any(|n| n.state.is_down()),
+                Some(_) => false,
+            };
             if over || Instant::now() >= deadline {
                 break;
             }
@@ -422,13 +436,32 @@ impl Backend for SlurmBackend {
                 running.insert(job, self.steps(job).await?);
             }
         }
+        // A dead node's steps stay listed in squeue: the node's state tells a lost server.
+        let listed: BTreeSet<&str> = records
+            .iter()
+            .filter_map(|r| match &r.handle {
+                Handle::Step {
+                    job, step, node, ..
+                } if running[job].contains(step) => Some(node.as_str()),
+                _ => None,
+            })
+            .collect();
+        let mut down = BTreeSet::new();
+        if !listed.is_empty() {
+            let list = listed.into_iter().collect::<Vec<_>>().join(",");
+            for n in self.slurm.nodes(&list).await? {
+                if n.state.is_down() {
+                    down.insert(n.name);
+                }
+            }
+        }
         Ok(records
             .into_iter()
             .map(|record| {
                 let liveness = match &record.handle {
-                    Handle::Step { job, step, .. } if running[job].contains(step) => {
-                        Liveness::Running
-                    }
+                    Handle::Step {
+                        job, step, node, ..
+                    } if running[job].contains(step) && !down.contains(node) => Liveness::Running,
                     Handle::Step { .. } => Liveness::Dead,
                     // Not a step: never fleet's to touch here.
                     Handle::Process { .. } => Liveness::Reused,
@@ -531,13 +564,23 @@ impl Backend for SlurmBackend {
     }
 
     async fn stop(&self, record: &InstanceRecord, grace: Duration) -> Result<Stopped, StateError> {
-        let Handle::Step { job, step, .. } = &record.handle else {
+        let Handle::Step {
+            job, step, node, ..
+        } = &record.handle
+        else {
             return Ok(Stopped {
                 state: StopState::PidReused,
                 port_closed: false,
             });
         };
-        let state = if self.steps(*job).await?.contains(step) {
+        // A DOWN node's step stays listed, even after scancel: nothing of it runs any more.
+        let lost = self
+            .slurm
+            .nodes(node)
+            .await?
+            .iter()
+            .any(|n| n.state.is_down());
+        let state = if !lost && self.steps(*job).await?.contains(step) {
             // scancel sends SIGTERM, and SIGKILL after the cluster's KillWait.
             self.slurm.cancel_step(step_id(*job, *step)).await?;
             if !self.wait_step_gone(*job, *step, grace + AFTER_KILL).await? {
