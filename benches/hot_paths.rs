@@ -182,6 +182,7 @@ fn progress_snapshot(c: &mut Criterion) {
             eta_hours: progress::eta_hours(654_676 - completed - 12, rate),
             total_input_tokens: completed * 96,
             total_output_tokens: completed * 988,
+            cached_tokens: completed * 60,
             avg_output_tokens: 988,
             elapsed_hours: progress::round(14.3, 4),
             s3_uploaded: 0,
@@ -204,6 +205,7 @@ fn progress_snapshot(c: &mut Criterion) {
                         output_tok_s: progress::round(tok, 1),
                         running: Some(71.0),
                         queued: Some(0.0),
+                        cached_fraction: Some(0.62),
                     }
                 })
                 .collect(),

@@ -4,104 +4,13 @@
 //! in parallel, under `cargo test` as under cargo-nextest.
 
 mod common;
+mod launch_common;
 
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::local_fleet::{LocalFleet, SIM};
+use common::local_fleet::SIM;
+use launch_common::{Fleet, alive, field, listening, pids, rows, wait_dead};
 use serde_json::Value;
-
-/// A local fleet of 8 GPUs whose profiles start at a port base reserved for the test.
-struct Fleet {
-    local: LocalFleet,
-    port_base: u16,
-    _ports: common::Ports,
-}
-
-impl std::ops::Deref for Fleet {
-    type Target = LocalFleet;
-
-    fn deref(&self) -> &LocalFleet {
-        &self.local
-    }
-}
-
-impl Fleet {
-    fn new() -> Fleet {
-        let ports = common::reserve_ports(8);
-        Fleet {
-            local: LocalFleet::new(8),
-            port_base: ports.base,
-            _ports: ports,
-        }
-    }
-
-    /// The port of GPU `gpu`.
-    fn port(&self, gpu: u16) -> u16 {
-        self.port_base + gpu
-    }
-
-    /// Writes `profiles/NAME.yaml`: a sim profile whose `server:` and `env:` get `server` and
-    /// `env` (YAML lines, indented by the caller's two spaces).
-    fn profile(&self, name: &str, server: &str, env: &str) {
-        // A 1 s simulated load unless the test sets its own.
-        let startup = if env.contains("SGLANG_SIM_STARTUP_SECS") {
-            ""
-        } else {
-            "  SGLANG_SIM_STARTUP_SECS: \"1\"\n"
-        };
-        let yaml = format!(
-            "model: /models/test\n\
-             launcher: [sglang-sim]\n\
-             port_base: {}\n\
-             server:\n  mem_fraction_static: 0.85\n{server}\
-             env:\n{startup}  SGLANG_SIM_GPU_STATE_DIR: \"{}\"\n{env}\
-             health: {{startup_timeout: 60s, poll: 1s}}\n",
-            self.port_base,
-            self.gpu_state().display()
-        );
-        self.write_profile(name, &yaml);
-    }
-
-    /// Runs fleet with `args` plus `--json` and returns (exit code, stdout JSON, stderr).
-    fn json(&self, args: &[&str]) -> (i32, Value, String) {
-        let out = self.fleet().args(args).arg("--json").output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!("fleet {args:?}: stdout is not JSON ({e}):\n{stdout}\nstderr:\n{stderr}")
-        });
-        (out.status.code().unwrap_or(-1), value, stderr)
-    }
-}
-
-fn rows(v: &Value) -> &Vec<Value> {
-    v.as_array().expect("a JSON array")
-}
-
-fn field<'a>(rows: &'a [Value], key: &str) -> Vec<&'a Value> {
-    rows.iter().map(|r| &r[key]).collect()
-}
-
-fn listening(port: u16) -> bool {
-    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
-}
-
-fn alive(pid: u64) -> bool {
-    // A zombie (exited, never reaped by this sandbox's init) is not alive.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
-}
-
-fn pids(rows: &[Value]) -> Vec<u64> {
-    rows.iter()
-        .map(|r| r["pid"].as_u64().expect("pid"))
-        .collect()
-}
 
 #[test]
 fn up_status_down_on_eight_instances() {
@@ -483,12 +392,7 @@ fn down_with_one_instance_already_dead_stops_the_rest() {
             .unwrap()
             .success()
     );
-    // kill(1) returns once the signal is sent, not once the process has died.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(up_pids[1]) {
-        assert!(Instant::now() < deadline, "SIGKILL did not end the server");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_dead(up_pids[1]);
     let (code, status, _) = f.json(&["status"]);
     assert_eq!(code, 1, "a dead instance makes status partial");
     assert_eq!(

@@ -6,4 +6,5 @@ pub mod flags;
 pub mod help;
 pub mod metrics;
 pub mod overflow;
+pub mod response;
 pub mod stream;

@@ -19,11 +19,7 @@ fn up(in_flight: u32, limit: u32) -> ServerState {
 
 /// Prompt `q` of system prompt `s`: 1,000 shared bytes, then the question.
 fn text(s: usize, q: usize) -> String {
-    format!(
-        "{}{}",
-        format!("system prompt {s} ").repeat(60),
-        format!(" question {q}?")
-    )
+    format!("{} question {q}?", format!("system prompt {s} ").repeat(60))
 }
 
 fn req(t: &str) -> CompletionRequest {
@@ -118,7 +114,7 @@ fn a_servers_window_is_drawn_from_its_own_groups_one_group_at_a_time() {
     let plan = plan(4, 10);
     let mut p = Prefix::new(&plan, 2);
     shuffled(&mut p, 4, 10);
-    let mut servers = [up(0, 100), up(0, 100)];
+    let servers = [up(0, 100), up(0, 100)];
     let sent = drain(&mut p, &servers);
     assert_eq!(sent.len(), 40);
     let home = |t: u64| {
