@@ -13,7 +13,6 @@ use crate::cli::{SearchMethod, SweepArgs};
 use crate::config::{self, Profile};
 use crate::launch::Fleet;
 use crate::sglang::client::Api;
-use crate::sweep::adaptive::Limits;
 use crate::sweep::event::Event;
 use crate::sweep::file::{FileError, Store};
 use crate::sweep::load::{Workload, WorkloadSpec};
@@ -23,7 +22,7 @@ use crate::sweep::range;
 use crate::sweep::rank::{self, Dataset, Outcome, Trial};
 use crate::sweep::report;
 use crate::sweep::run;
-use crate::sweep::search::SearchSpec;
+use crate::sweep::search::{Limits, SearchSpec};
 use crate::sweep::servers::{self, Setup};
 use crate::sweep::trial::Timing;
 
@@ -174,7 +173,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let dataset = args
         .total
         .or(workload.total_lines)
-        .zip(report::output_tokens_per_prompt(
+        .zip(rank::output_tokens_per_prompt(
             trials,
             args.expected_output_tokens,
         ))

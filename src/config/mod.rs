@@ -68,7 +68,7 @@ impl From<MachineSpec> for HostSpec {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SlurmHost {
     pub login: MachineSpec,
-    pub slurm: crate::slurm::SlurmSpec,
+    pub slurm: crate::slurm::spec::SlurmSpec,
 }
 
 /// A machine of the inventory: how to reach it, and its GPUs.

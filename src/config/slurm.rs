@@ -4,7 +4,8 @@
 use super::check::Checker;
 use super::yaml::{Node, Value};
 use crate::slurm::spec::{self, NewAllocation, SlurmSpec};
-use crate::slurm::{JobId, TimeError, parse_limit};
+use crate::slurm::state::JobId;
+use crate::slurm::time::{TimeError, parse_limit};
 
 const KEYS: &[&str] = &["partition", "gpus", "time", "sbatch_args", "job"];
 
@@ -115,7 +116,7 @@ mod tests {
 
     use super::*;
     use crate::config::ConfigError;
-    use crate::slurm::SlurmTime;
+    use crate::slurm::time::SlurmTime;
 
     fn read(text: &str) -> Result<SlurmSpec, Vec<String>> {
         let mut c = Checker::default();

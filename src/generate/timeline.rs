@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::progress::Progress;
 use super::{Event, upload::UploadEvent};
 
-pub const TIMELINE_FILE: &str = "timeline.jsonl";
+pub use super::journal::{TIMELINE_FILE, TimelineWrite as Write};
 
 /// Points kept before the timeline is thinned.
 pub const MAX_POINTS: usize = 1440;
@@ -195,15 +195,6 @@ impl Mark {
 pub enum Line {
     Point(Point),
     Mark(Mark),
-}
-
-/// What to do to the file.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Write {
-    /// Append these whole lines.
-    Append(Vec<u8>),
-    /// Replace the file with these lines (atomically).
-    Rewrite(Vec<u8>),
 }
 
 /// The timeline as read back: its points and marks in time order.

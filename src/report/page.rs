@@ -9,8 +9,8 @@ use serde::Serialize;
 use crate::generate::progress::Progress;
 use crate::generate::timeline::{Mark, Point, Timeline};
 use crate::sweep::file::SweepFile;
+use crate::sweep::rank::output_tokens_per_prompt;
 use crate::sweep::rank::{self, Dataset, FirstWindow, Outcome, Percentiles};
-use crate::sweep::report::output_tokens_per_prompt;
 use crate::sweep::stats::Estimate;
 
 /// Everything one report shows.

@@ -9,8 +9,8 @@ pub mod argv;
 pub mod parse;
 mod run;
 pub mod spec;
-mod state;
-mod time;
+pub mod state;
+pub mod time;
 
 pub use argv::{AllocationRequest, HOLD_SCRIPT, Shape, StepRequest};
 pub use parse::{BadLine, JobRecord, JobStatus, NodeInfo, Problem, StepStatus};

@@ -4,13 +4,11 @@
 //! `--trials`, `--budget`, or when the best has stopped improving. Pure: everything it decides
 //! on comes through the [`Strategy`] calls.
 
-use serde::{Deserialize, Serialize};
-
-use super::assign::{Need, Slot};
+use super::assign::Need;
 use super::prune::{self, Contender};
 use super::range::Dim;
 use super::rank::{Outcome, Trial};
-use super::search::{Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
+use super::search::{Limits, Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
 use super::space::Candidate;
 
 /// The first step of refinement, as a fraction of each range; each level halves it.
@@ -26,16 +24,6 @@ const MEMORY_KEYS: [&str; 5] = [
     "flag.cuda-graph-max-bs-decode",
     "flag.cuda-graph-max-bs",
 ];
-
-/// How far the search may go, from the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Limits {
-    /// Trials at most (`--trials`).
-    pub trials: usize,
-    /// Seconds of search at most (`--budget`), over every run of it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget_s: Option<f64>,
-}
 
 /// The adaptive search with what it has seen.
 #[derive(Debug, Clone)]
@@ -53,13 +41,6 @@ pub struct Adaptive {
     board: Vec<Contender>,
     /// The step the last proposal used, for `sweep.json`.
     step: f64,
-}
-
-fn hosts(slots: &[Slot]) -> Vec<String> {
-    let mut h: Vec<String> = slots.iter().map(|s| s.host.clone()).collect();
-    h.sort();
-    h.dedup();
-    h
 }
 
 /// The `i`th element of the van der Corput sequence in `base`: Halton's coordinates.
@@ -114,7 +95,7 @@ impl Adaptive {
                 let candidate = a.index(&t.candidate);
                 a.board.push(Contender {
                     candidate,
-                    hosts: hosts(&t.gpus),
+                    hosts: prune::hosts(&t.gpus),
                     estimate: w.estimate,
                 });
             }
@@ -420,33 +401,13 @@ impl Strategy for Adaptive {
     /// Successive halving, as the grid does it: a candidate clearly behind the leader on the
     /// same hosts after its first window stops there.
     fn judge(&mut self, screens: &[Screen]) -> Vec<Verdict> {
-        let contenders: Vec<Option<Contender>> = screens
+        let numbers: Vec<Option<usize>> = screens
             .iter()
-            .map(|s| {
-                let candidate = self.index(&s.candidate);
-                Some(Contender {
-                    candidate,
-                    hosts: hosts(&s.gpus),
-                    estimate: s.estimate?,
-                })
-            })
+            .map(|s| Some(self.index(&s.candidate)))
             .collect();
-        let judged: Vec<Contender> = contenders.iter().flatten().cloned().collect();
-        let mut decided = prune::decide(&self.board, &judged).into_iter();
-        let verdicts = contenders
-            .iter()
-            .map(
-                |c| match c.as_ref().and_then(|_| decided.next().flatten()) {
-                    Some(l) => Verdict::Prune {
-                        leader: self.known[l.candidate].clone(),
-                        estimate: l.estimate,
-                    },
-                    None => Verdict::Continue,
-                },
-            )
-            .collect();
-        self.board.extend(judged);
-        verdicts
+        prune::judge(&mut self.board, screens, &numbers, |i| {
+            self.known[i].clone()
+        })
     }
 
     /// A failed candidate leads nobody; where it failed is read from the trials.

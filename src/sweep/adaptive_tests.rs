@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::sweep::assign::Slot;
 use crate::sweep::range::dims;
 use crate::sweep::rank::Measured;
 use crate::sweep::search::SearchState;

@@ -3,7 +3,7 @@
 //! a candidate after its first window when it is clearly behind the leader on the same hosts.
 //! Pure.
 
-use super::assign::{Need, Slot};
+use super::assign::Need;
 use super::prune::{self, Contender};
 use super::rank::{Outcome, Trial};
 use super::search::{Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
@@ -17,14 +17,6 @@ pub struct Grid {
     needs: Vec<Need>,
     /// First-window figures to judge the next ones against: a candidate's index in `space`.
     board: Vec<Contender>,
-}
-
-/// The like-for-like key of a candidate's GPUs: the hosts they are on.
-fn hosts(slots: &[Slot]) -> Vec<String> {
-    let mut h: Vec<String> = slots.iter().map(|s| s.host.clone()).collect();
-    h.sort();
-    h.dedup();
-    h
 }
 
 impl Grid {
@@ -43,7 +35,7 @@ impl Grid {
             .filter_map(|t| {
                 Some(Contender {
                     candidate: grid.index(&t.candidate)?,
-                    hosts: hosts(&t.gpus),
+                    hosts: prune::hosts(&t.gpus),
                     estimate: t.first_window?.estimate,
                 })
             })
@@ -78,32 +70,11 @@ impl Strategy for Grid {
     /// Successive halving: screens with an estimate are judged together against the board
     /// and then join it; one without goes on.
     fn judge(&mut self, screens: &[Screen]) -> Vec<Verdict> {
-        let contenders: Vec<Option<Contender>> = screens
-            .iter()
-            .map(|s| {
-                Some(Contender {
-                    candidate: self.index(&s.candidate)?,
-                    hosts: hosts(&s.gpus),
-                    estimate: s.estimate?,
-                })
-            })
-            .collect();
-        let judged: Vec<Contender> = contenders.iter().flatten().cloned().collect();
-        let mut decided = prune::decide(&self.board, &judged).into_iter();
-        let verdicts = contenders
-            .iter()
-            .map(
-                |c| match c.as_ref().and_then(|_| decided.next().flatten()) {
-                    Some(l) => Verdict::Prune {
-                        leader: self.space[l.candidate].clone(),
-                        estimate: l.estimate,
-                    },
-                    None => Verdict::Continue,
-                },
-            )
-            .collect();
-        self.board.extend(judged);
-        verdicts
+        let numbers: Vec<Option<usize>> =
+            screens.iter().map(|s| self.index(&s.candidate)).collect();
+        prune::judge(&mut self.board, screens, &numbers, |i| {
+            self.space[i].clone()
+        })
     }
 
     /// A leader that failed later (out of memory in its full window) prunes no more.
@@ -124,6 +95,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::sweep::assign::Slot;
     use crate::sweep::rank::{FirstWindow, Measured, Pruned};
     use crate::sweep::search::SearchState;
     use crate::sweep::space::{axes, candidates};
@@ -263,7 +235,7 @@ mod tests {
         let on_board: Vec<usize> = g.board.iter().map(|c| c.candidate).collect();
         assert_eq!(on_board, vec![0, 2, 3]);
         assert_eq!(
-            hosts(&[slot("b", 1), slot("a", 0), slot("b", 2)]),
+            prune::hosts(&[slot("b", 1), slot("a", 0), slot("b", 2)]),
             vec!["a", "b"]
         );
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::adaptive::{Adaptive, Limits};
+use super::adaptive::Adaptive;
 use super::assign::{self, AssignError, Assignment, Mode, Need};
 use super::file::SweepSpec;
 use super::grid::Grid;
@@ -16,7 +16,7 @@ use super::range;
 use super::rank::Trial;
 use super::report::{Plan, PlannedCandidate};
 use super::schedule;
-use super::search::{Model, SearchSpec, SearchState, Strategy, View};
+use super::search::{Limits, Model, SearchSpec, SearchState, Strategy, View};
 use super::servers::{facts_by_host, plan_candidate};
 use super::space::{self, SpaceError};
 use crate::config::{HostSpec, Profile};

@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use super::assign::Slot;
+use super::search::{Screen, Verdict};
+use super::space::Candidate;
 use super::stats::Estimate;
 
 /// A candidate's first-window figure as the decision sees it.
@@ -20,6 +23,52 @@ pub struct Contender {
 pub struct Leader {
     pub candidate: usize,
     pub estimate: Estimate,
+}
+
+/// The like-for-like key of a candidate's GPUs: the hosts they are on.
+pub fn hosts(slots: &[Slot]) -> Vec<String> {
+    let mut h: Vec<String> = slots.iter().map(|s| s.host.clone()).collect();
+    h.sort();
+    h.dedup();
+    h
+}
+
+/// Successive halving over one call's `screens`, numbered by the strategy (`numbers`, in the
+/// same order): those with a number and an estimate are judged together against the `board`,
+/// then join it; one clearly behind its leader is pruned by it (`candidate` names the leader).
+pub fn judge(
+    board: &mut Vec<Contender>,
+    screens: &[Screen],
+    numbers: &[Option<usize>],
+    candidate: impl Fn(usize) -> Candidate,
+) -> Vec<Verdict> {
+    let contenders: Vec<Option<Contender>> = screens
+        .iter()
+        .zip(numbers)
+        .map(|(s, n)| {
+            Some(Contender {
+                candidate: (*n)?,
+                hosts: hosts(&s.gpus),
+                estimate: s.estimate?,
+            })
+        })
+        .collect();
+    let judged: Vec<Contender> = contenders.iter().flatten().cloned().collect();
+    let mut decided = decide(board, &judged).into_iter();
+    let verdicts = contenders
+        .iter()
+        .map(
+            |c| match c.as_ref().and_then(|_| decided.next().flatten()) {
+                Some(l) => Verdict::Prune {
+                    leader: candidate(l.candidate),
+                    estimate: l.estimate,
+                },
+                None => Verdict::Continue,
+            },
+        )
+        .collect();
+    board.extend(judged);
+    verdicts
 }
 
 /// For each of `screened` (just through their first window), given the `board` of

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::space::{self, Axis, SpaceError};
+use super::space::{self, Axis, RangeProblem, SpaceError};
 use crate::sglang::help::HelpSpec;
 
 /// The key prefix of an axis over any SGLang flag, written without its dashes.
@@ -31,19 +31,6 @@ pub enum Domain {
         int: bool,
         log: bool,
     },
-}
-
-/// Why a range does not parse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RangeProblem {
-    #[error("an end is not a number")]
-    NotANumber,
-    #[error("LO must be below HI")]
-    Empty,
-    #[error("a log scale needs LO above 0")]
-    LogNotPositive,
-    #[error("only `:log` may follow a range")]
-    Suffix,
 }
 
 /// A range `LO..HI[:log]`; `None` when `text` is no range (a value list).

@@ -240,6 +240,22 @@ pub fn deciding_factor(rows: &[Ranked]) -> Option<String> {
     None
 }
 
+/// The mean output tokens per request to project with: `--expected-output-tokens`, else the mean
+/// the trials measured (weighted by finished requests).
+pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<f64> {
+    if given.is_some() {
+        return given;
+    }
+    let (mut tokens, mut n) = (0.0, 0u64);
+    for t in trials {
+        if let Some(m) = t.outcome.measured() {
+            tokens += m.mean_output_tokens * m.completed as f64;
+            n += m.completed;
+        }
+    }
+    (n > 0).then(|| tokens / n as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

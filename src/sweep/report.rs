@@ -40,22 +40,6 @@ pub struct Report {
     pub repeated: Option<Repeated>,
 }
 
-/// The mean output tokens per request to project with: `--expected-output-tokens`, else the mean
-/// the trials measured (weighted by finished requests).
-pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<f64> {
-    if given.is_some() {
-        return given;
-    }
-    let (mut tokens, mut n) = (0.0, 0u64);
-    for t in trials {
-        if let Some(m) = t.outcome.measured() {
-            tokens += m.mean_output_tokens * m.completed as f64;
-            n += m.completed;
-        }
-    }
-    (n > 0).then(|| tokens / n as f64)
-}
-
 /// Ranks the trials of the candidates the search `proposed` (in case the file holds others)
 /// into the report; a proposed candidate without a trial is pending.
 pub fn build(
@@ -425,7 +409,7 @@ pub fn plan_text(p: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::rank::Measured;
+    use crate::sweep::rank::{Measured, output_tokens_per_prompt};
 
     fn slot(gpu: u32) -> Slot {
         Slot {

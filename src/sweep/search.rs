@@ -7,12 +7,21 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::adaptive::Limits;
 use super::assign::{Need, Slot};
 use super::range::Dim;
 use super::rank::Trial;
 use super::space::{self, Axis, Candidate};
 use super::stats::Estimate;
+
+/// How far the search may go, from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Trials at most (`--trials`).
+    pub trials: usize,
+    /// Seconds of search at most (`--budget`), over every run of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_s: Option<f64>,
+}
 
 /// What the search is, as the command line gave it: a resumed sweep must give the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -42,6 +42,19 @@ fn short_key(key: &str) -> &str {
     key.strip_prefix("server.").unwrap_or(key)
 }
 
+/// Why a range does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RangeProblem {
+    #[error("an end is not a number")]
+    NotANumber,
+    #[error("LO must be below HI")]
+    Empty,
+    #[error("a log scale needs LO above 0")]
+    LogNotPositive,
+    #[error("only `:log` may follow a range")]
+    Suffix,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpaceError {
     #[error("--set {0:?}: expected KEY=V1,V2,... (e.g. server.mem_fraction_static=0.80,0.85)")]
@@ -64,10 +77,7 @@ pub enum SpaceError {
     )]
     Unclosed(String),
     #[error("--set {raw:?}: {why} (write LO..HI, e.g. 0.80..0.94, or LO..HI:log)")]
-    Range {
-        raw: String,
-        why: super::range::RangeProblem,
-    },
+    Range { raw: String, why: RangeProblem },
     #[error(
         "--set {0:?}: a range needs the adaptive search (drop --search grid, or list the values)"
     )]

@@ -137,6 +137,18 @@ pub struct FailureRecord<'a> {
     pub line_hash: Option<String>,
 }
 
+/// The job's timeline in its output directory; `generate::timeline` says what its lines hold.
+pub const TIMELINE_FILE: &str = "timeline.jsonl";
+
+/// What to do to the timeline file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TimelineWrite {
+    /// Append these whole lines.
+    Append(Vec<u8>),
+    /// Replace the file with these lines (atomically).
+    Rewrite(Vec<u8>),
+}
+
 /// What the writer thread writes: a serialized line (ending in `\n`), or a progress snapshot.
 #[derive(Debug)]
 pub enum Entry {
@@ -149,7 +161,7 @@ pub enum Entry {
     /// a line that is not on disk, and no file I/O runs on the async threads.
     Progress(Box<super::progress::Progress>),
     /// Lines for `timeline.jsonl`, appended or replacing it.
-    Timeline(super::timeline::Write),
+    Timeline(TimelineWrite),
 }
 
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
@@ -260,7 +272,7 @@ impl Writer {
             shard_buf: Vec::new(),
             failed: Appended::new(FAILED_FILE),
             retry: Appended::new(RETRY_FILE),
-            timeline: Appended::new(super::timeline::TIMELINE_FILE),
+            timeline: Appended::new(TIMELINE_FILE),
             pending_lines: 0,
             stats: WriterStats::default(),
             finished,
@@ -338,10 +350,10 @@ impl Writer {
                 super::progress::write_atomic(&self.dir, &p)?;
                 return Ok(());
             }
-            Entry::Timeline(super::timeline::Write::Append(lines)) => {
+            Entry::Timeline(TimelineWrite::Append(lines)) => {
                 self.timeline.buf.extend_from_slice(&lines)
             }
-            Entry::Timeline(super::timeline::Write::Rewrite(all)) => {
+            Entry::Timeline(TimelineWrite::Rewrite(all)) => {
                 // What is buffered is in `all` too: the recorder holds every kept line.
                 self.timeline.buf.clear();
                 self.timeline.replace(&self.dir, &all)?;
