@@ -5,10 +5,11 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::thread::ScopedJoinHandle;
 
 use super::core::Baseline;
 use super::input::prefix::PrefixPlan;
-use super::input::{self, Known, RetryFailed, Scan};
+use super::input::{self, InputError, Known, RetryFailed, Scan};
 use super::journal::OutputFormat;
 use super::lock::OutputLock;
 use super::{GenerateConfig, GenerateError, PlacementMode, identity, journal};
@@ -44,6 +45,28 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
         source,
     })?;
     let lock = OutputLock::acquire(out)?;
+    // The prefix scan reads the whole input, done lines too, so a resumed job deals the same
+    // homes: on a thread of its own beside the recovery and the id scan, not after them.
+    std::thread::scope(|s| {
+        let prefix = match c.placement {
+            PlacementMode::LeastLoaded => None,
+            PlacementMode::Auto | PlacementMode::Prefix => {
+                Some(s.spawn(|| input::prefix::scan(&c.prompts, c.limit, c.max_tokens)))
+            }
+        };
+        locked(c, lock, prefix)
+    })
+}
+
+type PrefixScan<'s> = ScopedJoinHandle<'s, Result<PrefixPlan, InputError>>;
+
+/// The rest of [`prepare`], with the directory locked and the prefix scan under way.
+fn locked(
+    c: &GenerateConfig,
+    lock: OutputLock,
+    prefix: Option<PrefixScan<'_>>,
+) -> Result<Prepared, GenerateError> {
+    let out = &c.out;
     let had_output = journal::has_output(out)?;
     if !c.resume && had_output {
         return Err(journal::JournalError::NotEmpty { dir: out.clone() }.into());
@@ -94,12 +117,12 @@ pub fn prepare(c: &GenerateConfig) -> Result<Prepared, GenerateError> {
     } else {
         Vec::new()
     };
-    // The whole input, done lines too, so a resumed job deals the same homes.
-    let prefix = match c.placement {
-        PlacementMode::LeastLoaded => None,
-        PlacementMode::Auto | PlacementMode::Prefix => {
-            Some(input::prefix::scan(&c.prompts, c.limit, c.max_tokens)?)
-        }
+    let prefix = match prefix {
+        Some(scan) => Some(
+            scan.join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))?,
+        ),
+        None => None,
     };
     Ok(Prepared {
         lock,
