@@ -8,31 +8,11 @@ mod common;
 mod sweep_common;
 
 use std::path::Path;
-use std::process::Command;
 
+use common::chromium::chromium;
 use common::generate::{Sim, generate, write_lines};
 use serde_json::{Value, json};
 use sweep_common::{Fleet, serial, short};
-
-/// Headless Chromium with no network, no background traffic and a fresh profile.
-fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-default-apps",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .output()
-        .expect("Debian's chromium is installed (scripts/test installs it)")
-}
 
 fn job_dir(tmp: &Path) -> std::path::PathBuf {
     let a = Sim::start(&["--context-length", "512", "--sim-time-scale", "100"]);
@@ -218,20 +198,37 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
     assert!(o.status.success());
     assert_eq!(page_requests(&control), ["https://cdn.example.com/x.png"]);
 
-    // `FLEET_REPORT_SCREENSHOT=DIR`: keep the page and a screenshot of it (docs/report.png).
+    // `FLEET_REPORT_SCREENSHOT=DIR`: keep the page and screenshots of it, of the sweep's page
+    // and of the job's (docs/report.png, docs/report-sweep.png, docs/report-job.png).
     if let Some(dir) = std::env::var_os("FLEET_REPORT_SCREENSHOT") {
         let dir = Path::new(&dir);
         std::fs::copy(&html, dir.join("report.html")).unwrap();
-        let shot = chromium(
-            &tmp.path().join("chromium3"),
-            &[
-                &format!("--screenshot={}", dir.join("report.png").display()),
-                "--window-size=1000,3400",
-                "--hide-scrollbars",
-                &url,
-            ],
-        );
-        assert!(shot.status.success());
+        let job = job.display().to_string();
+        for (name, sources, height) in [
+            ("report", vec!["sweep.json", job.as_str()], 3400),
+            ("report-sweep", vec!["sweep.json"], 1500),
+            ("report-job", vec![job.as_str()], 2300),
+        ] {
+            let page = dir.join(format!("{name}.html"));
+            let o = f
+                .command(&["report"])
+                .args(&sources)
+                .arg("-o")
+                .arg(&page)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let shot = chromium(
+                &tmp.path().join(format!("chromium-{name}")),
+                &[
+                    &format!("--screenshot={}", dir.join(format!("{name}.png")).display()),
+                    &format!("--window-size=1000,{height}"),
+                    "--hide-scrollbars",
+                    &format!("file://{}", page.display()),
+                ],
+            );
+            assert!(shot.status.success());
+        }
     }
 }
 

@@ -2,10 +2,12 @@
 //! and renders its events (a progress bar on a terminal, a log line every 30 s otherwise).
 
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 
 use crate::cli::GenerateArgs;
 use crate::config::{self, Profile};
@@ -20,14 +22,77 @@ use crate::generate::{
     PlacementMode, RetryFailed, Targets,
 };
 use crate::launch::Fleet;
+use crate::render::{Format, Model};
+use crate::report::page::{self, Page, Sources};
 use crate::server::ServerId;
 use crate::sglang::client::Api;
 
 use super::nofile;
-use super::output::{eoutln, outln};
+use super::output::eoutln;
 use super::{Ctx, Outcome, UsageError};
 
 const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// `fleet generate`'s result: the job's progress at its end (its JSON), with where its output
+/// is for the text, and for `--format html` the job's report page.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Ended {
+    progress: Progress,
+    #[serde(skip)]
+    out: PathBuf,
+    /// Where every shard went, when the upload is complete and the job done.
+    #[serde(skip)]
+    uploaded_to: Option<String>,
+    #[serde(skip)]
+    report: Option<Page>,
+}
+
+impl Ended {
+    /// The end of the job in `out`; its report page is read from there when `format` is HTML.
+    fn of(progress: Progress, out: &Path, format: Format) -> anyhow::Result<Self> {
+        let report = match format {
+            Format::Html => Some(page::build(Sources {
+                job: Some(super::report::job(out)?),
+                ..Sources::default()
+            })),
+            Format::Text | Format::Json => None,
+        };
+        Ok(Ended {
+            progress,
+            out: out.to_path_buf(),
+            uploaded_to: None,
+            report,
+        })
+    }
+}
+
+impl Model for Ended {
+    fn title(&self) -> String {
+        "fleet generate".into()
+    }
+
+    fn text(&self) -> String {
+        let p = &self.progress;
+        let mut text = format!(
+            "{}\noutput: {}\n{}\n",
+            summary_line(p),
+            self.out.display(),
+            super::report::hint(&[&self.out])
+        );
+        if let Some(dest) = &self.uploaded_to {
+            text.push_str(&format!(
+                "uploaded: {} shards, {} bytes to {dest}\n",
+                p.s3_uploaded, p.s3_bytes
+            ));
+        }
+        text
+    }
+
+    fn page(&self) -> Option<String> {
+        self.report.as_ref().map(crate::report::html::render)
+    }
+}
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     if args.detach {
@@ -75,7 +140,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             fds_per_request,
         )
     });
-    let json = ctx.global.json;
+    let json = ctx.format() == Format::Json;
     let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
     let result = generate::run(config, targets, |e| view.show(e), ctx.cancel.clone()).await;
     drop(fleet);
@@ -91,34 +156,24 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         other => anyhow::Error::new(other),
     })?;
     view.finish();
-    let p = &summary.progress;
-    if json {
-        outln!("{}", serde_json::to_string_pretty(p)?);
-    } else {
-        outln!("{}", summary_line(p));
-        outln!("output: {}", args.out.display());
-        outln!("{}", super::report::hint(&[&args.out]));
+    let mut ended = Ended::of(summary.progress, &args.out, ctx.format())?;
+    if summary.not_uploaded.is_empty() && summary.ended == End::Done {
+        ended.uploaded_to = args.upload.clone();
     }
-    if let Some(dest) = &args.upload {
-        if summary.not_uploaded.is_empty() {
-            if !json && summary.ended == End::Done {
-                outln!(
-                    "uploaded: {} shards, {} bytes to {dest}",
-                    p.s3_uploaded,
-                    p.s3_bytes
-                );
-            }
-        } else {
-            eoutln!(
-                "{} shards are not uploaded to {dest} (they are kept in {}):",
-                summary.not_uploaded.len(),
-                args.out.display()
-            );
-            for (shard, why) in &summary.not_uploaded {
-                eoutln!("  {shard}: {why}");
-            }
-            eoutln!("upload them with the same command plus --resume");
+    super::emit(ctx, &ended)?;
+    let p = &ended.progress;
+    if let Some(dest) = &args.upload
+        && !summary.not_uploaded.is_empty()
+    {
+        eoutln!(
+            "{} shards are not uploaded to {dest} (they are kept in {}):",
+            summary.not_uploaded.len(),
+            args.out.display()
+        );
+        for (shard, why) in &summary.not_uploaded {
+            eoutln!("  {shard}: {why}");
         }
+        eoutln!("upload them with the same command plus --resume");
     }
     let uploads_missing = !summary.not_uploaded.is_empty();
     match summary.ended {
@@ -312,12 +367,23 @@ fn dry_run(ctx: &Ctx, c: &GenerateConfig) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let plan = generate::input::prefix::scan(&c.prompts, c.limit, c.max_tokens)?;
     let report = generate::input::prefix::Report::of(&plan, c.placement, started.elapsed());
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        outln!("{}", report.render());
-    }
+    super::emit(ctx, &Planned(report))?;
     Ok(Outcome::Ok)
+}
+
+/// `fleet generate --dry-run`'s result.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Planned(generate::input::prefix::Report);
+
+impl Model for Planned {
+    fn title(&self) -> String {
+        "fleet generate --dry-run".into()
+    }
+
+    fn text(&self) -> String {
+        self.0.render() + "\n"
+    }
 }
 
 fn summary_line(p: &Progress) -> String {

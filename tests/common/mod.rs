@@ -6,9 +6,10 @@
 //! binary, keys, ports and ssh-agent. Use it with `mod common;`. [`local_fleet`] runs the binary
 //! on a local simulated fleet, [`generate`] serves SGLang stand-ins and reads `generate` output,
 //! [`watch`] waits on what a child says on stderr. [`slurm`]: a real Slurm cluster (slurmctld
-//! and several slurmd on this machine, fake GPUs).
+//! and several slurmd on this machine, fake GPUs). [`chromium`]: headless Chromium for pages.
 #![allow(dead_code)] // each test crate uses a different part of it
 
+pub mod chromium;
 #[path = "../generate_common/mod.rs"]
 pub mod generate;
 pub mod local_fleet;
