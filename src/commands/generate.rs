@@ -1,8 +1,10 @@
 //! `fleet generate`: validates arguments, runs the generation engine over the given endpoints,
 //! and renders its events (a progress bar on a terminal, a log line every 30 s otherwise).
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -21,7 +23,7 @@ use crate::generate::{
     self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError, PlacementChoice,
     PlacementMode, RetryFailed, Targets,
 };
-use crate::launch::Fleet;
+use crate::launch::{Fleet, deadline};
 use crate::render::{Format, Model};
 use crate::report::page::{self, Page, Sources};
 use crate::server::ServerId;
@@ -122,12 +124,16 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     // Without --url: every instance `fleet up` started, through port forwards held for the run
     // over the fleet's connections, which outlive it.
-    let (fleet, targets) = match args.url.is_empty() {
+    let (fleet, targets, serving) = match args.url.is_empty() {
         true => {
-            let (fleet, targets) = fleet_targets(ctx).await?;
-            (Some(fleet), targets)
+            let (fleet, targets, serving) = fleet_targets(ctx).await?;
+            (Some(fleet), targets, serving)
         }
-        false => (None, endpoints_from(args, profile.as_ref())?.into()),
+        false => (
+            None,
+            endpoints_from(args, profile.as_ref())?.into(),
+            BTreeSet::new(),
+        ),
     };
     // Through fleet's own forwards a request holds two descriptors: the client's socket and
     // the one the forward accepts.
@@ -141,8 +147,33 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         )
     });
     let json = ctx.format() == Format::Json;
-    let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
-    let result = generate::run(config, targets, |e| view.show(e), ctx.cancel.clone()).await;
+    let view = Mutex::new(View::new(
+        !ctx.global.quiet && !json && std::io::stderr().is_terminal(),
+    ));
+    // A run on servers whose allocation ends stops ahead of the end (the watch cancels it).
+    let stop = ctx.cancel.child_token();
+    let backends = fleet.iter().flat_map(|f| f.backends().cloned()).collect();
+    let (mut ends, eta) = deadline::Watch::start(backends, &serving, stop.clone()).await;
+    let show = |e: Event| {
+        if let Event::Progress(p) = &e {
+            eta.observe(p.eta_hours.map(|h| Duration::from_secs_f64(h * 3600.0)));
+        }
+        view.lock().unwrap_or_else(|p| p.into_inner()).show(e)
+    };
+    let result = {
+        let run = generate::run(config, targets, show, stop);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                note = ends.next_note() => {
+                    view.lock().unwrap_or_else(|p| p.into_inner()).say(&note.message());
+                }
+            }
+        }
+    };
+    let stopped_for_end = ends.finish().await;
+    let view = view.into_inner().unwrap_or_else(|p| p.into_inner());
     drop(fleet);
     let summary = result.map_err(|e| match e {
         // The user's input or --out choice, not a failure of the fleet.
@@ -201,6 +232,13 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             Ok(Outcome::Partial)
         }
         End::Done => Ok(Outcome::Ok),
+        End::Interrupted if stopped_for_end.is_some() && !ctx.cancel.is_cancelled() => {
+            eoutln!(
+                "stopped ahead of the allocation's end: after `fleet up` in a new allocation, \
+                 continue with the same command plus --resume"
+            );
+            Ok(Outcome::Interrupted)
+        }
         End::Interrupted => {
             eoutln!("interrupted: continue with the same command plus --resume");
             Ok(Outcome::Interrupted)
@@ -224,7 +262,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
 
 /// The running servers of every host of the inventory, each behind a port forward; none is a
 /// usage error.
-async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets)> {
+async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets, BTreeSet<String>)> {
     let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
     fleet.log_unreachable();
     let registry = fleet.servers().await;
@@ -239,7 +277,11 @@ async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets)> {
         ))
         .into());
     }
-    Ok((fleet, targets))
+    let serving = registry
+        .running()
+        .map(|s| s.record.host().to_string())
+        .collect();
+    Ok((fleet, targets, serving))
 }
 
 /// The prompts must be a regular file: the job reads it twice (the id pre-pass, then the run)
