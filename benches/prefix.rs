@@ -115,7 +115,10 @@ fn placement_job() {
     let tmp = tempfile::tempdir().unwrap();
     let order = shuffled(n);
     let prompts = tmp.path().join("prompts.jsonl");
-    write_lines(&prompts, &order.iter().map(|&i| line(i)).collect::<Vec<_>>());
+    write_lines(
+        &prompts,
+        &order.iter().map(|&i| line(i)).collect::<Vec<_>>(),
+    );
 
     let (hand, hand_hits) = hand_run(tmp.path(), &order);
     let (auto, auto_hits, stderr) = one_run(&prompts, &tmp.path().join("auto"), n, &[]);
@@ -187,7 +190,10 @@ fn no_prefix_job() {
         .collect();
     write_lines(&prompts, &lines);
     let (auto, _, stderr) = one_run(&prompts, &tmp.path().join("auto"), n, &[]);
-    assert!(stderr.contains("placement: least-loaded (auto:"), "{stderr}");
+    assert!(
+        stderr.contains("placement: least-loaded (auto:"),
+        "{stderr}"
+    );
     let (least, _, _) = one_run(
         &prompts,
         &tmp.path().join("least-loaded"),
@@ -214,11 +220,20 @@ fn no_prefix_job() {
 /// ~1,000-byte instruction: the scan's time (as it reports it) and the process's peak RSS.
 #[allow(clippy::zombie_processes, reason = "reaped by wait4")]
 fn scan() {
-    let total = if headline::quick() { 50_000 } else { SCAN_TOTAL };
+    let total = if headline::quick() {
+        50_000
+    } else {
+        SCAN_TOTAL
+    };
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
     let heads: Vec<String> = (0..20)
-        .map(|g| format!("Instruction set {g}. {}", "Answer with care and cite. ".repeat(36)))
+        .map(|g| {
+            format!(
+                "Instruction set {g}. {}",
+                "Answer with care and cite. ".repeat(36)
+            )
+        })
         .collect();
     {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&prompts).unwrap());

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::core::placement::{LeastLoaded, Placement, Prefix};
 use super::core::{
-    Attempt, CacheExpectation, Core, CoreConfig, End, HostLoss, Input, ProbeKind, ProbeResult, Server,
+    Attempt, CacheExpectation, Core, CoreConfig, End, HostLoss, Input, ProbeKind, ProbeResult,
+    Server,
 };
 use super::drive::{self, Clock, Driver, Output};
 use super::input::{self, Ids, Line, Scan};

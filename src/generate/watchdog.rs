@@ -222,7 +222,7 @@ pub fn assess(
                 (cap / room, None)
             }
             Cause::ClientLimited { running, cap, .. } => (running / cap, None),
-            Cause::Unknown => return None,
+            Cause::Unknown | Cause::LowCacheHits { .. } => return None,
         },
     };
     (fraction < WARN_BELOW).then_some(Finding {
