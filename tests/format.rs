@@ -23,15 +23,27 @@ fn run(f: &LocalFleet, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The command's result in every format: its text, its JSON (checked to be what `--json` gives,
-/// up to `same`), and the DOM Chromium renders from its page.
+/// The command's result in every format: its text (checked to be what `--format text` gives, to
+/// its first line when `Live`: figures that move between two looks), its JSON (checked to be
+/// what `--json` gives, up to `same`), and the DOM Chromium renders from its page.
 struct Rendered {
     text: String,
     json: Value,
     dom: String,
 }
 
-fn every_format(f: &LocalFleet, args: &[&str], same: impl Fn(&Value, &Value)) -> Rendered {
+#[derive(Clone, Copy, PartialEq)]
+enum Figures {
+    Fixed,
+    Live,
+}
+
+fn every_format(
+    f: &LocalFleet,
+    args: &[&str],
+    figures: Figures,
+    same: impl Fn(&Value, &Value),
+) -> Rendered {
     let with = |flags: &[&str]| {
         let all: Vec<&str> = flags.iter().chain(args).copied().collect();
         let (code, out, err) = run(f, &all);
@@ -39,15 +51,27 @@ fn every_format(f: &LocalFleet, args: &[&str], same: impl Fn(&Value, &Value)) ->
         out
     };
     let text = with(&[]);
-    assert_eq!(with(&["--format", "text"]), text, "{args:?}: --format text");
+    let first = |t: &str| t.lines().next().unwrap_or_default().to_string();
+    match figures {
+        Figures::Fixed => assert_eq!(with(&["--format", "text"]), text, "{args:?}"),
+        Figures::Live => assert_eq!(first(&with(&["--format", "text"])), first(&text)),
+    }
     let json: Value = serde_json::from_str(&with(&["--format", "json"]))
         .unwrap_or_else(|e| panic!("{args:?}: --format json is not JSON: {e}"));
     let alias: Value = serde_json::from_str(&with(&["--json"])).unwrap();
     same(&json, &alias);
     let page = with(&["--format", "html"]);
     assert!(page.starts_with("<!DOCTYPE html>"), "{args:?}: {page}");
-    for remote in ["http://", "https://", "src=", "href=", "<script", "url("] {
+    for remote in ["src=", "href=", "<script", "<link", "@import", "url("] {
         assert!(!page.contains(remote), "{args:?}: the page has {remote:?}");
+    }
+    // A URL may be data (an instance's `url`), shown as text; no tag may hold one.
+    for tag in page
+        .split('<')
+        .filter_map(|t| t.split_once('>'))
+        .map(|(t, _)| t)
+    {
+        assert!(!tag.contains("://"), "{args:?}: a URL in <{tag}>");
     }
     let name = args.join("-").replace('/', "_");
     let html = f.path().join(format!("{name}.html"));
@@ -84,7 +108,7 @@ fn fleet_commands_render_as_text_json_and_an_offline_page() {
     let f = LocalFleet::new(1);
     sim_profile(&f);
 
-    let shown = every_format(&f, &["profile", "show", "sim"], equal);
+    let shown = every_format(&f, &["profile", "show", "sim"], Figures::Fixed, equal);
     let port_base = shown.json["port_base"].as_u64().unwrap();
     assert!(shown.text.contains(&format!("port_base: {port_base}")));
     assert!(has_cell(&shown.dom, port_base), "{}", shown.dom);
@@ -96,7 +120,7 @@ fn fleet_commands_render_as_text_json_and_an_offline_page() {
     assert_eq!(up.as_array().unwrap().len(), 1, "{up}");
 
     // Load and uptime move between two looks; what the instance is does not.
-    let status = every_format(&f, &["status"], |a, b| {
+    let status = every_format(&f, &["status"], Figures::Live, |a, b| {
         assert_eq!(a[0]["port"], b[0]["port"]);
         assert_eq!(a[0]["liveness"], b[0]["liveness"]);
     });
@@ -105,7 +129,7 @@ fn fleet_commands_render_as_text_json_and_an_offline_page() {
     assert!(status.text.contains(&port.to_string()), "{}", status.text);
     assert!(has_cell(&status.dom, port), "{}", status.dom);
 
-    let gpus = every_format(&f, &["gpus"], |a, b| {
+    let gpus = every_format(&f, &["gpus"], Figures::Live, |a, b| {
         assert_eq!(a[0]["host"], b[0]["host"]);
         assert_eq!(a[0]["gpus"][0]["uuid"], b[0]["gpus"][0]["uuid"]);
     });
@@ -133,7 +157,8 @@ fn a_job_renders_as_its_report_page_and_its_progress_in_every_format() {
     write_prompts(&prompts, 40);
     let out = f.path().join("job");
     // `generate --format html` ends with the job's report page on stdout.
-    let o = generate(&out, &prompts, &[&sim.url])
+    // A named server: the page then holds no URL at all.
+    let o = generate(&out, &prompts, &[&format!("sim={}", sim.url)])
         .args(["--max-tokens", "16", "--format", "html"])
         .output()
         .unwrap();
@@ -144,7 +169,7 @@ fn a_job_renders_as_its_report_page_and_its_progress_in_every_format() {
     assert!(!page.contains("http://") && !page.contains("https://"));
 
     let dir = out.display().to_string();
-    let progress = every_format(&f, &["progress", &dir], equal);
+    let progress = every_format(&f, &["progress", &dir], Figures::Fixed, equal);
     let file: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("progress.json")).unwrap()).unwrap();
     // The model is the file's figures (and a finished job has no finding).
