@@ -204,10 +204,17 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
         let dir = Path::new(&dir);
         std::fs::copy(&html, dir.join("report.html")).unwrap();
         let job = job.display().to_string();
+        // The job's page wants a job long enough to draw: its own, with an instance lost.
+        let long = long_job(tmp.path()).display().to_string();
         for (name, sources, height) in [
             ("report", vec!["sweep.json", job.as_str()], 3400),
-            ("report-sweep", vec!["sweep.json"], 1500),
-            ("report-job", vec![job.as_str()], 2300),
+            // The seed's dataset and a GPU-hour price: the ETA, GPU-hour and cost columns.
+            (
+                "report-sweep",
+                vec!["sweep.json", "--total", "654676", "--gpu-hour-cost", "2.5"],
+                1400,
+            ),
+            ("report-job", vec![long.as_str()], 2700),
         ] {
             let page = dir.join(format!("{name}.html"));
             let o = f
@@ -230,6 +237,50 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
             assert!(shot.status.success());
         }
     }
+}
+
+/// A job of 2,500 prompts (one too long) on two servers at an eighth of the test's speed, so
+/// that its timeline has a few dozen points; server `b` is killed a third of the way in.
+fn long_job(tmp: &Path) -> std::path::PathBuf {
+    let sim = || Sim::start(&["--context-length", "512", "--sim-time-scale", "12"]);
+    let (a, mut b) = (sim(), sim());
+    let prompts = tmp.join("long-prompts.jsonl");
+    let mut lines: Vec<String> = (0..2499)
+        .map(|i| {
+            json!({"id": i, "prompt": format!("q {i}: {}", "word ".repeat(10 + i % 20))})
+                .to_string()
+        })
+        .collect();
+    lines.insert(
+        700,
+        json!({"id": "too-long", "prompt": "y".repeat(4000)}).to_string(),
+    );
+    write_lines(&prompts, &lines);
+    let out = tmp.join("long-job");
+    let mut child = generate(
+        &out,
+        &prompts,
+        &[&format!("a={}", a.url), &format!("b={}", b.url)],
+    )
+    .args(["--max-tokens", "16"])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let completed = || -> u64 {
+        std::fs::read_to_string(out.join("progress.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|p| p["completed"].as_u64())
+            .unwrap_or(0)
+    };
+    while completed() < 800 {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended early");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    b.kill();
+    child.wait().unwrap();
+    out
 }
 
 /// URLs of the requests a document asked for, from Chromium's net log: those with an
