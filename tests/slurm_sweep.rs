@@ -109,7 +109,12 @@ fn a_sequential_sweep_runs_each_candidate_as_new_steps_of_one_allocation() {
     }
 
     // The sweep stopped its servers; `down` gives the allocation back.
-    assert!(f.sims().is_empty());
+    let left = f.sims();
+    assert!(
+        left.is_empty(),
+        "{left:?}\nsteps: {}\nstderr: {stderr}",
+        f.cluster.run(&["squeue", "--steps", "--noheader"])
+    );
     f.ok(&["-q", "down", "--grace", "5s"]);
     assert_eq!(f.fleet_jobs(), "");
 }

@@ -106,8 +106,13 @@ pub fn wait_with_timeout(child: &mut std::process::Child, limit: Duration) -> Op
             let mut stdout = Vec::new();
             let mut stderr = Vec::new();
             use std::io::Read;
-            child.stdout.take().unwrap().read_to_end(&mut stdout).ok();
-            child.stderr.take().unwrap().read_to_end(&mut stderr).ok();
+            // A pipe a caller took (to watch it as it comes) is theirs to read.
+            if let Some(mut out) = child.stdout.take() {
+                out.read_to_end(&mut stdout).ok();
+            }
+            if let Some(mut err) = child.stderr.take() {
+                err.read_to_end(&mut stderr).ok();
+            }
             let status = child.wait().unwrap();
             return Some(Output {
                 status,
