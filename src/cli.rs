@@ -298,6 +298,11 @@ pub struct SweepArgs {
     /// The adaptive search proposes nothing more after this long (over every --resume).
     #[arg(long, value_parser = parse_duration)]
     pub budget: Option<Duration>,
+    /// Latency limits the winner must keep, e.g. ttft_p99<=2s,itl_p99<=60ms (metrics ttft_p50,
+    /// ttft_p99, itl_p50, itl_p99): the sweep maximises throughput among the candidates that
+    /// keep them; one that breaks them is shown, never crowned.
+    #[arg(long)]
+    pub slo: Option<String>,
 }
 
 /// How `fleet sweep` searches its space.

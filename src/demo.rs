@@ -241,6 +241,7 @@ mod tests {
             measured(1070.0, 37),
             measured(11800.0, 72),
             Outcome::Failed {
+                kind: crate::sweep::rank::Failure::OutOfMemory,
                 reason: "OOM".into(),
                 log_tail: vec![],
             },
@@ -258,6 +259,7 @@ mod tests {
                 warmup_s: 1.0,
                 duration_s: 1.0,
                 first_window_s: None,
+                slo: Default::default(),
             },
             search: search.start(),
             trials: candidates

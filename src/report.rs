@@ -4,6 +4,7 @@
 
 pub mod html;
 pub mod page;
+pub mod search;
 pub mod svg;
 pub mod text;
 

@@ -23,11 +23,12 @@ use crate::sweep::load::{Workload, WorkloadSpec};
 use crate::sweep::plan::{self, Planned, Request};
 use crate::sweep::profiles::{self, Profiles};
 use crate::sweep::range;
-use crate::sweep::rank::{self, Dataset, Outcome, Trial};
+use crate::sweep::rank::{self, Dataset, Failure, Outcome, Trial};
 use crate::sweep::report;
 use crate::sweep::run;
 use crate::sweep::search::{Limits, SearchSpec, Stop};
 use crate::sweep::servers::{self, Setup};
+use crate::sweep::slo::{self, Slo};
 use crate::sweep::trial::Timing;
 
 use super::output::eoutln;
@@ -140,6 +141,10 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         trials: args.trials,
         budget_s: args.budget.map(|b| b.as_secs_f64()),
     };
+    let slo = match &args.slo {
+        Some(text) => slo::parse(text).map_err(usage)?,
+        None => Slo::default(),
+    };
     let adaptive = args.search.map(|m| m == SearchMethod::Adaptive);
     let mut search = plan::search(&args.strategies, &args.set, adaptive, limits).map_err(usage)?;
     let (base_name, base, early) = base_profile(ctx, args).await?;
@@ -172,6 +177,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         workload: workload_spec,
         warmup: args.warmup,
         duration: args.duration,
+        slo,
     };
     let planned = plan::plan(request, &servers::host_gpus(&hosts)).map_err(usage)?;
     if args.dry_run {
@@ -200,7 +206,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let live = std::io::stderr().is_terminal() && !ctx.global.quiet;
     let shown = tokio::spawn(show(receiver, args.warmup, args.duration, live));
     let winner = |trials: &[Trial]| {
-        rank::rank(trials, None)
+        rank::rank_within(trials, None, &planned.spec.slo)
             .into_iter()
             .find(|r| r.winner)
             .map(|r| r.trial.candidate.id)
@@ -264,7 +270,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     } else if args.write_profile.is_some() {
         tracing::warn!("no winner: no profile written");
     }
-    Ok(outcome(&r, &ended))
+    Ok(outcome(&r, &ended, &planned.spec.search))
 }
 
 /// What the sweep measures from: `--profile`, or without it the profile of the fleet `fleet
@@ -352,11 +358,17 @@ fn open_store(args: &SweepArgs, planned: &Planned) -> anyhow::Result<Store> {
         other => other.into(),
     })?;
     let space = planned.spec.search.space();
-    let skipped = space.iter().filter(|c| store.is_done(&c.id)).count();
+    // A search's space is not known in advance: its trials so far count, of at most --trials.
+    let (skipped, of) = match &planned.spec.search {
+        SearchSpec::Adaptive { limits, .. } => (store.trials().len(), limits.trials),
+        SearchSpec::Grid { .. } => (
+            space.iter().filter(|c| store.is_done(&c.id)).count(),
+            space.len(),
+        ),
+    };
     if skipped > 0 {
         tracing::info!(
-            "resuming: {skipped} of {} trials already finished in {}",
-            space.len(),
+            "resuming: {skipped} of {of} trials already finished in {}",
             args.out.display()
         );
     }
@@ -365,7 +377,9 @@ fn open_store(args: &SweepArgs, planned: &Planned) -> anyhow::Result<Store> {
 }
 
 /// Says how `--apply` went and what the exit code is.
-fn outcome(r: &report::Report, ended: &run::Ended) -> CommandOutcome {
+/// Exit 1 when a candidate failed, except where an adaptive search ran into the memory edges
+/// it explores: those failures are what it learns from, and the table shows them.
+fn outcome(r: &report::Report, ended: &run::Ended, search: &SearchSpec) -> CommandOutcome {
     if let Some(applied) = &ended.applied {
         let failed = applied
             .iter()
@@ -392,14 +406,16 @@ fn outcome(r: &report::Report, ended: &run::Ended) -> CommandOutcome {
         );
         return CommandOutcome::Interrupted;
     }
-    let any_failed = r
-        .rows
-        .iter()
-        .any(|row| matches!(row.trial.outcome, Outcome::Failed { .. }))
-        || ended
-            .applied
-            .as_ref()
-            .is_some_and(|a| a.iter().any(|o| o.error.is_some()));
+    let any_failed = r.rows.iter().any(|row| match row.trial.outcome {
+        Outcome::Failed { kind, .. } => {
+            !matches!(search, SearchSpec::Adaptive { .. })
+                || !matches!(kind, Failure::OutOfMemory | Failure::NotEnoughMemory)
+        }
+        _ => false,
+    }) || ended
+        .applied
+        .as_ref()
+        .is_some_and(|a| a.iter().any(|o| o.error.is_some()));
     if any_failed {
         CommandOutcome::Partial
     } else {

@@ -28,6 +28,7 @@ svg text{font:11px system-ui,sans-serif;fill:#333}
 svg text.title{font-size:13px;font-weight:600}
 svg .grid{stroke:#e6e6e6}
 svg rect.winner{fill:#2ca02c}svg rect.measured{fill:#1f77b4}svg rect.pruned{fill:#ff7f0e}svg rect.failed{fill:#d62728}
+svg circle.measured{fill:#1f77b4}svg circle.pruned{fill:#7f7f7f}svg circle.breaks{fill:none;stroke:#9467bd;stroke-width:1.5}svg path.oom{stroke:#d62728;stroke-width:2}svg path.failed{stroke:#7f7f7f;stroke-width:2}svg path.best{stroke:#2ca02c;stroke-width:2}
 svg .whisker{stroke:#000;stroke-width:1.5}
 svg .series{fill:none;stroke-width:1.8}
 svg .mark{stroke:#888;stroke-width:1;stroke-dasharray:2 3}
@@ -168,6 +169,7 @@ fn sweep(s: &SweepView) -> Markup {
             table #failed-candidates { tbody { @for r in failed { tr { td { (r.label) } td style="text-align:left" { (r.failure.as_deref().unwrap_or("")) } } } } }
         }
         @if !s.pending.is_empty() { p { "Not measured yet: " (s.pending.join(", ")) } }
+        @if let Some(v) = &s.search { (super::search::html(v)) }
     }
 }
 

@@ -103,6 +103,9 @@ pub struct SweepView {
     pub winner: Option<String>,
     pub deciding_factor: Option<String>,
     pub pending: Vec<String>,
+    /// An adaptive search's explored points and best over time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<super::search::SearchView>,
 }
 
 /// A job's output directory.
@@ -193,7 +196,7 @@ fn sweep_view(
             output_tokens_per_prompt: tokens,
             gpus: slots.len().max(1),
         });
-    let ranked = rank::rank(&trials, dataset);
+    let ranked = rank::rank_within(&trials, dataset, &file.spec.slo);
     let rows = ranked
         .iter()
         .map(|r| {
@@ -242,7 +245,9 @@ fn sweep_view(
             }
         })
         .collect();
+    let winner = ranked.iter().find(|r| r.winner).map(|r| r.label.clone());
     SweepView {
+        search: super::search::view(file, winner.as_deref()),
         source,
         profile: file.spec.profile.clone(),
         warmup_s: file.spec.warmup_s,
@@ -251,7 +256,7 @@ fn sweep_view(
         dataset,
         gpu_hour_cost: cost,
         rows,
-        winner: ranked.iter().find(|r| r.winner).map(|r| r.label.clone()),
+        winner,
         deciding_factor: rank::deciding_factor(&ranked),
         pending: proposed
             .iter()

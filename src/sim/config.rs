@@ -107,7 +107,13 @@ const SIM_OPTS: &[SimOpt] = &[
         "--sim-cuda-graph-gib",
         Kind::Float,
         "5",
-        "Memory CUDA graph capture and activations need outside the static pool, GiB.",
+        "Memory the decode CUDA graphs need outside the static pool at --cuda-graph-max-bs-decode 256, GiB (in proportion to the bound).",
+    ),
+    knob(
+        "--sim-activation-kib-per-token",
+        Kind::Float,
+        "624",
+        "Activation memory outside the static pool per token of one chunked prefill (--chunked-prefill-size), KiB.",
     ),
     knob(
         "--sim-decode-base-ms",
@@ -472,6 +478,8 @@ fn resolve(
         kv_kib_per_token: sim_f64(parsed, "--sim-kv-kib-per-token")?.max(1e-3),
         overlap_reserve_mib: gib("--sim-overlap-reserve-gib")?,
         cuda_graph_mib: gib("--sim-cuda-graph-gib")?,
+        reserved_mib: crate::sim::model::RESERVED_MIB,
+        activation_kib_per_token: sim_f64(parsed, "--sim-activation-kib-per-token")?,
         model_context_len: sim_u64(parsed, "--sim-model-context-length")?.unwrap_or(262_144),
         decode_base_ms: sim_f64(parsed, "--sim-decode-base-ms")?,
         decode_per_req_ms: sim_f64(parsed, "--sim-decode-per-req-ms")?,

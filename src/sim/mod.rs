@@ -6,6 +6,7 @@
 
 mod app;
 mod argparse;
+pub mod best;
 mod config;
 mod config_file;
 mod generate;
@@ -32,6 +33,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+pub use crate::sim::model::{Params, Settings, Strategy};
 
 use crate::sim::argparse::{Outcome, PROG};
 use crate::sim::config::{Config, Refused};

@@ -26,10 +26,18 @@
 //!   and copy (the per-request mamba state copy under extra_buffer on this hardware, 8.34 ms)
 //!   is what makes the seed's extra_buffer run 11x slower than no_buffer beyond its lower cap;
 //! - prefill batch = prefill_base + prefill_per_token × new tokens.
-//! - decode CUDA graphs (`--cuda-graph-max-bs-decode`, default 256): their memory outside the
-//!   static pool grows with the bound (`--sim-cuda-graph-gib` at 256) and fails the load when
-//!   it does not fit; a batch above the bound, or any with `--disable-cuda-graph`, decodes
-//!   eagerly, 1.3× slower.
+//! - outside the static pool (what `mem_fraction_static` leaves), as `srt/server_args.py`
+//!   (`_handle_gpu_memory_settings`) budgets it: a constant 512 MiB of metadata, the
+//!   activations of one chunked prefill (`--sim-activation-kib-per-token` × chunked_prefill_size
+//!   = 624 KiB × 8192 = 4992 MiB) and the decode CUDA graphs (`--cuda-graph-max-bs-decode`,
+//!   default 256), whose memory grows with the bound (`--sim-cuda-graph-gib` at 256, 20 MiB a
+//!   size). When these do not fit, graph capture fails with CUDA out of memory
+//!   (`srt/model_executor/cuda_graph_runner.py`); a batch above the bound, or any with
+//!   `--disable-cuda-graph`, decodes eagerly, 1.3× slower.
+//!
+//! So at 0.85 the default bound fits with 4 GiB to spare, but past about 0.89 it does not: the
+//! best of the issue's space (0.80–0.94 × bounds 16–512) is a bound just above the cap, at the
+//! highest static fraction whose graphs still fit (no_buffer 0.923 with 88, see `best`).
 //!
 //! Calibration at defaults: no_buffer 72 × 988 / (987 × 60.5 + 72 × 7.8) ms ≈ 1,180 tok/s;
 //! extra_buffer (43 / 1.15 + 37 × 8.34 = 346 ms steps) ≈ 107 tok/s.
@@ -76,6 +84,10 @@ pub struct Params {
     pub kv_kib_per_token: f64,
     pub overlap_reserve_mib: f64,
     pub cuda_graph_mib: f64,
+    /// Fixed memory outside the static pool besides activations and graphs.
+    pub reserved_mib: f64,
+    /// Activation memory of one prefill token: a chunked prefill of N tokens needs N of these.
+    pub activation_kib_per_token: f64,
     pub model_context_len: u64,
     pub decode_base_ms: f64,
     pub decode_per_req_ms: f64,
@@ -98,6 +110,8 @@ impl Default for Params {
             kv_kib_per_token: 64.0,
             overlap_reserve_mib: 4.5 * 1024.0,
             cuda_graph_mib: 5.0 * 1024.0,
+            reserved_mib: RESERVED_MIB,
+            activation_kib_per_token: 624.0,
             model_context_len: 262_144,
             decode_base_ms: 24.5,
             decode_per_req_ms: 0.5,
@@ -135,10 +149,36 @@ pub struct Settings {
     pub page_size: Option<u64>,
 }
 
+impl Default for Settings {
+    /// SGLang's defaults for one GPU with the 0.85 static fraction the sim assumes.
+    fn default() -> Self {
+        Settings {
+            mem_fraction_static: 0.85,
+            strategy: Strategy::NoBuffer,
+            radix_cache_disabled: false,
+            overlap_disabled: false,
+            max_running_requests: None,
+            max_mamba_cache_size: None,
+            mamba_full_memory_ratio: 0.9,
+            context_length: None,
+            max_total_tokens: None,
+            chunked_prefill_size: 8192,
+            max_prefill_tokens: 16384,
+            stream_interval: 1,
+            cuda_graph_max_bs: Some(DEFAULT_CUDA_GRAPH_MAX_BS),
+            page_size: None,
+        }
+    }
+}
+
 /// The decode graph bound when none is given. SGLang's `srt/server_args.py`
 /// (`_handle_gpu_memory_settings`) picks it from the GPU's memory and the TP size; the sim
 /// models the one value a single large GPU gets, at which `cuda_graph_mib` is measured.
 pub const DEFAULT_CUDA_GRAPH_MAX_BS: u64 = 256;
+
+/// `srt/server_args.py` `_handle_gpu_memory_settings`: "Constant meta data (e.g., from attention
+/// backend)", the first term of the memory it keeps outside the static pool.
+pub const RESERVED_MIB: f64 = 512.0;
 
 /// How much slower a decode step runs eagerly than replayed from a graph. In
 /// `srt/model_executor/cuda_graph_runner.py`, `can_run` is false for a batch above the largest
@@ -249,10 +289,10 @@ pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
         return Err(LoadError::NotEnoughMemory);
     }
     let free_mib = params.gpu_total_mib - static_mib;
-    let graph_mib = graph_mib(params, settings);
-    if free_mib < graph_mib {
+    let needed_mib = outside_pool_mib(params, settings);
+    if free_mib < needed_mib {
         return Err(LoadError::CudaGraphOom {
-            needed_mib: graph_mib,
+            needed_mib,
             free_mib,
         });
     }
@@ -286,6 +326,19 @@ pub fn general_cap(token_capacity: u64, context_len: u64, requested: Option<u64>
             estimated.clamp(2048, 4096).min(half)
         }
     }
+}
+
+/// What a server needs outside the static pool: the reserve, one chunked prefill's activations
+/// and the decode graphs. `model_runner.py` sizes the static pool from `mem_fraction_static`
+/// alone, so nothing checks this before graph capture runs out of memory.
+pub fn outside_pool_mib(params: &Params, settings: &Settings) -> f64 {
+    let chunk = match settings.chunked_prefill_size {
+        0 => settings.max_prefill_tokens,
+        n => n,
+    };
+    params.reserved_mib
+        + params.activation_kib_per_token * chunk as f64 / 1024.0
+        + graph_mib(params, settings)
 }
 
 /// The memory CUDA graph capture takes outside the static pool: `cuda_graph_runner.py`
@@ -413,8 +466,20 @@ pub(crate) mod tests {
             plan(&p, &high),
             Err(LoadError::CudaGraphOom { .. })
         ));
-        high.mem_fraction_static = 0.94;
+        // The default bound's graphs, one chunked prefill and the reserve fit beside 0.89 but
+        // not 0.90; with a bound of 18 at most, beside 0.94.
+        high.mem_fraction_static = 0.89;
         assert!(plan(&p, &high).is_ok());
+        high.mem_fraction_static = 0.90;
+        assert!(matches!(
+            plan(&p, &high),
+            Err(LoadError::CudaGraphOom { .. })
+        ));
+        high.mem_fraction_static = 0.94;
+        high.cuda_graph_max_bs = Some(16);
+        assert!(plan(&p, &high).is_ok());
+        high.cuda_graph_max_bs = Some(19);
+        assert!(plan(&p, &high).is_err());
     }
 
     #[test]

@@ -7,8 +7,9 @@
 use super::assign::Need;
 use super::prune::{self, Contender};
 use super::range::Dim;
-use super::rank::{Outcome, Trial};
+use super::rank::{Failure, Outcome, Trial};
 use super::search::{Limits, Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
+use super::slo::Slo;
 use super::space::Candidate;
 
 /// The first step of refinement, as a fraction of each range; each level halves it.
@@ -24,6 +25,9 @@ const MEMORY_KEYS: [&str; 5] = [
     "flag.cuda-graph-max-bs-decode",
     "flag.cuda-graph-max-bs",
 ];
+/// Keys of the static pool's share: below a point that could not fit the weights and a cache
+/// in it ([`Failure::NotEnoughMemory`]) lies the same failure.
+const STATIC_KEYS: [&str; 2] = ["server.mem_fraction_static", "flag.mem-fraction-static"];
 
 /// The adaptive search with what it has seen.
 #[derive(Debug, Clone)]
@@ -32,6 +36,8 @@ pub struct Adaptive {
     /// The profile's value for each dimension, where it has one inside the dimension.
     seed: Vec<Option<String>>,
     limits: Limits,
+    /// Under limits, the search maximises throughput among the candidates that keep them.
+    slo: Slo,
     need: Need,
     /// The sweep's GPUs: a round's size. The scheduler asks whenever one GPU frees, so the
     /// GPUs free at a call say nothing about the round.
@@ -41,6 +47,9 @@ pub struct Adaptive {
     board: Vec<Contender>,
     /// The step the last proposal used, for `sweep.json`.
     step: f64,
+    /// Candidates an earlier run proposed and did not finish (it was interrupted): proposed
+    /// again first, in their order.
+    unfinished: Vec<Candidate>,
 }
 
 /// The `i`th element of the van der Corput sequence in `base`: Halton's coordinates.
@@ -56,22 +65,16 @@ fn halton(mut i: usize, base: usize) -> f64 {
 
 const PRIMES: [usize; 12] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37];
 
-/// A trial's figure to maximise: output tok/s per GPU over the full window.
-fn score(t: &Trial) -> Option<f64> {
-    match &t.outcome {
-        Outcome::Ok(m) => Some(m.output_tok_s_per_gpu),
-        _ => None,
-    }
-}
-
 impl Adaptive {
     /// The search over `dims`, seeded with `seed`, each candidate needing `need` on a sweep of
     /// `gpus` GPUs, continuing
     /// from what is on file: the candidates `proposed` and the finished `trials`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         dims: Vec<Dim>,
         seed: Vec<Option<String>>,
         limits: Limits,
+        slo: Slo,
         need: Need,
         gpus: usize,
         proposed: &[Candidate],
@@ -81,11 +84,17 @@ impl Adaptive {
             dims,
             seed,
             limits,
+            slo,
             need,
             gpus: gpus.max(1),
             known: proposed.to_vec(),
             board: Vec::new(),
             step: FIRST_STEP,
+            unfinished: proposed
+                .iter()
+                .filter(|c| !trials.iter().any(|t| t.candidate.id == c.id))
+                .cloned()
+                .collect(),
         };
         for t in trials {
             if matches!(t.outcome, Outcome::Failed { .. }) {
@@ -164,12 +173,27 @@ impl Adaptive {
             .collect()
     }
 
-    /// Whether `c` is too close to a failed point `f` at this `step`, or past it on every
-    /// memory dimension with the rest the same: a memory edge.
-    fn infeasible(&self, c: &[f64], failed: &[Vec<f64>], step: f64) -> bool {
-        failed.iter().any(|f| {
+    /// A trial's figure to maximise: output tok/s per GPU over the full window, penalised for
+    /// each `--slo` limit it breaks.
+    fn score(&self, t: &Trial) -> Option<f64> {
+        match &t.outcome {
+            Outcome::Ok(m) => Some(self.slo.penalised(m, m.output_tok_s_per_gpu)),
+            _ => None,
+        }
+    }
+
+    /// Whether `t` counts for the best: measured, and keeping the SLO.
+    fn keeps(&self, t: &Trial) -> bool {
+        matches!(&t.outcome, Outcome::Ok(m) if self.slo.keeps(m))
+    }
+
+    /// Whether `c` is too close to a failed point at this `step`, or past a memory edge one
+    /// taught with the rest the same: at or above an out-of-memory point on every memory
+    /// dimension, at or below a not-enough-memory point on the static fraction.
+    fn infeasible(&self, c: &[f64], failed: &[(Vec<f64>, Failure)], step: f64) -> bool {
+        failed.iter().any(|(f, kind)| {
             let mut near = true;
-            let mut beyond = true;
+            let mut beyond = matches!(kind, Failure::OutOfMemory | Failure::NotEnoughMemory);
             for (d, dim) in self.dims.iter().enumerate() {
                 let gap = c[d] - f[d];
                 if dim.is_list() {
@@ -182,8 +206,14 @@ impl Adaptive {
                 if gap.abs() >= step / 2.0 {
                     near = false;
                 }
-                let memory = MEMORY_KEYS.contains(&dim.key.as_str());
-                if !(memory && gap >= -1e-9 || gap.abs() < 1e-9) {
+                let key = dim.key.as_str();
+                let past = match kind {
+                    Failure::OutOfMemory => MEMORY_KEYS.contains(&key) && gap >= -1e-9,
+                    // The graphs and request cap do not change what the static pool holds.
+                    _ if MEMORY_KEYS.contains(&key) && !STATIC_KEYS.contains(&key) => true,
+                    _ => STATIC_KEYS.contains(&key) && gap <= 1e-9,
+                };
+                if !(past || gap.abs() < 1e-9) {
                     beyond = false;
                 }
             }
@@ -240,7 +270,10 @@ impl Adaptive {
     /// The list values clearly behind: (dimension, coordinate) of each value that ran at
     /// least twice and never came within 70% of the best figure.
     fn behind(&self, trials: &[Trial]) -> Vec<(usize, f64)> {
-        let top = trials.iter().filter_map(score).fold(0.0, f64::max);
+        let top = trials
+            .iter()
+            .filter_map(|t| self.score(t))
+            .fold(0.0, f64::max);
         let mut out = Vec::new();
         for (d, dim) in self.dims.iter().enumerate() {
             let super::range::Domain::List { values } = &dim.domain else {
@@ -255,7 +288,7 @@ impl Adaptive {
                             .iter()
                             .any(|(k, x)| *k == dim.key && x == v)
                     })
-                    .filter_map(score)
+                    .filter_map(|t| self.score(t))
                     .collect();
                 if ran.len() >= 2 && ran.iter().all(|&s| s < 0.7 * top) {
                     out.extend(dim.unit(v).map(|u| (d, u)));
@@ -276,15 +309,23 @@ impl Adaptive {
             .sum()
     }
 
-    /// The best measured trial and its place: the highest figure, and among figures within
-    /// half a percent of it (the same, to a window's precision) the one asking least memory,
-    /// which leaves the most room to grow into.
+    /// The best measured trial and its place: the highest figure among those keeping the SLO
+    /// (while none does, the highest penalised figure), and among figures within half a
+    /// percent of it (the same, to a window's precision) the one asking least memory, which
+    /// leaves the most room to grow into.
     fn best<'t>(&self, trials: &'t [Trial]) -> Option<(usize, &'t Trial)> {
-        let top = trials.iter().filter_map(score).fold(f64::NAN, f64::max);
+        let any = trials.iter().any(|t| self.keeps(t));
+        let counts = |t: &Trial| !any || self.keeps(t);
+        let top = trials
+            .iter()
+            .filter(|t| counts(t))
+            .filter_map(|t| self.score(t))
+            .fold(f64::NAN, f64::max);
         trials
             .iter()
             .enumerate()
-            .filter(|(_, t)| score(t).is_some_and(|s| s >= top * 0.995))
+            .filter(|(_, t)| counts(t))
+            .filter(|(_, t)| self.score(t).is_some_and(|s| s >= top * 0.995))
             .min_by(|a, b| {
                 self.memory(&a.1.candidate)
                     .total_cmp(&self.memory(&b.1.candidate))
@@ -297,6 +338,19 @@ impl Strategy for Adaptive {
     fn propose(&mut self, view: &View<'_>) -> Next {
         for c in view.proposed {
             self.index(c);
+        }
+        if !self.unfinished.is_empty() {
+            let need = self.need.clone();
+            return Next {
+                run: std::mem::take(&mut self.unfinished)
+                    .into_iter()
+                    .map(|candidate| Proposal {
+                        candidate,
+                        need: need.clone(),
+                    })
+                    .collect(),
+                stop: None,
+            };
         }
         let proposed = view.proposed.len();
         let stop = |stop| Next {
@@ -315,11 +369,13 @@ impl Strategy for Adaptive {
         let taken = |id: &str, run: &[Candidate]| {
             view.proposed.iter().any(|p| p.id == id) || run.iter().any(|p| p.id == id)
         };
-        let failed: Vec<Vec<f64>> = view
+        let failed: Vec<(Vec<f64>, Failure)> = view
             .trials
             .iter()
-            .filter(|t| matches!(t.outcome, Outcome::Failed { .. }))
-            .filter_map(|t| self.point(&t.candidate))
+            .filter_map(|t| match t.outcome {
+                Outcome::Failed { kind, .. } => Some((self.point(&t.candidate)?, kind)),
+                _ => None,
+            })
             .collect();
         let best = self.best(view.trials);
         let mut run: Vec<Candidate> = Vec::new();

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::assign::Slot;
 use super::event::Event;
-use super::rank::{CacheUse, FirstWindow, Measured, Outcome, Pruned, Trial};
+use super::rank::{CacheUse, Failure, FirstWindow, Measured, Outcome, Pruned, Trial};
 use super::search::{Screen, Verdict};
 use super::servers::{Running, Setup, SweepError, facts_by_host, plan_candidate};
 use super::space::Candidate;
@@ -95,11 +95,13 @@ impl Held {
     }
 }
 
-fn failed(m: &Member, reason: String, log: Vec<String>) -> Trial {
+/// A failed trial, of kind `default` unless its reason or log says it ran out of memory.
+fn failed(m: &Member, default: Failure, reason: String, log: Vec<String>) -> Trial {
     Trial {
         candidate: m.candidate.clone(),
         gpus: m.slots.clone(),
         outcome: Outcome::Failed {
+            kind: Failure::read(default, &reason, &log),
             reason,
             log_tail: log,
         },
@@ -145,7 +147,7 @@ pub async fn run(
         match checked {
             Ok(instances) => planned.push((m, instances)),
             Err(reason) => {
-                send_trial(&tx, failed(&m, reason, Vec::new()));
+                send_trial(&tx, failed(&m, Failure::Refused, reason, Vec::new()));
                 held.release(m.index, &tx);
             }
         }
@@ -228,7 +230,7 @@ async fn started(
             Some(t) => t.lines().map(str::to_string).collect(),
             None => setup.log_tail(inst).await,
         };
-        send_trial(tx, failed(m, reason, tail));
+        send_trial(tx, failed(m, Failure::Other, reason, tail));
         held.release(m.index, tx);
     }
     Ok((!measured.is_empty()).then_some(measured))
@@ -346,10 +348,14 @@ async fn measure(
         };
         let outcome = match *result {
             Ok(m) => Outcome::Ok(m),
-            Err(f) => Outcome::Failed {
-                log_tail: failure_log(setup, mine, &f).await,
-                reason: f.reason,
-            },
+            Err(f) => {
+                let log_tail = failure_log(setup, mine, &f).await;
+                Outcome::Failed {
+                    kind: Failure::read(Failure::Other, &f.reason, &log_tail),
+                    log_tail,
+                    reason: f.reason,
+                }
+            }
         };
         let t = Trial {
             candidate: m.candidate.clone(),
@@ -454,10 +460,14 @@ async fn first_window(
                 leader: leader.id,
                 leader_estimate: estimate,
             }),
-            (Err(f), _) => Outcome::Failed {
-                log_tail: failure_log(setup, &measured[i].1, &f).await,
-                reason: f.reason,
-            },
+            (Err(f), _) => {
+                let log_tail = failure_log(setup, &measured[i].1, &f).await;
+                Outcome::Failed {
+                    kind: Failure::read(Failure::Other, &f.reason, &log_tail),
+                    log_tail,
+                    reason: f.reason,
+                }
+            }
         };
         going.push(false);
         send_trial(

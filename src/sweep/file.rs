@@ -12,6 +12,7 @@ use super::assign::Mode;
 use super::load::WorkloadSpec;
 use super::rank::Trial;
 use super::search::{Model, SearchSpec, SearchState};
+use super::slo::Slo;
 use super::space::{self, Axis, Candidate};
 
 /// 3: the search's spec and state instead of the candidate list. 2: rounds, pruned trials,
@@ -31,6 +32,9 @@ pub struct SweepSpec {
     /// Successive halving's first window; `None` when no candidate is stopped early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_window_s: Option<f64>,
+    /// `--slo`: the limits a winner must keep (none: any).
+    #[serde(default, skip_serializing_if = "Slo::is_empty")]
+    pub slo: Slo,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,6 +125,8 @@ fn difference(a: &SweepSpec, b: &SweepSpec) -> Option<&'static str> {
         Some("--warmup/--duration")
     } else if a.first_window_s != b.first_window_s {
         Some("pruning (--no-prune)")
+    } else if a.slo != b.slo {
+        Some("--slo")
     } else {
         None
     }
@@ -185,6 +191,7 @@ fn parse(path: &Path, text: &str) -> Result<SweepFile, FileError> {
             warmup_s: old.spec.warmup_s,
             duration_s: old.spec.duration_s,
             first_window_s: old.spec.first_window_s,
+            slo: Slo::default(),
         },
         search,
         trials: old.trials,
@@ -316,6 +323,7 @@ mod tests {
             warmup_s: 1.0,
             duration_s: 2.0,
             first_window_s: None,
+            slo: Slo::default(),
         }
     }
 
@@ -324,6 +332,7 @@ mod tests {
             candidate: c.clone(),
             gpus: vec![],
             outcome: Outcome::Failed {
+                kind: crate::sweep::rank::Failure::OutOfMemory,
                 reason: "oom".into(),
                 log_tail: vec!["CUDA out of memory".into()],
             },

@@ -169,6 +169,7 @@ mod tests {
             }),
             (Verdict::Continue, Some(mean)) => Outcome::Ok(measured(mean)),
             (Verdict::Continue, None) => Outcome::Failed {
+                kind: crate::sweep::rank::Failure::OutOfMemory,
                 reason: "out of memory".into(),
                 log_tail: vec![],
             },

@@ -19,6 +19,7 @@ pub mod run;
 pub mod schedule;
 pub mod search;
 pub mod servers;
+pub mod slo;
 pub mod space;
 pub mod stats;
 pub mod summary;

@@ -18,6 +18,7 @@ use super::report::{Plan, PlannedCandidate};
 use super::schedule;
 use super::search::{Limits, Model, SearchSpec, SearchState, Strategy, View};
 use super::servers::{facts_by_host, plan_candidate};
+use super::slo::Slo;
 use super::space::{self, SpaceError};
 use crate::config::{HostSpec, Profile};
 use crate::launch::plan::HostFacts;
@@ -103,6 +104,8 @@ pub struct Request {
     pub workload: WorkloadSpec,
     pub warmup: Duration,
     pub duration: Duration,
+    /// `--slo`.
+    pub slo: Slo,
 }
 
 /// The sweep as planned: its spec, every GPU with what each of the space's candidates needs,
@@ -135,6 +138,7 @@ pub fn plan(request: Request, gpus: &[(String, Vec<u32>)]) -> Result<Planned, As
         warmup_s: request.warmup.as_secs_f64(),
         duration_s: request.duration.as_secs_f64(),
         first_window_s: first_window.map(|d| d.as_secs_f64()),
+        slo: request.slo,
     };
     Ok(Planned {
         spec,
@@ -161,6 +165,7 @@ pub fn strategy(planned: &Planned, state: &SearchState, trials: &[Trial]) -> Box
                 dims.clone(),
                 seed.clone(),
                 *limits,
+                planned.spec.slo.clone(),
                 need,
                 planned.assignment.slots.len(),
                 &state.proposed,
@@ -266,6 +271,7 @@ mod tests {
             },
             warmup: Duration::from_secs(1),
             duration: Duration::from_secs(60),
+            slo: Slo::default(),
         }
     }
 
@@ -317,6 +323,7 @@ mod tests {
             candidate: space[1].clone(),
             gpus: vec![],
             outcome: crate::sweep::rank::Outcome::Failed {
+                kind: crate::sweep::rank::Failure::OutOfMemory,
                 reason: "oom".into(),
                 log_tail: vec![],
             },

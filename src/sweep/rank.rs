@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::assign::Slot;
+use super::slo::{Breach, Slo};
 use super::space::Candidate;
 use super::stats::Estimate;
 
@@ -70,9 +71,49 @@ pub enum Outcome {
     /// Stopped after its first window, clearly behind a leader.
     Pruned(Pruned),
     Failed {
+        /// What kind of failure, read from the server's log where it tells (files before
+        /// this field read as [`Failure::Other`]).
+        #[serde(default)]
+        kind: Failure,
         reason: String,
         log_tail: Vec<String>,
     },
+}
+
+/// Why a candidate failed, as the search learns from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// CUDA ran out of memory (graph capture, activations): more memory on any axis fails too.
+    OutOfMemory,
+    /// The static pool cannot hold the weights and a cache (SGLang's "Not enough memory"):
+    /// a smaller static fraction fails too.
+    NotEnoughMemory,
+    /// Refused before it started (the plan or preflight).
+    Refused,
+    /// Anything else: a server that did not come up or died, a load that broke off.
+    #[default]
+    Other,
+}
+
+impl Failure {
+    /// `default`, unless the reason or the server's log says it ran out of memory: the
+    /// messages of `torch.OutOfMemoryError` ("CUDA out of memory"), of a failed graph capture,
+    /// and of `model_runner.py`'s `init_memory_pool` ("Not enough memory").
+    pub fn read(default: Failure, reason: &str, log: &[String]) -> Failure {
+        let says = |needle: &str| {
+            std::iter::once(reason)
+                .chain(log.iter().map(String::as_str))
+                .any(|l| l.to_ascii_lowercase().contains(needle))
+        };
+        if says("not enough memory") {
+            Failure::NotEnoughMemory
+        } else if says("out of memory") || says("outofmemoryerror") {
+            Failure::OutOfMemory
+        } else {
+            default
+        }
+    }
 }
 
 impl Outcome {
@@ -147,6 +188,9 @@ pub struct Ranked {
     /// Projected hours for the whole dataset on all the sweep's GPUs running this candidate.
     pub eta_hours: Option<f64>,
     pub trial: Trial,
+    /// The `--slo` limits it broke: shown, never crowned.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub breaches: Vec<Breach>,
 }
 
 /// The dataset a projection is for.
@@ -158,15 +202,22 @@ pub struct Dataset {
     pub gpus: usize,
 }
 
-/// Ranks finished trials: those measured over the full window by output tok/s per GPU, then
-/// pruned ones by their first window's figure, then failed ones in input order. Only a fully
-/// measured candidate can win; ratios and ETAs are given for every measured figure.
+/// Ranks finished trials without an SLO (see [`rank_within`]).
 pub fn rank(trials: &[Trial], dataset: Option<Dataset>) -> Vec<Ranked> {
-    let by_figure = |pruned: bool| {
+    rank_within(trials, dataset, &Slo::default())
+}
+
+/// Ranks finished trials: those measured over the full window that keep `slo` by output tok/s
+/// per GPU, then those that break it, then pruned ones by their first window's figure, then
+/// failed ones in input order. Only a fully measured candidate that keeps the SLO can win;
+/// ratios (to the winner, or without one to the fastest) and ETAs are given for every figure.
+pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec<Ranked> {
+    let by_figure = |pruned: bool, keeps: bool| {
         let mut v: Vec<(&Trial, &Measured)> = trials
             .iter()
             .filter(|t| matches!(t.outcome, Outcome::Pruned(_)) == pruned)
             .filter_map(|t| Some((t, t.outcome.measured()?)))
+            .filter(|(_, m)| pruned || slo.keeps(m) == keeps)
             .collect();
         v.sort_by(|a, b| {
             b.1.output_tok_s_per_gpu
@@ -174,22 +225,30 @@ pub fn rank(trials: &[Trial], dataset: Option<Dataset>) -> Vec<Ranked> {
         });
         v
     };
-    let (full, pruned) = (by_figure(false), by_figure(true));
-    let best = full
+    let (kept, broke, pruned) = (
+        by_figure(false, true),
+        by_figure(false, false),
+        by_figure(true, true),
+    );
+    let best = kept
         .first()
+        .or(broke.first())
         .map(|(_, m)| m.output_tok_s_per_gpu)
         .filter(|b| *b > 0.0);
-    let mut rows: Vec<Ranked> = full
+    let crowned = !kept.is_empty();
+    let mut rows: Vec<Ranked> = kept
         .iter()
+        .chain(&broke)
         .chain(&pruned)
         .enumerate()
         .map(|(i, (t, m))| Ranked {
             rank: i + 1,
             label: t.candidate.label(),
-            winner: i == 0 && best.is_some(),
+            winner: i == 0 && crowned && best.is_some(),
             ratio: best.map(|b| m.output_tok_s_per_gpu / b),
             eta_hours: dataset.and_then(|d| eta_hours(d, m.output_tok_s_per_gpu)),
             trial: (*t).clone(),
+            breaches: slo.breaches(m),
         })
         .collect();
     let failed = trials
@@ -203,6 +262,7 @@ pub fn rank(trials: &[Trial], dataset: Option<Dataset>) -> Vec<Ranked> {
             ratio: None,
             eta_hours: None,
             trial: t.clone(),
+            breaches: Vec::new(),
         });
     }
     rows
@@ -259,6 +319,45 @@ pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_s_kind_is_read_from_its_log() {
+        let log = |l: &str| vec![l.to_string()];
+        let cuda =
+            "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 1.2 GiB.";
+        assert_eq!(
+            Failure::read(Failure::Other, "exited during startup", &log(cuda)),
+            Failure::OutOfMemory
+        );
+        assert_eq!(
+            Failure::read(Failure::Other, "x", &log("torch.OutOfMemoryError: boom")),
+            Failure::OutOfMemory
+        );
+        assert_eq!(
+            Failure::read(
+                Failure::Other,
+                "x",
+                &log(
+                    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+                )
+            ),
+            Failure::NotEnoughMemory
+        );
+        assert_eq!(
+            Failure::read(Failure::Refused, "no such GPU", &[]),
+            Failure::Refused
+        );
+        // A file written before the kind was recorded reads as `other`.
+        let old: Outcome =
+            serde_json::from_str(r#"{"state":"failed","reason":"r","log_tail":[]}"#).unwrap();
+        assert!(matches!(
+            old,
+            Outcome::Failed {
+                kind: Failure::Other,
+                ..
+            }
+        ));
+    }
 
     fn trial(strategy: &str, tok_s_per_gpu: f64, cap: u32, itl: f64) -> Trial {
         Trial {
@@ -357,6 +456,7 @@ mod tests {
     fn failed(strategy: &str) -> Trial {
         let mut t = trial(strategy, 0.0, 0, 0.0);
         t.outcome = Outcome::Failed {
+            kind: Failure::OutOfMemory,
             reason: "CUDA out of memory".into(),
             log_tail: vec![],
         };

@@ -9,6 +9,7 @@ use super::assign::{Mode, Slot};
 use super::file::SweepSpec;
 use super::load::{Repeated, Unfit, WorkloadSpec};
 use super::rank::{self, Dataset, Outcome, Percentiles, Ranked, Trial};
+use super::slo::Slo;
 use super::space::Candidate;
 use super::stats::Estimate;
 use crate::report::table;
@@ -23,6 +24,9 @@ pub struct Report {
     pub duration_s: f64,
     /// Successive halving's first window, when it stopped clear losers.
     pub first_window_s: Option<f64>,
+    /// `--slo`: the limits a winner keeps; rows that break them say which.
+    #[serde(skip_serializing_if = "Slo::is_empty")]
+    pub slo: Slo,
     /// What the ETAs are for.
     pub dataset: Option<Dataset>,
     pub rows: Vec<Ranked>,
@@ -58,7 +62,7 @@ pub fn build(
         .filter(|c| !mine.iter().any(|t| t.candidate.id == c.id))
         .map(Candidate::label)
         .collect();
-    let rows = rank::rank(&mine, dataset);
+    let rows = rank::rank_within(&mine, dataset, &spec.slo);
     Report {
         profile: spec.profile.clone(),
         mode: spec.mode,
@@ -66,6 +70,7 @@ pub fn build(
         warmup_s: spec.warmup_s,
         duration_s: spec.duration_s,
         first_window_s: spec.first_window_s,
+        slo: spec.slo.clone(),
         dataset,
         winner: rows.iter().find(|r| r.winner).map(|r| r.label.clone()),
         deciding_factor: rank::deciding_factor(&rows),
@@ -173,6 +178,8 @@ pub fn text(r: &Report) -> String {
     let rows = r.rows.iter().map(|row| {
         let name = if row.winner {
             format!("{} *", row.label)
+        } else if !row.breaches.is_empty() {
+            format!("{} (breaks SLO)", row.label)
         } else {
             row.label.clone()
         };
@@ -229,8 +236,21 @@ pub fn text(r: &Report) -> String {
             out.push_str(&format!(", {:.2}x {}", 1.0 / q, x.label));
         }
         out.push_str(")\n");
+    } else if r.rows.iter().any(|row| !row.breaches.is_empty()) {
+        out.push_str(&format!(
+            "\nno winner: no candidate kept --slo {}\n",
+            r.slo.text()
+        ));
     } else if !r.rows.is_empty() {
         out.push_str("\nno winner: no candidate was measured\n");
+    }
+    for row in r.rows.iter().filter(|row| !row.breaches.is_empty()) {
+        let broke: Vec<String> = row.breaches.iter().map(ToString::to_string).collect();
+        out.push_str(&format!(
+            "breaks --slo: {}: {}\n",
+            row.label,
+            broke.join(", ")
+        ));
     }
     if let Some(f) = &r.deciding_factor {
         out.push_str(&format!("deciding factor: {f}\n"));
@@ -297,7 +317,10 @@ pub fn text(r: &Report) -> String {
         }
     }
     for row in &r.rows {
-        if let Outcome::Failed { reason, log_tail } = &row.trial.outcome {
+        if let Outcome::Failed {
+            reason, log_tail, ..
+        } = &row.trial.outcome
+        {
             out.push_str(&format!("failed: {}: {reason}\n", row.label));
             for line in log_tail {
                 out.push_str(&format!("    | {line}\n"));
@@ -468,6 +491,7 @@ mod tests {
             warmup_s: 15.0,
             duration_s: 60.0,
             first_window_s,
+            slo: Default::default(),
         }
     }
 
@@ -483,6 +507,7 @@ mod tests {
                 candidate: cand("extra_buffer_lazy"),
                 gpus: vec![slot(1)],
                 outcome: Outcome::Failed {
+                    kind: crate::sweep::rank::Failure::OutOfMemory,
                     reason: "local gpu1 :30001: the server process exited during startup".into(),
                     log_tail: vec!["CUDA out of memory.".into()],
                 },

@@ -1,0 +1,273 @@
+//! Benchmark of `fleet sweep` searching the issue's space on a local fleet of 8 simulated GPUs:
+//! 2 strategies × `server.mem_fraction_static=0.80..0.94` × `flag.cuda-graph-max-bs-decode=
+//! 16..512`, whose best lies just below the out-of-memory edge with the graph bound just above
+//! the cap. Each run times, with the same warm-up and window:
+//! - a 1-candidate sweep (the unit of wall time);
+//! - the adaptive search (`--trials`, default 24): its winner's distance to the space's best,
+//!   both by the sim's own model (`fleet::sim::best`), whether it crowned a config that does
+//!   not load, and its wall time ÷ the 1-candidate sweep's (targets: ≤ 3% and ≤ 4×, median and
+//!   worst of the runs);
+//! - the grid a user would type: the profile's 0.85 ± 0.05 with the flag's default.
+//!
+//! Runs the real binaries; `cargo bench --bench search [-- RUNS WARMUP_S DURATION_S TRIALS]`
+//! (defaults 5, 1, 4, 24; with `--quick` 1, 1, 2, 16).
+
+mod headline;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use fleet::sim::best::{self, Space};
+use fleet::sim::{Params, Settings, Strategy};
+use serde_json::Value;
+
+const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
+const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
+const GPUS: u16 = 8;
+/// The sims' mean natural output length, here and in the model the distance is taken in.
+const OUTPUT_TOKENS: u64 = 40;
+
+const SEARCH: &[&str] = &[
+    "--strategies",
+    "no_buffer,extra_buffer",
+    "--set",
+    "server.mem_fraction_static=0.80..0.94",
+    "--set",
+    "flag.cuda-graph-max-bs-decode=16..512",
+];
+/// What a user would type: the profile's own fraction ± 0.05, the flag left at its default.
+const GRID: &[&str] = &[
+    "--strategies",
+    "no_buffer,extra_buffer",
+    "--set",
+    "server.mem_fraction_static=0.80,0.85,0.90",
+];
+
+fn port_base() -> u16 {
+    (41_000..60_000)
+        .step_by(89)
+        .find(|b| (0..GPUS).all(|k| TcpListener::bind(("127.0.0.1", b + k)).is_ok()))
+        .expect("free ports")
+}
+
+fn fleet(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(FLEET)
+        .args(["--config", "fleet.yaml", "--profiles-dir", "profiles"])
+        .args(args)
+        .current_dir(dir)
+        .env("FLEET_RUN_DIR", dir.join("run"))
+        .env_remove("FLEET_LOG")
+        .output()
+        .expect("run fleet");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The winner's strategy, static fraction and graph bound (the default when not searched),
+/// and whether it was measured over its full window.
+fn winner(report: &Value) -> Option<(Strategy, f64, u64, bool)> {
+    let row = report["rows"]
+        .as_array()?
+        .iter()
+        .find(|r| r["winner"] == true)?;
+    let settings = row["trial"]["candidate"]["settings"].as_array()?;
+    let get = |key: &str| {
+        settings
+            .iter()
+            .find(|kv| kv[0] == key)
+            .and_then(|kv| kv[1].as_str())
+    };
+    let strategy = match get("server.mamba_strategy")? {
+        "no_buffer" => Strategy::NoBuffer,
+        "extra_buffer" => Strategy::ExtraBuffer,
+        _ => Strategy::ExtraBufferLazy,
+    };
+    let mem = get("server.mem_fraction_static")?.parse().ok()?;
+    let bs = get("flag.cuda-graph-max-bs-decode").map_or(Some(256), |v| v.parse().ok())?;
+    let ok = row["trial"]["outcome"]["state"] == "ok";
+    Some((strategy, mem, bs, ok))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+fn worst(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
+}
+
+/// What one method measured over the runs.
+#[derive(Default)]
+struct Series {
+    /// 1 − the winner's model throughput ÷ the space's best.
+    distance: Vec<f64>,
+    ratio: Vec<f64>,
+    /// Runs whose winner failed, or would not load by the model.
+    crowned_oom: usize,
+    trials: Vec<usize>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let num = |i: usize, d: u32| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    let (runs, warmup, duration, trials) = if headline::quick() {
+        (num(0, 1), num(1, 1), num(2, 2), num(3, 16))
+    } else {
+        (num(0, 5), num(1, 1), num(2, 4), num(3, 24))
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let base = port_base();
+    let gpus: Vec<String> = (0..GPUS).map(|g| g.to_string()).collect();
+    std::fs::write(
+        dir.join("fleet.yaml"),
+        format!("hosts:\n  - name: local\n    gpus: [{}]\n", gpus.join(", ")),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("profiles")).unwrap();
+    std::fs::write(
+        dir.join("profiles/base.yaml"),
+        format!(
+            "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"{OUTPUT_TOKENS}\"\n  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
+            dir.join("gpus").display()
+        ),
+    )
+    .unwrap();
+    let params = Params {
+        mean_output_tokens: OUTPUT_TOKENS,
+        ..Params::default()
+    };
+    let settings = Settings {
+        context_length: Some(8192),
+        ..Settings::default()
+    };
+    let top = best::best(&params, &settings, &Space::issue(), None).expect("a best");
+    println!(
+        "the space's best by the model: {} {:.3} bound {} cap {}: {:.1} tok/s",
+        top.strategy.name(),
+        top.mem_fraction_static,
+        top.cuda_graph_max_bs,
+        top.cap,
+        top.tok_s
+    );
+
+    let (w, d, n) = (
+        format!("{warmup}s"),
+        format!("{duration}s"),
+        trials.to_string(),
+    );
+    let sweep = |axes: &[&str]| {
+        let _ = std::fs::remove_file(dir.join("sweep.json"));
+        let mut all = vec![
+            "--json",
+            "sweep",
+            "--profile",
+            "base",
+            "--input-len",
+            "32",
+            "--output-len",
+            "24",
+            "--warmup",
+            &w,
+            "--duration",
+            &d,
+            "--trials",
+            &n,
+        ];
+        all.extend_from_slice(axes);
+        let t = Instant::now();
+        let (_, out, err) = fleet(dir, &all);
+        let secs = t.elapsed().as_secs_f64();
+        let report: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {out}\nstderr:\n{err}"));
+        (secs, report)
+    };
+    let (mut search, mut grid) = (Series::default(), Series::default());
+    println!("run  method    wall s  vs 1 candidate  trials  winner  model tok/s  distance");
+    for run in 1..=runs {
+        let (one, _) = sweep(&["--strategies", "no_buffer"]);
+        println!("{run:>3}  1         {one:>6.2}");
+        for (name, axes, series) in [("adaptive", SEARCH, &mut search), ("grid", GRID, &mut grid)] {
+            let (secs, report) = sweep(axes);
+            let rows = report["rows"].as_array().map_or(0, Vec::len);
+            let won = winner(&report);
+            let model = won.and_then(|(s, m, bs, _)| best::at(&params, &settings, s, m, bs));
+            if won.is_none_or(|(.., ok)| !ok) || model.is_none() {
+                series.crowned_oom += usize::from(won.is_some());
+            }
+            let tok = model.map_or(0.0, |p| p.tok_s);
+            let distance = 1.0 - tok / top.tok_s;
+            series.distance.push(distance);
+            series.ratio.push(secs / one);
+            series.trials.push(rows);
+            println!(
+                "{run:>3}  {name:<8}  {secs:>6.2}  {:>14.2}  {rows:>6}  {}  {tok:>11.1}  {:>7.2}%",
+                secs / one,
+                report["winner"].as_str().unwrap_or("-"),
+                distance * 100.0
+            );
+        }
+    }
+    let pct = |x: f64| format!("{:.1}%", x * 100.0);
+    let window = format!("{warmup} s warm-up + {duration} s window");
+    headline::line(
+        "search.adaptive.distance",
+        &format!(
+            "median {}, worst {} of {runs} runs ({trials} trials)",
+            pct(median(&search.distance)),
+            pct(worst(&search.distance))
+        ),
+        "the adaptive search's winner within 3% of the sim space's best (2 strategies × 0.80..0.94 × bound 16..512)",
+        Some(worst(&search.distance) <= 0.03),
+    );
+    headline::line(
+        "search.adaptive.oom",
+        &format!("{} of {runs} runs crowned an OOM", search.crowned_oom),
+        "the adaptive search never crowns a config that runs out of memory",
+        Some(search.crowned_oom == 0),
+    );
+    headline::line(
+        "search.adaptive.wall",
+        &format!(
+            "median {:.2}×, worst {:.2}× ({window})",
+            median(&search.ratio),
+            worst(&search.ratio)
+        ),
+        "the adaptive search takes ≤ 4× a 1-candidate sweep's wall time",
+        Some(worst(&search.ratio) <= 4.0),
+    );
+    headline::line(
+        "search.grid.distance",
+        &format!(
+            "median {}, worst {} of {runs} runs",
+            pct(median(&grid.distance)),
+            pct(worst(&grid.distance))
+        ),
+        "the grid a user types (0.80,0.85,0.90 × the default bound), distance to the space's best",
+        None,
+    );
+    headline::line(
+        "search.grid.wall",
+        &format!(
+            "median {:.2}×, worst {:.2}× ({window})",
+            median(&grid.ratio),
+            worst(&grid.ratio)
+        ),
+        "the typed grid's wall time ÷ a 1-candidate sweep's",
+        None,
+    );
+}

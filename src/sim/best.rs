@@ -1,0 +1,163 @@
+//! The sim's landscape offline: the saturated throughput and decode step of any config from the
+//! sim's own model ([`model::plan`]), and the best config of a searched space (strategies × a
+//! static-fraction range × a decode graph bound range), optionally under a limit on the decode
+//! step. Tests and benchmarks measure a search's distance to this.
+
+use super::model::{self, Params, Settings, Strategy};
+
+/// One config of the space with what the model says of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub strategy: Strategy,
+    pub mem_fraction_static: f64,
+    /// `--cuda-graph-max-bs-decode`.
+    pub cuda_graph_max_bs: u64,
+    /// Saturated output tokens per simulated second (`ideal_output_tok_s`).
+    pub tok_s: f64,
+    /// One decode step at the saturated batch, simulated seconds: the inter-token latency.
+    pub step_s: f64,
+    /// effective_max_running_requests_per_dp.
+    pub cap: u64,
+}
+
+/// The space a search explores: every strategy, the static fraction from `mem.0` to `mem.1`
+/// in steps of `mem_step`, and every integer bound from `bs.0` to `bs.1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Space {
+    pub strategies: Vec<Strategy>,
+    pub mem: (f64, f64),
+    pub mem_step: f64,
+    pub bs: (u64, u64),
+}
+
+impl Space {
+    /// The issue's space: no_buffer and extra_buffer × 0.80..0.94 (to 0.001, as the search
+    /// writes the fraction) × 16..512.
+    pub fn issue() -> Space {
+        Space {
+            strategies: vec![Strategy::NoBuffer, Strategy::ExtraBuffer],
+            mem: (0.80, 0.94),
+            mem_step: 0.001,
+            bs: (16, 512),
+        }
+    }
+}
+
+/// The model's figures for `base` with this strategy, static fraction and bound; `None` when
+/// the server would fail to load (out of memory).
+pub fn at(
+    params: &Params,
+    base: &Settings,
+    strategy: Strategy,
+    mem_fraction_static: f64,
+    cuda_graph_max_bs: u64,
+) -> Option<Point> {
+    let settings = Settings {
+        strategy,
+        mem_fraction_static,
+        cuda_graph_max_bs: Some(cuda_graph_max_bs),
+        ..base.clone()
+    };
+    let plan = model::plan(params, &settings).ok()?;
+    Some(Point {
+        strategy,
+        mem_fraction_static,
+        cuda_graph_max_bs,
+        tok_s: plan.ideal_output_tok_s(),
+        step_s: plan.decode_step_secs(plan.saturated_batch()),
+        cap: plan.cap,
+    })
+}
+
+/// The fastest config of `space` whose decode step is at most `max_step_s` (none: any), the
+/// one of least memory among equals; `None` when nothing in it loads.
+pub fn best(
+    params: &Params,
+    base: &Settings,
+    space: &Space,
+    max_step_s: Option<f64>,
+) -> Option<Point> {
+    let steps = ((space.mem.1 - space.mem.0) / space.mem_step).round() as u64;
+    let mut top: Option<Point> = None;
+    for &strategy in &space.strategies {
+        for i in 0..=steps {
+            let mem = space.mem.0 + i as f64 * space.mem_step;
+            for bs in space.bs.0..=space.bs.1 {
+                let Some(p) = at(params, base, strategy, mem, bs) else {
+                    continue;
+                };
+                if max_step_s.is_some_and(|m| p.step_s > m) {
+                    continue;
+                }
+                if top.as_ref().is_none_or(|t| p.tok_s > t.tok_s) {
+                    top = Some(p);
+                }
+            }
+        }
+    }
+    top
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Settings {
+        Settings {
+            context_length: Some(8192),
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn the_issue_s_best_lies_just_below_the_oom_edge_with_the_bound_just_above_the_cap() {
+        let p = Params::default();
+        let b = best(&p, &base(), &Space::issue(), None).unwrap();
+        assert_eq!(b.strategy, Strategy::NoBuffer);
+        assert!(
+            b.cuda_graph_max_bs >= b.cap && b.cuda_graph_max_bs <= b.cap + 1,
+            "{b:?}"
+        );
+        // The edge: a little more static memory, or one more graph size, and it does not load.
+        let more = at(
+            &p,
+            &base(),
+            b.strategy,
+            b.mem_fraction_static + 0.005,
+            b.cap,
+        );
+        assert!(more.is_none(), "{more:?}");
+        assert!(
+            at(&p, &base(), b.strategy, b.mem_fraction_static, b.cap + 40).is_none(),
+            "past the edge"
+        );
+        assert!(
+            b.mem_fraction_static > 0.90 && b.mem_fraction_static < 0.94,
+            "{b:?}"
+        );
+        // Below the cap the batch decodes eagerly: slower, though it loads higher up.
+        let eager = at(&p, &base(), b.strategy, 0.94, 16).unwrap();
+        assert!(
+            eager.cap > b.cap && eager.tok_s < 0.9 * b.tok_s,
+            "{eager:?}"
+        );
+        // The grid a user types (0.80, 0.85, 0.90 × the default 256) misses it by over 3%.
+        let typed = [0.80, 0.85, 0.90]
+            .iter()
+            .filter_map(|&m| at(&p, &base(), Strategy::NoBuffer, m, 256))
+            .map(|q| q.tok_s)
+            .fold(0.0, f64::max);
+        assert!(at(&p, &base(), Strategy::NoBuffer, 0.90, 256).is_none());
+        assert!(typed < 0.97 * b.tok_s, "{typed} against {}", b.tok_s);
+    }
+
+    #[test]
+    fn a_step_limit_moves_the_best_to_a_lower_cap() {
+        let p = Params::default();
+        let free = best(&p, &base(), &Space::issue(), None).unwrap();
+        let limit = free.step_s * 0.9;
+        let held = best(&p, &base(), &Space::issue(), Some(limit)).unwrap();
+        assert!(held.step_s <= limit && held.cap < free.cap, "{held:?}");
+        assert!(held.tok_s < free.tok_s);
+    }
+}
