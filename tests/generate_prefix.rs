@@ -203,3 +203,66 @@ fn a_server_killed_mid_job_loses_nothing_and_its_groups_move_whole() {
     let spread = spread(&out);
     assert!(spread.values().all(|s| s.len() <= 3), "{spread:?}");
 }
+
+#[test]
+fn a_resumed_job_keeps_each_groups_home_and_so_its_cache_hits() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = SYSTEMS * 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_lines(
+        &prompts,
+        &shuffled(n).iter().map(|&i| line(i)).collect::<Vec<_>>(),
+    );
+    let s = sims(None);
+    let urls: Vec<&str> = s.iter().map(|s| s.url.as_str()).collect();
+    let out = tmp.path().join("out");
+    let child = generate(&out, &prompts, &urls)
+        .args(RUN_ARGS)
+        .args(["--placement", "prefix", "--grace", "30s"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stopped once a third is written, as a Ctrl-C would stop it.
+    let t0 = Instant::now();
+    while lines_written(&out) < n / 3 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: signalling the child this test spawned, by its pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{stderr}");
+    let first = progress(&out);
+    let written = first["completed"].as_u64().unwrap();
+    assert!(
+        written < n as u64,
+        "the stop came too late to test a resume"
+    );
+    let first_input = first["total_input_tokens"].as_u64().unwrap();
+
+    let (_, stderr) = run(
+        &prompts,
+        &out,
+        &urls,
+        &["--placement", "prefix", "--resume"],
+    );
+    assert!(
+        stderr.contains("placement: prefix (40 prefix groups"),
+        "{stderr}"
+    );
+    assert_exactly_once(&out, n);
+    assert!(failures(&out).is_empty());
+    // Each group's answers before and after the stop come from its one home (or a thief at
+    // the end): the resumed run dealt the same homes, so the warm caches served it.
+    let spread = spread(&out);
+    assert!(spread.values().all(|s| s.len() <= 2), "{spread:?}");
+    let after = progress(&out);
+    let resumed_input = after["total_input_tokens"].as_u64().unwrap() - first_input;
+    let resumed_hits = after["cached_tokens"].as_u64().unwrap() as f64 / resumed_input as f64;
+    assert!(
+        resumed_hits > 0.9,
+        "the resumed run's cached fraction {resumed_hits:.2}"
+    );
+}

@@ -118,7 +118,13 @@ async fn run_on(
     });
     let (placement, cache): (Box<dyn Placement>, _) = match (&prefix, &choice) {
         (Some(p), Some(c)) if c.prefix => (
-            Box::new(Prefix::new(p, clients.len())),
+            Box::new(Prefix::by_name(
+                p,
+                &clients
+                    .iter()
+                    .map(|c| c.endpoint().id.to_string())
+                    .collect::<Vec<_>>(),
+            )),
             Some(CacheExpectation {
                 cached_fraction: p.expected_cached_fraction(),
                 prefix_tokens: p.groups.values().map(|g| g.shared_tokens).sum(),

@@ -100,6 +100,32 @@ impl Prefix {
         p
     }
 
+    /// Homes for the plan's groups over servers named `names`, dealt over the names in sorted
+    /// order: the same input over the same servers, in whatever order they are given (a
+    /// `--resume` with its `--url`s in another order), gives each group the same server.
+    pub fn by_name(plan: &PrefixPlan, names: &[String]) -> Prefix {
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        order.sort_by(|&a, &b| names[a].cmp(&names[b]));
+        let mut p = Prefix::new(plan, names.len());
+        if names.len() < 2 {
+            return p;
+        }
+        // Slot k of the deal is server order[k].
+        let mut own = vec![Vec::new(); names.len()];
+        let mut assigned = vec![0; names.len()];
+        let mut unread = vec![0; names.len()];
+        for (slot, &server) in order.iter().enumerate() {
+            own[server] = std::mem::take(&mut p.own[slot]);
+            assigned[server] = p.assigned[slot];
+            unread[server] = p.own_unread[slot];
+        }
+        for g in &mut p.groups {
+            g.home = order[g.home];
+        }
+        (p.own, p.assigned, p.own_unread) = (own, assigned, unread);
+        p
+    }
+
     /// The home of each group, by its key (the tests', and the report's).
     pub fn homes(&self) -> impl Iterator<Item = (GroupKey, usize)> + '_ {
         self.index.iter().map(|(k, &g)| (*k, self.groups[g].home))

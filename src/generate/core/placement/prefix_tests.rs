@@ -134,6 +134,33 @@ fn each_group_gets_one_home_and_homes_are_balanced_and_the_same_every_time() {
 }
 
 #[test]
+fn the_same_servers_in_another_order_get_the_same_groups() {
+    let plan = plan(8, 10);
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let a = Prefix::by_name(&plan, &names(&["a:1", "b:1", "c:1"]));
+    let b = Prefix::by_name(&plan, &names(&["c:1", "a:1", "b:1"]));
+    let named = |p: &Prefix, order: &[&str]| {
+        let mut v: Vec<(u64, String)> = p
+            .homes()
+            .map(|(k, h)| (k.hash, order[h].to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        named(&a, &["a:1", "b:1", "c:1"]),
+        named(&b, &["c:1", "a:1", "b:1"])
+    );
+    // Each server's lists follow its groups.
+    for (i, own) in b.own.iter().enumerate() {
+        assert!(own.iter().all(|&g| b.groups[g].home == i));
+    }
+    let per: Vec<usize> = b.own.iter().map(Vec::len).collect();
+    assert_eq!(per.iter().sum::<usize>(), 8);
+    assert!(per.iter().all(|&n| n == 2 || n == 3), "{per:?}");
+}
+
+#[test]
 fn a_servers_window_is_drawn_from_its_own_groups_one_group_at_a_time() {
     let plan = plan(4, 10);
     let mut p = Prefix::new(&plan, 2);
