@@ -205,6 +205,7 @@ fn progress_snapshot(c: &mut Criterion) {
                         output_tok_s: progress::round(tok, 1),
                         running: Some(71.0),
                         queued: Some(0.0),
+                        token_usage: Some(0.97),
                         cached_fraction: Some(0.62),
                     }
                 })

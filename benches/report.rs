@@ -42,6 +42,7 @@ fn snapshot(completed: u64) -> Progress {
             cached_fraction: Some(0.5),
             running: Some(72.0),
             queued: Some(18.0),
+            token_usage: Some(0.9 + (completed % 7) as f64 / 100.0),
         })
         .collect();
     p

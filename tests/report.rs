@@ -99,6 +99,8 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
     let job = job_dir(tmp.path());
     let timeline = std::fs::read_to_string(job.join("timeline.jsonl")).unwrap();
     assert!(timeline.lines().count() >= 3, "{timeline}");
+    // Each instance's KV token usage, as the sims' /metrics report it.
+    assert!(timeline.contains(r#""token_usage":"#), "{timeline}");
 
     let html = tmp.path().join("report.html");
     let o = f
@@ -167,6 +169,10 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
     let charts = dom_text.matches("<svg class=\"chart\"").count();
     assert!(charts >= 4, "{charts} charts in the rendered DOM");
     assert!(dom_text.contains("polyline"), "the time series are drawn");
+    assert!(
+        dom_text.contains(r#"id="job-token-usage""#),
+        "the token usage chart"
+    );
     assert!(dom_text.contains("prompt_too_long"));
     for l in &labels {
         assert!(dom_text.contains(l.as_str()), "no {l} in the rendered DOM");
@@ -214,7 +220,7 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
                 vec!["sweep.json", "--total", "654676", "--gpu-hour-cost", "2.5"],
                 1400,
             ),
-            ("report-job", vec![long.as_str()], 2700),
+            ("report-job", vec![long.as_str()], 2900),
         ] {
             let page = dir.join(format!("{name}.html"));
             let o = f

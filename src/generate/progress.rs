@@ -98,6 +98,10 @@ pub struct InstanceProgress {
     /// Last `/metrics` reading.
     pub running: Option<f64>,
     pub queued: Option<f64>,
+    /// `sglang:token_usage` of the last reading: the share of the KV pool (or of the mamba
+    /// state pool, when it is the fuller) in use, 0 to 1.
+    #[serde(default)]
+    pub token_usage: Option<f64>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -37,6 +37,9 @@ pub struct InstancePoint {
     pub running: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued: Option<f64>,
+    /// `/metrics`' token usage, 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_usage: Option<f64>,
 }
 
 /// The job at one moment.
@@ -74,6 +77,7 @@ impl Point {
                     output_tok_s: super::progress::round(i.output_tok_s, 1),
                     running: i.running,
                     queued: i.queued,
+                    token_usage: i.token_usage,
                 })
                 .collect(),
         }
@@ -360,6 +364,7 @@ mod tests {
             cached_fraction: None,
             running: Some(3.0),
             queued: None,
+            token_usage: Some(0.42),
         }];
         p
     }

@@ -229,10 +229,17 @@ fn job(j: &JobView) -> Markup {
     }
     let mut load = per_instance(j, &names, " in flight", |i| Some(f64::from(i.in_flight)));
     load.extend(
-        per_instance(j, &names, " queued", |i| i.queued)
+        per_instance(j, &names, " queued", |i| i.queued.filter(|_| i.healthy))
             .into_iter()
             .filter(|s| !s.points.is_empty()),
     );
+    // A down instance's last /metrics reading is stale: its gauges stop where it went down.
+    let usage: Vec<Series> = per_instance(j, &names, "", |i| {
+        i.token_usage.filter(|_| i.healthy).map(|u| u * 100.0)
+    })
+    .into_iter()
+    .filter(|s| !s.points.is_empty())
+    .collect();
     let cpm = completions_per_minute(&j.points);
     let outcomes = vec![
         Series {
@@ -301,6 +308,9 @@ fn job(j: &JobView) -> Markup {
             h3 { "Over time" }
             (svg::time_chart("job-throughput", "Output tok/s, fleet and per instance", "tok/s", t0, &throughput, &events))
             (svg::time_chart("job-load", "Requests in flight and queued, per instance", "requests", t0, &load, &events))
+            @if !usage.is_empty() {
+                (svg::time_chart("job-token-usage", "KV token usage, per instance (sglang:token_usage)", "% of the pool", t0, &usage, &events))
+            }
             (svg::time_chart("job-completions", "Completions per minute", "per min", t0, &[Series { name: "completions/min".into(), points: cpm, dashed: false }], &events))
             (svg::time_chart("job-failures", "Failed prompts and retries", "prompts", t0, &outcomes, &events))
             @if !eta[0].points.is_empty() {

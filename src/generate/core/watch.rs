@@ -179,6 +179,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
                     }),
                     running: i.last.as_ref().and_then(|m| m.num_running_reqs),
                     queued: i.last.as_ref().and_then(|m| m.num_queue_reqs),
+                    token_usage: i.last.as_ref().and_then(|m| m.token_usage),
                 }
             })
             .collect(),
