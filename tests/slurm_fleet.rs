@@ -1,7 +1,8 @@
 //! The Slurm backend through the real `fleet` binary on a real Slurm 22.05 cluster (two nodes
 //! of eight fake GPUs, tests/common/slurm.rs), with `sglang-sim` as the server: `up` of 16
 //! servers as steps of fleet's own allocation, `status`, `generate` over them, and `down`
-//! leaving no job, step or server; and an allocation the user holds, used and left running.
+//! leaving no job, step or server; an allocation the user holds, used and left running; and
+//! up and down under proctrack/cgroup.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use common::local_fleet::completion_ids;
 use common::reserve_ports;
-use common::slurm::{Options, PARTITION, SlurmCluster};
+use common::slurm::{Options, PARTITION, Proctrack, SlurmCluster};
 use common::slurm_fleet::{LONG, SlurmFleet, wait_until, wait_with_timeout, write_prompts};
 
 #[test]
@@ -230,5 +231,42 @@ fn a_node_killed_mid_job_loses_nothing() {
     // Cancelled; Slurm keeps it COMPLETING until the DOWN node is back.
     let left = f.fleet_jobs();
     assert!(left.is_empty() || left.ends_with(" COMPLETING"), "{left}");
+    assert!(f.sims().is_empty());
+}
+
+#[test]
+fn under_proctrack_cgroup_up_and_down_leave_nothing() {
+    let cluster = SlurmCluster::start(Options {
+        nodes: 1,
+        gpus_per_node: 2,
+        proctrack: Proctrack::Cgroup,
+        ..Options::default()
+    });
+    let ports = reserve_ports(2);
+    let f = SlurmFleet::new(
+        cluster,
+        &format!("      partition: {PARTITION}\n      gpus: 2\n      time: 10\n"),
+        ports.base,
+    );
+    f.ok(&["-q", "up", "--profile", "sim"]);
+    // The server is the step's own process, so the step's cgroup holds it and it lives.
+    let sims = f.sims();
+    assert_eq!(sims.len(), 2, "{sims:?}");
+    let gpus: BTreeSet<&String> = sims
+        .iter()
+        .map(|p| &p.env["CUDA_VISIBLE_DEVICES"])
+        .collect();
+    assert_eq!(gpus.len(), 2, "{sims:?}");
+    let status = f.ok(&["--json", "status"]);
+    let rows: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["liveness"] == "running"),
+        "{status}"
+    );
+    f.ok(&["-q", "down", "--grace", "5s"]);
+    assert_eq!(f.fleet_jobs(), "");
     assert!(f.sims().is_empty());
 }

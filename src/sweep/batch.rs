@@ -194,7 +194,12 @@ async fn started(
         .zip(all.iter())
         .zip(&outcomes)
         // On Ctrl-C `up` stopped what it started; what was already running is ours to stop.
-        .filter(|(_, o)| cancel.is_cancelled() || o.pid.is_some())
+        // A Slurm step has no pid: a server that is up is the sweep's to stop too.
+        .filter(|(_, o)| {
+            cancel.is_cancelled()
+                || o.pid.is_some()
+                || matches!(o.state, UpState::Ready | UpState::AlreadyRunning)
+        })
         .map(|(ci, _)| ci)
         .collect();
     held.running = setup.records(&up).await?;
