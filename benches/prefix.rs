@@ -185,7 +185,7 @@ fn no_prefix_job() {
                 x ^= x << 17;
                 text.push_str(&format!("{:x} ", x % 4096));
             }
-            json!({"id": format!("u{i}"), "prompt": text}).to_string()
+            json!({"id": format!("p{i}"), "prompt": text}).to_string()
         })
         .collect();
     write_lines(&prompts, &lines);
