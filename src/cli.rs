@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::render::Format;
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 90s, 20m, 1h)"))
 }
@@ -41,8 +43,12 @@ pub struct GlobalArgs {
         default_value = "profiles"
     )]
     pub profiles_dir: PathBuf,
-    /// Machine-readable JSON on stdout instead of tables.
-    #[arg(long, global = true)]
+    /// How results are printed on stdout: text (tables), json, or html (one self-contained
+    /// page). Live progress and messages stay on stderr.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    pub format: Option<Format>,
+    /// Same as --format json.
+    #[arg(long, global = true, conflicts_with = "format")]
     pub json: bool,
     /// More logs on stderr (-v: every remote command as sent, secrets masked; -vv: debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -57,6 +63,18 @@ pub struct GlobalArgs {
     /// How long to wait for an SSH connection before giving up on a host.
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+}
+
+impl GlobalArgs {
+    /// The format asked for, `--json` being `--format json`; `None` when neither was given.
+    pub fn asked_format(&self) -> Option<Format> {
+        self.format.or(self.json.then_some(Format::Json))
+    }
+
+    /// The format results are printed in: text unless `--format` or `--json` says otherwise.
+    pub fn format(&self) -> Format {
+        self.asked_format().unwrap_or(Format::Text)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,12 +123,10 @@ pub struct ReportArgs {
     /// A sweep.json, a `fleet generate --out` directory (local or `fleet fetch`ed), or one of each.
     #[arg(required = true, value_name = "SOURCE")]
     pub sources: Vec<PathBuf>,
-    /// Write the report to this file instead of stdout (HTML unless --format says otherwise).
+    /// Write the report to this file instead of stdout (HTML unless --format or --json says
+    /// otherwise; without -o, text unless they do).
     #[arg(short, long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// text, json or html (default: html with -o, else text; --json means json).
-    #[arg(long, value_enum)]
-    pub format: Option<crate::report::Format>,
     /// Prompts the sweep's ETAs are for (default: the job's total, when a job is given).
     #[arg(long)]
     pub total: Option<u64>,

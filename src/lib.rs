@@ -18,6 +18,7 @@ pub mod gpu;
 pub mod jobs;
 pub mod launch;
 pub mod remote;
+pub mod render;
 pub mod report;
 pub mod server;
 pub mod sglang;

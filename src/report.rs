@@ -1,5 +1,6 @@
-//! Rendering results for people (tables, HTML pages) and scripts (JSON). Pure: values in,
-//! strings out. `fleet report`'s page model and its renderers live in the submodules.
+//! Tables for people, and `fleet report`'s page: its model and its own text and HTML renderers
+//! in the submodules (every other result goes through [`crate::render`]'s). Pure: values in,
+//! strings out.
 
 pub mod html;
 pub mod page;
@@ -13,25 +14,26 @@ use tabled::settings::Style;
 
 use crate::gpu::GpuReading;
 
-/// How a result is rendered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    Text,
-    Json,
-    Html,
+pub use crate::render::Format;
+
+impl crate::render::Model for page::Page {
+    fn title(&self) -> String {
+        "fleet report".into()
+    }
+
+    fn text(&self) -> String {
+        text::render(self)
+    }
+
+    fn page(&self) -> Option<String> {
+        Some(html::render(self))
+    }
 }
 
 /// `fleet report`'s page in `format`.
 pub fn render(p: &page::Page, format: Format) -> String {
-    match format {
-        Format::Text => text::render(p),
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(p).expect("the page always serializes");
-            s.push('\n');
-            s
-        }
-        Format::Html => html::render(p),
-    }
+    // The page is plain data with string keys: it always serializes.
+    crate::render::render(p, format).expect("the page always serializes")
 }
 
 /// Renders rows under a header as a plain, aligned table.

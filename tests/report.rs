@@ -8,31 +8,11 @@ mod common;
 mod sweep_common;
 
 use std::path::Path;
-use std::process::Command;
 
+use common::chromium::chromium;
 use common::generate::{Sim, generate, write_lines};
 use serde_json::{Value, json};
 use sweep_common::{Fleet, serial, short};
-
-/// Headless Chromium with no network, no background traffic and a fresh profile.
-fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-default-apps",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .output()
-        .expect("Debian's chromium is installed (scripts/test installs it)")
-}
 
 fn job_dir(tmp: &Path) -> std::path::PathBuf {
     let a = Sim::start(&["--context-length", "512", "--sim-time-scale", "100"]);
@@ -218,21 +198,89 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
     assert!(o.status.success());
     assert_eq!(page_requests(&control), ["https://cdn.example.com/x.png"]);
 
-    // `FLEET_REPORT_SCREENSHOT=DIR`: keep the page and a screenshot of it (docs/report.png).
+    // `FLEET_REPORT_SCREENSHOT=DIR`: keep the page and screenshots of it, of the sweep's page
+    // and of the job's (docs/report.png, docs/report-sweep.png, docs/report-job.png).
     if let Some(dir) = std::env::var_os("FLEET_REPORT_SCREENSHOT") {
         let dir = Path::new(&dir);
         std::fs::copy(&html, dir.join("report.html")).unwrap();
-        let shot = chromium(
-            &tmp.path().join("chromium3"),
-            &[
-                &format!("--screenshot={}", dir.join("report.png").display()),
-                "--window-size=1000,3400",
-                "--hide-scrollbars",
-                &url,
-            ],
-        );
-        assert!(shot.status.success());
+        let job = job.display().to_string();
+        // The job's page wants a job long enough to draw: its own, with an instance lost.
+        let long = long_job(tmp.path()).display().to_string();
+        for (name, sources, height) in [
+            ("report", vec!["sweep.json", job.as_str()], 3400),
+            // The seed's dataset and a GPU-hour price: the ETA, GPU-hour and cost columns.
+            (
+                "report-sweep",
+                vec!["sweep.json", "--total", "654676", "--gpu-hour-cost", "2.5"],
+                1400,
+            ),
+            ("report-job", vec![long.as_str()], 2700),
+        ] {
+            let page = dir.join(format!("{name}.html"));
+            let o = f
+                .command(&["report"])
+                .args(&sources)
+                .arg("-o")
+                .arg(&page)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let shot = chromium(
+                &tmp.path().join(format!("chromium-{name}")),
+                &[
+                    &format!("--screenshot={}", dir.join(format!("{name}.png")).display()),
+                    &format!("--window-size=1000,{height}"),
+                    "--hide-scrollbars",
+                    &format!("file://{}", page.display()),
+                ],
+            );
+            assert!(shot.status.success());
+        }
     }
+}
+
+/// A job of 2,500 prompts (one too long) on two servers at an eighth of the test's speed, so
+/// that its timeline has a few dozen points; server `b` is killed a third of the way in.
+fn long_job(tmp: &Path) -> std::path::PathBuf {
+    let sim = || Sim::start(&["--context-length", "512", "--sim-time-scale", "12"]);
+    let (a, mut b) = (sim(), sim());
+    let prompts = tmp.join("long-prompts.jsonl");
+    let mut lines: Vec<String> = (0..2499)
+        .map(|i| {
+            json!({"id": i, "prompt": format!("q {i}: {}", "word ".repeat(10 + i % 20))})
+                .to_string()
+        })
+        .collect();
+    lines.insert(
+        700,
+        json!({"id": "too-long", "prompt": "y".repeat(4000)}).to_string(),
+    );
+    write_lines(&prompts, &lines);
+    let out = tmp.join("long-job");
+    let mut child = generate(
+        &out,
+        &prompts,
+        &[&format!("a={}", a.url), &format!("b={}", b.url)],
+    )
+    .args(["--max-tokens", "16"])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let completed = || -> u64 {
+        std::fs::read_to_string(out.join("progress.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|p| p["completed"].as_u64())
+            .unwrap_or(0)
+    };
+    while completed() < 800 {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended early");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    b.kill();
+    child.wait().unwrap();
+    out
 }
 
 /// URLs of the requests a document asked for, from Chromium's net log: those with an

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
 use crate::demo::{self, RealTime, Saturation};
+use crate::render::{Format, Model};
 use crate::sglang::client::{Endpoint, HttpOptions, SglangClient, http_client};
 use crate::sweep::file::SweepFile;
 
@@ -21,10 +22,33 @@ use super::{Ctx, Interrupt, Outcome, UsageError};
 /// How often the sims' throughput is sampled while the job runs.
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
+/// `fleet demo`'s result: each step's own result (with `--format json|html`, when the steps'
+/// output is captured) and the sims' figures; the text is the conclusion, the steps having
+/// printed their own as they ran.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct Demo {
+    results: Value,
+    #[serde(skip)]
+    conclusion: String,
+}
+
+impl Model for Demo {
+    fn title(&self) -> String {
+        "fleet demo".into()
+    }
+
+    fn text(&self) -> String {
+        format!("\n{}\n", self.conclusion)
+    }
+}
+
 /// The demo's directory and what fleet's commands need to find in it.
 struct Stage {
     dir: PathBuf,
     port_base: u16,
+    /// Whether the steps' stdout is captured as JSON for the result (`--format json|html`)
+    /// rather than shown as they run.
     json: bool,
     quiet: bool,
 }
@@ -164,16 +188,13 @@ pub async fn run(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Outcome> {
         }
     }
 
-    if stage.json {
-        results.insert("saturation".into(), json!(saturation));
-        results.insert("real_time".into(), json!(real_time));
-        outln!("{}", serde_json::to_string_pretty(&Value::Object(results))?);
-    } else {
-        outln!(
-            "\n{}",
-            conclusion(&stage.dir, &real_time, saturation.as_ref())
-        );
-    }
+    results.insert("saturation".into(), json!(saturation));
+    results.insert("real_time".into(), json!(real_time));
+    let demo = Demo {
+        results: Value::Object(results),
+        conclusion: conclusion(&stage.dir, &real_time, saturation.as_ref()),
+    };
+    super::emit(ctx, &demo)?;
     Ok(Outcome::Ok)
 }
 
@@ -231,7 +252,7 @@ fn prepare(ctx: &Ctx, args: &DemoArgs) -> anyhow::Result<Stage> {
     Ok(Stage {
         dir,
         port_base,
-        json: ctx.global.json,
+        json: ctx.format() != Format::Text,
         quiet: ctx.global.quiet,
     })
 }

@@ -3,12 +3,61 @@
 use crate::cli::DownArgs;
 use crate::config;
 use crate::launch::Fleet;
-use crate::launch::backend::StopState;
-use crate::launch::down::{RELEASED_MIB, confirm_gpus_released, down_host};
-use crate::launch::report;
+use serde::Serialize;
 
-use super::output::{eoutln, out, outln};
+use crate::launch::backend::StopState;
+use crate::launch::down::{RELEASED_MIB, StopOutcome, confirm_gpus_released, down_host};
+use crate::launch::report;
+use crate::launch::state::InstanceRecord;
+use crate::render::Model;
+
+use super::output::eoutln;
 use super::{Ctx, Outcome};
+
+/// `fleet down --dry-run`'s result: the records of what would be stopped.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct WouldStop<'a>(pub Vec<&'a InstanceRecord>);
+
+impl Model for WouldStop<'_> {
+    fn title(&self) -> String {
+        "fleet down --dry-run".into()
+    }
+
+    fn text(&self) -> String {
+        self.0
+            .iter()
+            .map(|r| {
+                format!(
+                    "would stop {} ({}, profile {})\n",
+                    r.label(),
+                    r.handle,
+                    r.profile
+                )
+            })
+            .collect()
+    }
+}
+
+/// `fleet down`'s result: how each instance stopped.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Stopped(pub Vec<StopOutcome>);
+
+impl Model for Stopped {
+    fn title(&self) -> String {
+        "fleet down".into()
+    }
+
+    /// The table; nothing when nothing was stopped (stderr says so).
+    fn text(&self) -> String {
+        if self.0.is_empty() {
+            String::new()
+        } else {
+            report::down_table(&self.0)
+        }
+    }
+}
 
 pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
     // Records carry the profile's name; a path given to --profile means the same profile.
@@ -27,18 +76,7 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             .map(|s| &s.record)
             .filter(|r| profile.as_ref().is_none_or(|p| &r.profile == p))
             .collect();
-        if ctx.global.json {
-            outln!("{}", serde_json::to_string_pretty(&rows)?);
-        } else {
-            for r in &rows {
-                outln!(
-                    "would stop {} ({}, profile {})",
-                    r.label(),
-                    r.handle,
-                    r.profile
-                );
-            }
-        }
+        super::emit(ctx, &WouldStop(rows))?;
         return Ok(if partial {
             Outcome::Partial
         } else {
@@ -75,12 +113,11 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             tracing::warn!("{label}: still {used} MiB in use on its GPU after stopping");
         }
     }
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&outcomes)?);
-    } else if outcomes.is_empty() {
+    let stopped = Stopped(outcomes);
+    super::emit(ctx, &stopped)?;
+    let outcomes = stopped.0;
+    if outcomes.is_empty() && ctx.format() == crate::render::Format::Text {
         eoutln!("nothing to stop");
-    } else {
-        out!("{}", report::down_table(&outcomes));
     }
     partial |= outcomes
         .iter()

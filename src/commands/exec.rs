@@ -6,8 +6,8 @@ use serde::Serialize;
 use crate::cli::ExecArgs;
 use crate::config::Inventory;
 use crate::launch::Fleet;
+use crate::render::Model;
 
-use super::output::{out, outln};
 use super::{Ctx, Outcome, UsageError};
 
 /// What one host answered; `error` when it could not be reached or the command not started.
@@ -18,6 +18,21 @@ pub struct HostRun {
     pub stdout: String,
     pub stderr: String,
     pub error: Option<String>,
+}
+
+/// `fleet exec`'s result: what every host answered.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Runs(pub Vec<HostRun>);
+
+impl Model for Runs {
+    fn title(&self) -> String {
+        "fleet exec".into()
+    }
+
+    fn text(&self) -> String {
+        render(&self.0)
+    }
 }
 
 impl HostRun {
@@ -57,12 +72,9 @@ pub async fn run(ctx: &Ctx, args: &ExecArgs) -> anyhow::Result<Outcome> {
         results = runs => results,
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&results)?);
-    } else {
-        out!("{}", render(&results));
-    }
-    Ok(if results.iter().all(HostRun::succeeded) {
+    let results = Runs(results);
+    super::emit(ctx, &results)?;
+    Ok(if results.0.iter().all(HostRun::succeeded) {
         Outcome::Ok
     } else {
         Outcome::Partial

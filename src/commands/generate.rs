@@ -1,11 +1,15 @@
 //! `fleet generate`: validates arguments, runs the generation engine over the given endpoints,
 //! and renders its events (a progress bar on a terminal, a log line every 30 s otherwise).
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 
 use crate::cli::GenerateArgs;
 use crate::config::{self, Profile};
@@ -19,15 +23,78 @@ use crate::generate::{
     self, ConcurrencyMode, End, Endpoint, Event, GenerateConfig, GenerateError, PlacementChoice,
     PlacementMode, RetryFailed, Targets,
 };
-use crate::launch::Fleet;
+use crate::launch::{Fleet, deadline};
+use crate::render::{Format, Model};
+use crate::report::page::{self, Page, Sources};
 use crate::server::ServerId;
 use crate::sglang::client::Api;
 
 use super::nofile;
-use super::output::{eoutln, outln};
+use super::output::eoutln;
 use super::{Ctx, Outcome, UsageError};
 
 const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// `fleet generate`'s result: the job's progress at its end (its JSON), with where its output
+/// is for the text, and for `--format html` the job's report page.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Ended {
+    progress: Progress,
+    #[serde(skip)]
+    out: PathBuf,
+    /// Where every shard went, when the upload is complete and the job done.
+    #[serde(skip)]
+    uploaded_to: Option<String>,
+    #[serde(skip)]
+    report: Option<Page>,
+}
+
+impl Ended {
+    /// The end of the job in `out`; its report page is read from there when `format` is HTML.
+    fn of(progress: Progress, out: &Path, format: Format) -> anyhow::Result<Self> {
+        let report = match format {
+            Format::Html => Some(page::build(Sources {
+                job: Some(super::report::job(out)?),
+                ..Sources::default()
+            })),
+            Format::Text | Format::Json => None,
+        };
+        Ok(Ended {
+            progress,
+            out: out.to_path_buf(),
+            uploaded_to: None,
+            report,
+        })
+    }
+}
+
+impl Model for Ended {
+    fn title(&self) -> String {
+        "fleet generate".into()
+    }
+
+    fn text(&self) -> String {
+        let p = &self.progress;
+        let mut text = format!(
+            "{}\noutput: {}\n{}\n",
+            summary_line(p),
+            self.out.display(),
+            super::report::hint(&[&self.out])
+        );
+        if let Some(dest) = &self.uploaded_to {
+            text.push_str(&format!(
+                "uploaded: {} shards, {} bytes to {dest}\n",
+                p.s3_uploaded, p.s3_bytes
+            ));
+        }
+        text
+    }
+
+    fn page(&self) -> Option<String> {
+        self.report.as_ref().map(crate::report::html::render)
+    }
+}
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     if args.detach {
@@ -57,12 +124,16 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     // Without --url: every instance `fleet up` started, through port forwards held for the run
     // over the fleet's connections, which outlive it.
-    let (fleet, targets) = match args.url.is_empty() {
+    let (fleet, targets, serving) = match args.url.is_empty() {
         true => {
-            let (fleet, targets) = fleet_targets(ctx).await?;
-            (Some(fleet), targets)
+            let (fleet, targets, serving) = fleet_targets(ctx).await?;
+            (Some(fleet), targets, serving)
         }
-        false => (None, endpoints_from(args, profile.as_ref())?.into()),
+        false => (
+            None,
+            endpoints_from(args, profile.as_ref())?.into(),
+            BTreeSet::new(),
+        ),
     };
     // Through fleet's own forwards a request holds two descriptors: the client's socket and
     // the one the forward accepts.
@@ -75,9 +146,34 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             fds_per_request,
         )
     });
-    let json = ctx.global.json;
-    let mut view = View::new(!ctx.global.quiet && !json && std::io::stderr().is_terminal());
-    let result = generate::run(config, targets, |e| view.show(e), ctx.cancel.clone()).await;
+    let json = ctx.format() == Format::Json;
+    let view = Mutex::new(View::new(
+        !ctx.global.quiet && !json && std::io::stderr().is_terminal(),
+    ));
+    // A run on servers whose allocation ends stops ahead of the end (the watch cancels it).
+    let stop = ctx.cancel.child_token();
+    let backends = fleet.iter().flat_map(|f| f.backends().cloned()).collect();
+    let (mut ends, eta) = deadline::Watch::start(backends, &serving, stop.clone()).await;
+    let show = |e: Event| {
+        if let Event::Progress(p) = &e {
+            eta.observe(p.eta_hours.map(|h| Duration::from_secs_f64(h * 3600.0)));
+        }
+        view.lock().unwrap_or_else(|p| p.into_inner()).show(e)
+    };
+    let result = {
+        let run = generate::run(config, targets, show, stop);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                note = ends.next_note() => {
+                    view.lock().unwrap_or_else(|p| p.into_inner()).say(&note.message());
+                }
+            }
+        }
+    };
+    let stopped_for_end = ends.finish().await;
+    let view = view.into_inner().unwrap_or_else(|p| p.into_inner());
     drop(fleet);
     let summary = result.map_err(|e| match e {
         // The user's input or --out choice, not a failure of the fleet.
@@ -91,34 +187,24 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         other => anyhow::Error::new(other),
     })?;
     view.finish();
-    let p = &summary.progress;
-    if json {
-        outln!("{}", serde_json::to_string_pretty(p)?);
-    } else {
-        outln!("{}", summary_line(p));
-        outln!("output: {}", args.out.display());
-        outln!("{}", super::report::hint(&[&args.out]));
+    let mut ended = Ended::of(summary.progress, &args.out, ctx.format())?;
+    if summary.not_uploaded.is_empty() && summary.ended == End::Done {
+        ended.uploaded_to = args.upload.clone();
     }
-    if let Some(dest) = &args.upload {
-        if summary.not_uploaded.is_empty() {
-            if !json && summary.ended == End::Done {
-                outln!(
-                    "uploaded: {} shards, {} bytes to {dest}",
-                    p.s3_uploaded,
-                    p.s3_bytes
-                );
-            }
-        } else {
-            eoutln!(
-                "{} shards are not uploaded to {dest} (they are kept in {}):",
-                summary.not_uploaded.len(),
-                args.out.display()
-            );
-            for (shard, why) in &summary.not_uploaded {
-                eoutln!("  {shard}: {why}");
-            }
-            eoutln!("upload them with the same command plus --resume");
+    super::emit(ctx, &ended)?;
+    let p = &ended.progress;
+    if let Some(dest) = &args.upload
+        && !summary.not_uploaded.is_empty()
+    {
+        eoutln!(
+            "{} shards are not uploaded to {dest} (they are kept in {}):",
+            summary.not_uploaded.len(),
+            args.out.display()
+        );
+        for (shard, why) in &summary.not_uploaded {
+            eoutln!("  {shard}: {why}");
         }
+        eoutln!("upload them with the same command plus --resume");
     }
     let uploads_missing = !summary.not_uploaded.is_empty();
     match summary.ended {
@@ -146,6 +232,13 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             Ok(Outcome::Partial)
         }
         End::Done => Ok(Outcome::Ok),
+        End::Interrupted if stopped_for_end.is_some() && !ctx.cancel.is_cancelled() => {
+            eoutln!(
+                "stopped ahead of the allocation's end: after `fleet up` in a new allocation, \
+                 continue with the same command plus --resume"
+            );
+            Ok(Outcome::Interrupted)
+        }
         End::Interrupted => {
             eoutln!("interrupted: continue with the same command plus --resume");
             Ok(Outcome::Interrupted)
@@ -169,7 +262,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
 
 /// The running servers of every host of the inventory, each behind a port forward; none is a
 /// usage error.
-async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets)> {
+async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets, BTreeSet<String>)> {
     let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
     fleet.log_unreachable();
     let registry = fleet.servers().await;
@@ -184,7 +277,11 @@ async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets)> {
         ))
         .into());
     }
-    Ok((fleet, targets))
+    let serving = registry
+        .running()
+        .map(|s| s.record.host().to_string())
+        .collect();
+    Ok((fleet, targets, serving))
 }
 
 /// The prompts must be a regular file: the job reads it twice (the id pre-pass, then the run)
@@ -312,12 +409,23 @@ fn dry_run(ctx: &Ctx, c: &GenerateConfig) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let plan = generate::input::prefix::scan(&c.prompts, c.limit, c.max_tokens)?;
     let report = generate::input::prefix::Report::of(&plan, c.placement, started.elapsed());
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        outln!("{}", report.render());
-    }
+    super::emit(ctx, &Planned(report))?;
     Ok(Outcome::Ok)
+}
+
+/// `fleet generate --dry-run`'s result.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Planned(generate::input::prefix::Report);
+
+impl Model for Planned {
+    fn title(&self) -> String {
+        "fleet generate --dry-run".into()
+    }
+
+    fn text(&self) -> String {
+        self.0.render() + "\n"
+    }
 }
 
 fn summary_line(p: &Progress) -> String {

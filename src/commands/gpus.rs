@@ -1,10 +1,27 @@
 //! `fleet gpus`: the GPU table of every host, read in parallel.
 
+use serde::Serialize;
+
 use crate::launch::Fleet;
+use crate::render::Model;
 use crate::report::{self, HostGpus};
 
-use super::output::{out, outln};
 use super::{Ctx, Outcome};
+
+/// `fleet gpus`'s result: every host's GPUs, or why they could not be read.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Gpus(pub Vec<HostGpus>);
+
+impl Model for Gpus {
+    fn title(&self) -> String {
+        "fleet gpus".into()
+    }
+
+    fn text(&self) -> String {
+        report::gpus_text(&self.0)
+    }
+}
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let opts = ctx.connect_options();
@@ -37,12 +54,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Outcome> {
         hosts = futures::future::join_all(reads) => hosts,
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
     };
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&hosts)?);
-    } else {
-        out!("{}", report::gpus_text(&hosts));
-    }
-    Ok(if hosts.iter().any(|h| h.error.is_some()) {
+    let hosts = Gpus(hosts);
+    super::emit(ctx, &hosts)?;
+    Ok(if hosts.0.iter().any(|h| h.error.is_some()) {
         Outcome::Partial
     } else {
         Outcome::Ok

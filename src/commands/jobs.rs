@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
+use serde::Serialize;
 
 use crate::cli::{FetchArgs, GenerateArgs, StopArgs};
 use crate::config;
@@ -15,10 +15,104 @@ use crate::jobs::place::place;
 use crate::jobs::{self, JobError, JobSpec, JobView, transfer};
 use crate::launch::Fleet;
 use crate::remote::Transport;
+use crate::render::{Format, Model};
 use crate::report::table;
 
-use super::output::{eoutln, out, outln};
+use super::output::eoutln;
 use super::{Ctx, Outcome, UsageError};
+
+/// `fleet generate --detach`'s result: the job started, where, and writing where.
+#[derive(Serialize)]
+pub struct Detached {
+    pub job: String,
+    pub host: String,
+    pub out: String,
+    #[serde(skip)]
+    pub pid: u32,
+}
+
+impl Model for Detached {
+    fn title(&self) -> String {
+        format!("fleet generate --detach: job {}", self.job)
+    }
+
+    fn text(&self) -> String {
+        let id = &self.job;
+        format!(
+            "job {id} runs on {} (pid {}), writing {}\n  \
+             follow: fleet progress {id}   (or: fleet logs {id} -f, fleet jobs)\n  \
+             stop:   fleet stop {id}\n  \
+             fetch:  fleet fetch {id} DIR\n",
+            self.host, self.pid, self.out
+        )
+    }
+}
+
+/// `fleet jobs`'s result: every detached job found.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Jobs(pub Vec<JobView>);
+
+impl Model for Jobs {
+    fn title(&self) -> String {
+        "fleet jobs".into()
+    }
+
+    fn text(&self) -> String {
+        let rows = self.0.iter().map(|v| {
+            let p = v.progress.as_ref();
+            vec![
+                v.record.id.clone(),
+                v.record.host.clone(),
+                v.state.clone(),
+                p.map_or("-".into(), |p| {
+                    format!("{}/{}", p.completed + p.failed, p.total)
+                }),
+                p.map_or("-".into(), |p| format!("{:.2}", p.rate_per_sec)),
+                p.and_then(|p| p.eta_hours)
+                    .map_or("-".into(), |h| format!("{h:.2} h")),
+                ago(v.record.started_unix),
+                v.record.out.clone(),
+            ]
+        });
+        table(
+            &[
+                "JOB", "HOST", "STATUS", "DONE", "REQ/S", "ETA", "STARTED", "OUT",
+            ],
+            rows,
+        )
+    }
+}
+
+/// `fleet stop`'s result: the job as it is after the stop.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Stopped(pub JobView);
+
+impl Model for Stopped {
+    fn title(&self) -> String {
+        format!("fleet stop {}", self.0.record.id)
+    }
+
+    fn text(&self) -> String {
+        let after = &self.0;
+        let done = after.progress.as_ref().map_or("no progress".into(), |p| {
+            format!("{}/{} done", p.completed + p.failed, p.total)
+        });
+        let mut text = format!("job {}: {} ({done})\n", after.record.id, after.state);
+        if after.alive {
+            text.push_str(
+                "  still finishing its requests in flight; `fleet jobs` shows when it ends\n",
+            );
+        } else if after.state != "done" {
+            text.push_str(&format!(
+                "  continue it with: fleet generate --detach --resume --prompts {}:{} --out {}\n",
+                after.record.host, after.record.prompts, after.record.out
+            ));
+        }
+        text
+    }
+}
 
 /// Every host of the inventory that answers; the others are logged. None answering is an error:
 /// nothing to report on, so the command failed rather than half-succeeded.
@@ -224,17 +318,13 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     )
     .await?;
     jobs::settle(t.as_ref(), &run_root, &id).await?;
-    if ctx.global.json {
-        super::print_json(&json!({"job": id, "host": host, "out": out}))?;
-    } else {
-        outln!(
-            "job {id} runs on {host} (pid {}), writing {out}",
-            record.pid
-        );
-        outln!("  follow: fleet progress {id}   (or: fleet logs {id} -f, fleet jobs)");
-        outln!("  stop:   fleet stop {id}");
-        outln!("  fetch:  fleet fetch {id} DIR");
-    }
+    let started = Detached {
+        job: id,
+        host,
+        out,
+        pid: record.pid,
+    };
+    super::emit(ctx, &started)?;
     Ok(Outcome::Ok)
 }
 
@@ -269,34 +359,10 @@ pub async fn list(ctx: &Ctx) -> anyhow::Result<Outcome> {
             }
         }
     }
-    if ctx.global.json {
-        super::print_json(&views)?;
-    } else {
-        let rows = views.iter().map(|v| {
-            let p = v.progress.as_ref();
-            vec![
-                v.record.id.clone(),
-                v.record.host.clone(),
-                v.state.clone(),
-                p.map_or("-".into(), |p| {
-                    format!("{}/{}", p.completed + p.failed, p.total)
-                }),
-                p.map_or("-".into(), |p| format!("{:.2}", p.rate_per_sec)),
-                p.and_then(|p| p.eta_hours)
-                    .map_or("-".into(), |h| format!("{h:.2} h")),
-                ago(v.record.started_unix),
-                v.record.out.clone(),
-            ]
-        });
-        out!(
-            "{}",
-            table(
-                &[
-                    "JOB", "HOST", "STATUS", "DONE", "REQ/S", "ETA", "STARTED", "OUT"
-                ],
-                rows
-            )
-        );
+    let jobs = Jobs(views);
+    super::emit(ctx, &jobs)?;
+    let views = jobs.0;
+    if ctx.format() == Format::Text {
         for v in &views {
             if let Some(tail) = &v.log_tail {
                 eoutln!(
@@ -350,24 +416,7 @@ pub async fn progress(ctx: &Ctx, id: &str) -> anyhow::Result<Option<Progress>> {
 pub async fn stop(ctx: &Ctx, args: &StopArgs) -> anyhow::Result<Outcome> {
     let (t, view) = find(ctx, &args.job).await?;
     let after = jobs::stop(t.as_ref(), &view, args.wait).await?;
-    if ctx.global.json {
-        super::print_json(&after)?;
-    } else {
-        let done = after.progress.as_ref().map_or("no progress".into(), |p| {
-            format!("{}/{} done", p.completed + p.failed, p.total)
-        });
-        outln!("job {}: {} ({done})", after.record.id, after.state);
-        if after.alive {
-            outln!("  still finishing its requests in flight; `fleet jobs` shows when it ends");
-        } else if after.state != "done" {
-            outln!(
-                "  continue it with: fleet generate --detach --resume --prompts {}:{} --out {}",
-                after.record.host,
-                after.record.prompts,
-                after.record.out
-            );
-        }
-    }
+    super::emit(ctx, &Stopped(after))?;
     Ok(Outcome::Ok)
 }
 

@@ -190,6 +190,11 @@ impl Ctx {
             .map_or(code::INTERRUPTED, Interrupt::exit_code)
     }
 
+    /// The format results are printed in.
+    pub fn format(&self) -> crate::render::Format {
+        self.global.format()
+    }
+
     pub fn connect_options(&self) -> crate::remote::ConnectOptions {
         crate::remote::ConnectOptions {
             accept_new_host_key: self.global.accept_new_host_key,
@@ -262,9 +267,9 @@ pub async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<Outcome> {
     }
 }
 
-/// Machine output on stdout.
-pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    output::outln!("{}", serde_json::to_string_pretty(v)?);
+/// A command's result on stdout, in the format `--format` (or `--json`) asked for.
+pub fn emit(ctx: &Ctx, m: &impl crate::render::Model) -> anyhow::Result<()> {
+    output::out!("{}", crate::render::render(m, ctx.format())?);
     Ok(())
 }
 

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::cli::ProfileCommand;
-use crate::config::{self, ConfigError, Problem};
+use crate::config::{self, ConfigError, Problem, Profile};
+use crate::render::Model;
 
-use super::output::{out, outln};
 use super::{Ctx, Outcome, UsageError};
 
 pub fn run(ctx: &Ctx, cmd: &ProfileCommand) -> anyhow::Result<Outcome> {
@@ -17,13 +17,24 @@ pub fn run(ctx: &Ctx, cmd: &ProfileCommand) -> anyhow::Result<Outcome> {
     }
 }
 
+/// `fleet profile show`'s result: the profile after `extends:`.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Shown(pub Profile);
+
+impl Model for Shown {
+    fn title(&self) -> String {
+        format!("fleet profile show {}", self.0.name)
+    }
+
+    fn text(&self) -> String {
+        self.0.to_yaml()
+    }
+}
+
 fn show(ctx: &Ctx, name: &str) -> anyhow::Result<Outcome> {
     let profile = config::load_profile(name, &ctx.global.profiles_dir)?;
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&profile)?);
-    } else {
-        out!("{}", profile.to_yaml());
-    }
+    super::emit(ctx, &Shown(profile))?;
     Ok(Outcome::Ok)
 }
 
@@ -35,6 +46,36 @@ struct Checked {
     path: Option<PathBuf>,
     ok: bool,
     problems: Vec<Problem>,
+}
+
+/// `fleet profile check`'s result: every file checked, with its problems.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Checks(Vec<Checked>);
+
+impl Model for Checks {
+    fn title(&self) -> String {
+        "fleet profile check".into()
+    }
+
+    fn text(&self) -> String {
+        let mut text = String::new();
+        for r in &self.0 {
+            let shown = r
+                .path
+                .as_ref()
+                .map_or(r.profile.clone(), |p| p.display().to_string());
+            text.push_str(&match r.problems.len() {
+                0 => format!("{shown}: ok\n"),
+                1 => format!("{shown}: 1 problem\n"),
+                n => format!("{shown}: {n} problems\n"),
+            });
+            for p in &r.problems {
+                text.push_str(&format!("  {p}\n"));
+            }
+        }
+        text
+    }
 }
 
 fn check(ctx: &Ctx, names: &[String]) -> anyhow::Result<Outcome> {
@@ -86,24 +127,9 @@ fn check(ctx: &Ctx, names: &[String]) -> anyhow::Result<Outcome> {
         results.push(checked(label, shown, loaded));
     }
 
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&results)?);
-    } else {
-        for r in &results {
-            let shown = r
-                .path
-                .as_ref()
-                .map_or(r.profile.clone(), |p| p.display().to_string());
-            match r.problems.len() {
-                0 => outln!("{shown}: ok"),
-                1 => outln!("{shown}: 1 problem"),
-                n => outln!("{shown}: {n} problems"),
-            }
-            for p in &r.problems {
-                outln!("  {p}");
-            }
-        }
-    }
+    let checks = Checks(results);
+    super::emit(ctx, &checks)?;
+    let results = checks.0;
     let invalid = results.iter().filter(|r| !r.ok).count();
     if invalid > 0 {
         let of = results.len();

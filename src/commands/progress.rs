@@ -1,16 +1,59 @@
 //! `fleet progress JOB|DIR`: a summary of a running or finished generate job from its
 //! progress.json, a detached job's (by id) or a local output directory's.
 
+use std::fmt::Write;
 use std::time::SystemTime;
 
-use crate::cli::ProgressArgs;
-use crate::generate::progress::{self, PROGRESS_FILE, Status};
+use serde::Serialize;
 
-use super::output::outln;
+use crate::cli::ProgressArgs;
+use crate::generate::progress::{self, PROGRESS_FILE, Progress, Status};
+use crate::render::Model;
+
 use super::{Ctx, Outcome, UsageError};
 
 /// A running job rewrites progress.json every few seconds; older than this, it has likely stopped.
 const STALE_AFTER_SECS: u64 = 30;
+
+/// What `fleet progress` finds beyond the file's own figures.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Finding {
+    /// A running job whose progress.json was last rewritten this long ago.
+    #[error("last update {age_s}s ago: the job may have stopped (resume it with --resume)")]
+    Stale { age_s: u64 },
+}
+
+/// `fleet progress`'s result: the job's progress.json and what it shows.
+#[derive(Serialize)]
+pub struct Summary {
+    #[serde(flatten)]
+    pub progress: Progress,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+}
+
+impl Summary {
+    /// `progress`, with `age` how long ago its file was written, when known.
+    pub fn of(progress: Progress, age: Option<u64>) -> Self {
+        let findings = age
+            .filter(|age| progress.status == Status::Running && *age > STALE_AFTER_SECS)
+            .map(|age_s| Finding::Stale { age_s })
+            .into_iter()
+            .collect();
+        Summary { progress, findings }
+    }
+}
+
+impl Model for Summary {
+    fn title(&self) -> String {
+        "fleet progress".into()
+    }
+
+    fn text(&self) -> String {
+        summary(&self.progress, &self.findings)
+    }
+}
 
 pub async fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
     if !super::jobs::is_local(&args.job) {
@@ -18,11 +61,7 @@ pub async fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         let Some(p) = super::jobs::progress(ctx, &args.job).await? else {
             return Ok(Outcome::Partial);
         };
-        if ctx.global.json {
-            super::print_json(&p)?;
-        } else {
-            summary(&p, None);
-        }
+        super::emit(ctx, &Summary::of(p, None))?;
         return Ok(Outcome::Ok);
     }
     let dir = std::path::PathBuf::from(&args.job);
@@ -39,21 +78,19 @@ pub async fn run(ctx: &Ctx, args: &ProgressArgs) -> anyhow::Result<Outcome> {
         .into());
     }
     let p = progress::read(&file)?;
-    if ctx.global.json {
-        super::print_json(&p)?;
-        return Ok(Outcome::Ok);
-    }
     let age = std::fs::metadata(&file)?
         .modified()
         .ok()
         .and_then(|m| SystemTime::now().duration_since(m).ok())
         .map(|d| d.as_secs());
-    summary(&p, age);
+    super::emit(ctx, &Summary::of(p, age))?;
     Ok(Outcome::Ok)
 }
 
-/// The summary a user reads; `age` is how long ago the file was written, when known.
-fn summary(p: &progress::Progress, age: Option<u64>) {
+/// The summary a user reads.
+fn summary(p: &progress::Progress, findings: &[Finding]) -> String {
+    let mut text = String::new();
+    let out = &mut text;
     let pct = if p.total > 0 {
         100.0 * (p.completed + p.failed) as f64 / p.total as f64
     } else {
@@ -62,44 +99,49 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
     let eta = p
         .eta_hours
         .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
-    outln!("status      {}", p.status.as_str());
-    outln!(
+    let _ = writeln!(out, "status      {}", p.status.as_str());
+    let _ = writeln!(
+        out,
         "done        {}/{} ({pct:.1}%), {} failed, {} waiting for a retry",
         p.completed + p.failed,
         p.total,
         p.failed,
         p.waiting_retry
     );
-    outln!("rate        {:.2} req/s (recent window)", p.rate_per_sec);
-    outln!("eta         {eta}");
-    outln!(
+    let _ = writeln!(
+        out,
+        "rate        {:.2} req/s (recent window)",
+        p.rate_per_sec
+    );
+    let _ = writeln!(out, "eta         {eta}");
+    let _ = writeln!(
+        out,
         "tokens      {} in, {} out (avg {} out per completion)",
-        p.total_input_tokens,
-        p.total_output_tokens,
-        p.avg_output_tokens
+        p.total_input_tokens, p.total_output_tokens, p.avg_output_tokens
     );
     if p.cached_tokens > 0 {
-        outln!(
+        let _ = writeln!(
+            out,
             "cache       {} prompt tokens served by the radix cache ({:.0}% of the input)",
             p.cached_tokens,
             100.0 * p.cached_tokens as f64 / p.total_input_tokens.max(1) as f64
         );
     }
-    outln!("elapsed     {:.2} h", p.elapsed_hours);
+    let _ = writeln!(out, "elapsed     {:.2} h", p.elapsed_hours);
     if p.s3_uploaded > 0 {
-        outln!("uploaded    {} shards, {} bytes", p.s3_uploaded, p.s3_bytes);
-    }
-    if let Some(age) = age
-        && p.status == Status::Running
-        && age > STALE_AFTER_SECS
-    {
-        outln!(
-            "warning     last update {age}s ago: the job may have stopped (resume it with --resume)"
+        let _ = writeln!(
+            out,
+            "uploaded    {} shards, {} bytes",
+            p.s3_uploaded, p.s3_bytes
         );
     }
+    for f in findings {
+        let _ = writeln!(out, "warning     {f}");
+    }
     if !p.instances.is_empty() {
-        outln!();
-        outln!(
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
             "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8} {:>10} {:>10} {:>7}",
             "instance",
             "healthy",
@@ -112,7 +154,8 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
             "cached"
         );
         for i in &p.instances {
-            outln!(
+            let _ = writeln!(
+                out,
                 "{:<24} {:>7} {:>9} {:>6} {:>8} {:>8.2} {:>10.1} {:>10} {:>7}",
                 i.name,
                 if i.healthy { "yes" } else { "no" },
@@ -128,6 +171,7 @@ fn summary(p: &progress::Progress, age: Option<u64>) {
         }
     }
     for w in &p.warnings {
-        outln!("warning     {w}");
+        let _ = writeln!(out, "warning     {w}");
     }
+    text
 }

@@ -8,8 +8,8 @@ use crate::cli::ReportArgs;
 use crate::generate::journal::FAILED_FILE;
 use crate::generate::progress::{self, PROGRESS_FILE};
 use crate::generate::timeline::{TIMELINE_FILE, Timeline};
+use crate::render::Format;
 use crate::report::page::{self, JobSource, Sources};
-use crate::report::{self, Format};
 use crate::sweep::file;
 
 use super::output::{eoutln, out};
@@ -58,7 +58,8 @@ fn failure_reasons(dir: &Path) -> Result<BTreeMap<String, u64>, SourceError> {
     Ok(out)
 }
 
-fn job(dir: &Path) -> Result<JobSource, SourceError> {
+/// The job in `dir`: its progress.json, failed.jsonl's reasons and its timeline.
+pub fn job(dir: &Path) -> Result<JobSource, SourceError> {
     if !dir.join(PROGRESS_FILE).exists() {
         return Err(SourceError::NotAJob(dir.to_path_buf()));
     }
@@ -128,13 +129,12 @@ pub fn hint(sources: &[&Path]) -> String {
     format!("report: fleet report {} -o report.html", args.join(" "))
 }
 
-/// `--format`, else `--json`, else HTML for `-o` (a page wants a file), else text.
+/// The global `--format` (or `--json`), else HTML for `-o` (a page wants a file), else text.
 fn format(ctx: &Ctx, args: &ReportArgs) -> Format {
-    match (args.format, ctx.global.json, &args.out) {
-        (Some(f), _, _) => f,
-        (None, true, _) => Format::Json,
-        (None, false, Some(_)) => Format::Html,
-        (None, false, None) => Format::Text,
+    match (ctx.global.asked_format(), &args.out) {
+        (Some(f), _) => f,
+        (None, Some(_)) => Format::Html,
+        (None, None) => Format::Text,
     }
 }
 
@@ -144,7 +144,7 @@ pub fn run(ctx: &Ctx, args: &ReportArgs) -> anyhow::Result<Outcome> {
         UsageError::new(lines.join("\n"))
     })?;
     let page = page::build(sources);
-    let body = report::render(&page, format(ctx, args));
+    let body = crate::render::render(&page, format(ctx, args))?;
     match &args.out {
         Some(path) => {
             let tmp = path.with_extension("tmp");

@@ -9,8 +9,32 @@ use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
 use crate::launch::{Fleet, PROBE_HTTP};
 use crate::sglang::client::http_client;
 
-use super::output::{eout, eoutln, out, outln};
+use serde::Serialize;
+
+use crate::render::Model;
+
+use super::output::{eout, eoutln};
 use super::{Ctx, Outcome};
+
+/// `fleet status`'s result: every instance fleet started, as its host reports it.
+#[derive(Serialize)]
+#[serde(transparent)]
+pub struct Statuses(pub Vec<InstanceStatus>);
+
+impl Model for Statuses {
+    fn title(&self) -> String {
+        "fleet status".into()
+    }
+
+    /// The table; nothing when there is no instance (stderr says so).
+    fn text(&self) -> String {
+        if self.0.is_empty() {
+            String::new()
+        } else {
+            report::status_table(&self.0)
+        }
+    }
+}
 
 pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
@@ -46,12 +70,13 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
             }
         }
     }
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&statuses)?);
-    } else if statuses.is_empty() {
+    let text = ctx.format() == crate::render::Format::Text;
+    let statuses = Statuses(statuses);
+    super::emit(ctx, &statuses)?;
+    let statuses = statuses.0;
+    if text && statuses.is_empty() {
         eoutln!("no instances: `fleet up --profile P` starts some");
-    } else {
-        out!("{}", report::status_table(&statuses));
+    } else if text {
         eout!("{}", report::dead_tails(&statuses));
     }
     // Loading is not a failure; dead, gone or unreachable is.

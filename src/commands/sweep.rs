@@ -3,15 +3,19 @@
 //! winner's profile.
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::cli::{SearchMethod, SweepArgs};
 use crate::config::{self, Profile};
 use crate::launch::Fleet;
+use crate::render::{Format, Model};
+use crate::report::page::{self as report_page, Page, Sources};
 use crate::sglang::client::Api;
 use crate::sweep::event::Event;
 use crate::sweep::file::{FileError, Store};
@@ -22,14 +26,64 @@ use crate::sweep::range;
 use crate::sweep::rank::{self, Dataset, Failure, Outcome, Trial};
 use crate::sweep::report;
 use crate::sweep::run;
-use crate::sweep::search::{Limits, SearchSpec};
+use crate::sweep::search::{Limits, SearchSpec, Stop};
 use crate::sweep::servers::{self, Setup};
 use crate::sweep::slo::{self, Slo};
 use crate::sweep::trial::Timing;
 
-use super::output::{eoutln, out, outln};
+use super::output::eoutln;
 use super::{Ctx, Outcome as CommandOutcome, UsageError};
 use crate::launch::env::api_key;
+
+/// `fleet sweep --dry-run`'s result: the candidates and their GPUs.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct DryRun(report::Plan);
+
+impl Model for DryRun {
+    fn title(&self) -> String {
+        "fleet sweep --dry-run".into()
+    }
+
+    fn text(&self) -> String {
+        report::plan_text(&self.0)
+    }
+}
+
+/// `fleet sweep`'s result: the ranked report (its JSON), with why the search stopped and where
+/// sweep.json is for the text, and for `--format html` the sweep's report page.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Swept {
+    report: report::Report,
+    #[serde(skip)]
+    stopped: Option<Stop>,
+    #[serde(skip)]
+    out: PathBuf,
+    #[serde(skip)]
+    page: Option<Page>,
+}
+
+impl Model for Swept {
+    fn title(&self) -> String {
+        "fleet sweep".into()
+    }
+
+    fn text(&self) -> String {
+        let mut text = report::text(&self.report);
+        if let Some(stop) = self.stopped {
+            text.push_str(&format!("search stopped: {stop}\n"));
+        }
+        text.push_str(&format!("results: {}\n", self.out.display()));
+        text.push_str(&super::report::hint(&[&self.out]));
+        text.push('\n');
+        text
+    }
+
+    fn page(&self) -> Option<String> {
+        self.page.as_ref().map(crate::report::html::render)
+    }
+}
 
 fn usage(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> anyhow::Error {
     UsageError::new(e).into()
@@ -128,11 +182,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let planned = plan::plan(request, &servers::host_gpus(&hosts)).map_err(usage)?;
     if args.dry_run {
         let p = plan::dry_run(&planned, &profiles, &hosts, key.as_deref(), root);
-        if ctx.global.json {
-            outln!("{}", serde_json::to_string_pretty(&p)?);
-        } else {
-            out!("{}", report::plan_text(&p));
-        }
+        super::emit(ctx, &DryRun(p))?;
         return Ok(CommandOutcome::Ok);
     }
     let mut store = open_store(args, &planned)?;
@@ -191,16 +241,26 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let mut r = report::build(&planned.spec, &store.search().proposed, trials, dataset);
     r.unfit = workload.unfit();
     r.repeated = workload.repeated();
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        out!("{}", report::text(&r));
-        if let Some(stop) = store.search().stopped {
-            outln!("search stopped: {stop}");
-        }
-        outln!("results: {}", args.out.display());
-        outln!("{}", super::report::hint(&[&args.out]));
-    }
+    // The page is read back from sweep.json, as `fleet report` reads it.
+    let page = match ctx.format() {
+        Format::Html => Some(report_page::build(Sources {
+            sweep: Some((
+                args.out.display().to_string(),
+                crate::sweep::file::read(&args.out)?,
+            )),
+            total: args.total,
+            ..Sources::default()
+        })),
+        Format::Text | Format::Json => None,
+    };
+    let swept = Swept {
+        report: r,
+        stopped: store.search().stopped,
+        out: args.out.clone(),
+        page,
+    };
+    super::emit(ctx, &swept)?;
+    let r = swept.report;
     // An interrupted sweep has no winner yet: the missing trials might beat the best so far.
     let winner = r.winning().filter(|_| !ended.interrupted);
     if let (Some(path), Some(w)) = (&args.write_profile, winner) {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::cli::UpArgs;
@@ -13,12 +14,56 @@ use crate::config;
 use crate::launch::plan::{self, Instance};
 use crate::launch::preflight;
 use crate::launch::report;
-use crate::launch::up::{self, Run, UpEvent, UpOptions, UpState};
+use crate::launch::up::{self, Run, UpEvent, UpOptions, UpOutcome, UpState};
 use crate::launch::{Fleet, PROBE_HTTP, env};
+use crate::render::Model;
 use crate::sglang::client::http_client;
 
-use super::output::{eout, out, outln};
+use super::output::eout;
 use super::{Ctx, Outcome, UsageError};
+
+/// Each host's SGLang version, for the tables.
+type Versions = BTreeMap<String, Option<String>>;
+
+/// `fleet up --dry-run`'s result: the instances it would start, with their argv.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Planned<'a> {
+    plan: serde_json::Value,
+    #[serde(skip)]
+    instances: &'a [Instance],
+    #[serde(skip)]
+    versions: &'a Versions,
+}
+
+impl Model for Planned<'_> {
+    fn title(&self) -> String {
+        "fleet up --dry-run".into()
+    }
+
+    fn text(&self) -> String {
+        report::plan_text(self.instances, self.versions)
+    }
+}
+
+/// `fleet up`'s result: how each instance came up.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Started<'a> {
+    outcomes: Vec<UpOutcome>,
+    #[serde(skip)]
+    versions: &'a Versions,
+}
+
+impl Model for Started<'_> {
+    fn title(&self) -> String {
+        "fleet up".into()
+    }
+
+    fn text(&self) -> String {
+        report::up_table(&self.outcomes, self.versions)
+    }
+}
 
 /// Grace given to servers fleet stops on its own (a replaced config, an interrupted `up`).
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -57,7 +102,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         fleet.run_root(),
     )
     .map_err(UsageError::new)?;
-    let versions: BTreeMap<String, Option<String>> = fleet
+    let versions: Versions = fleet
         .facts()
         .iter()
         .map(|(name, f)| (name.clone(), f.version.clone()))
@@ -71,14 +116,12 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     }
     preflight::preflight(&instances, fleet.facts()).map_err(UsageError::new)?;
     if args.dry_run {
-        if ctx.global.json {
-            outln!(
-                "{}",
-                serde_json::to_string_pretty(&report::plan_json(&instances))?
-            );
-        } else {
-            out!("{}", report::plan_text(&instances, &versions));
-        }
+        let planned = Planned {
+            plan: report::plan_json(&instances),
+            instances: &instances,
+            versions: &versions,
+        };
+        super::emit(ctx, &planned)?;
         return Ok(if partial {
             Outcome::Partial
         } else {
@@ -116,11 +159,12 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         began.elapsed().as_secs_f64()
     );
 
-    if ctx.global.json {
-        outln!("{}", serde_json::to_string_pretty(&outcomes)?);
-    } else {
-        out!("{}", report::up_table(&outcomes, &versions));
-    }
+    let started = Started {
+        outcomes,
+        versions: &versions,
+    };
+    super::emit(ctx, &started)?;
+    let outcomes = started.outcomes;
     eout!("{}", report::up_failures(&outcomes));
     if outcomes.iter().any(|o| o.state == UpState::Interrupted) {
         if !args.keep_on_interrupt {

@@ -179,6 +179,10 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
                 }
             }
             let slurm = super::slurm::slurm_block(c, block, &f.field("slurm"));
+            let (slurm, stop_before_end) = match slurm {
+                Some((s, d)) => (Some(s), Some(d)),
+                None => (None, None),
+            };
             HostSpec::Slurm(SlurmHost {
                 login: MachineSpec {
                     name: name?,
@@ -189,6 +193,7 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
                     ssh_options,
                 },
                 slurm: slurm?,
+                stop_before_end: stop_before_end?,
             })
         }
         None => HostSpec::Machine(MachineSpec {

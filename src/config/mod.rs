@@ -69,6 +69,9 @@ impl From<MachineSpec> for HostSpec {
 pub struct SlurmHost {
     pub login: MachineSpec,
     pub slurm: crate::slurm::spec::SlurmSpec,
+    /// How long before the allocation's end a `generate` run on its servers stops cleanly
+    /// (`stop_before_end`, default [`crate::slurm::spec::STOP_BEFORE_END`]).
+    pub stop_before_end: std::time::Duration,
 }
 
 /// A machine of the inventory: how to reach it, and its GPUs.

@@ -1,20 +1,43 @@
 //! The inventory's `slurm:` block, read from YAML into a [`SlurmSpec`] with every problem
 //! reported at its place (the values' own rules live in `slurm::spec`).
 
-use super::check::Checker;
+use std::time::Duration;
+
+use super::check::{Checker, Fields};
 use super::yaml::{Node, Value};
 use crate::slurm::spec::{self, NewAllocation, SlurmSpec};
 use crate::slurm::state::JobId;
 use crate::slurm::time::{TimeError, parse_limit};
 
-const KEYS: &[&str] = &["partition", "gpus", "time", "sbatch_args", "job"];
+const KEYS: &[&str] = &[
+    "partition",
+    "gpus",
+    "time",
+    "sbatch_args",
+    "job",
+    "stop_before_end",
+];
 
 /// Only for an allocation fleet makes: with `job:` the allocation already has them.
 const NEW_ONLY: &[&str] = &["partition", "time", "sbatch_args"];
 
-/// Reads a host's `slurm:` block at `path` (e.g. `hosts[0].slurm`).
-pub(super) fn slurm_block(c: &mut Checker, node: &Node, path: &str) -> Option<SlurmSpec> {
+/// Reads a host's `slurm:` block at `path` (e.g. `hosts[0].slurm`): the allocation, and how
+/// long before its end a `generate` run stops (`stop_before_end`).
+pub(super) fn slurm_block(
+    c: &mut Checker,
+    node: &Node,
+    path: &str,
+) -> Option<(SlurmSpec, Duration)> {
     let f = c.fields(node, path, KEYS)?;
+    let stop_before_end = match f.get("stop_before_end") {
+        Some(n) => c.duration(n, &f.field("stop_before_end")),
+        None => Some(spec::STOP_BEFORE_END),
+    };
+    let spec = allocation(c, &f)?;
+    Some((spec, stop_before_end?))
+}
+
+fn allocation(c: &mut Checker, f: &Fields) -> Option<SlurmSpec> {
     let gpus = f.get("gpus").map(|n| {
         c.int(n, &f.field("gpus"), 1, i128::from(u32::MAX))
             .map(|g| g as u32)
@@ -126,7 +149,7 @@ mod tests {
             panic!("a mapping")
         };
         let spec = slurm_block(&mut c, &entries[0].1, "hosts[0].slurm");
-        c.finish(spec).map_err(|e| match e {
+        c.finish(spec.map(|(s, _)| s)).map_err(|e| match e {
             ConfigError::Invalid(p) => p.iter().map(|p| p.to_string()).collect(),
             other => vec![other.to_string()],
         })
@@ -192,6 +215,31 @@ mod tests {
         ] {
             assert!(joined.contains(expected), "{expected}\nin\n{joined}");
         }
+    }
+
+    #[test]
+    fn stop_before_end_is_a_duration_with_a_default() {
+        let mut c = Checker::default();
+        let file = c.add_file(PathBuf::from("fleet.yaml"));
+        let root = c
+            .parse("slurm:\n  job: 7\n  stop_before_end: 90s\n", file)
+            .unwrap();
+        let Value::Map(entries) = &root.value else {
+            panic!()
+        };
+        let (_, stop) = slurm_block(&mut c, &entries[0].1, "s").unwrap();
+        assert_eq!(stop, Duration::from_secs(90));
+        let root = c.parse("slurm:\n  job: 7\n", file).unwrap();
+        let Value::Map(entries) = &root.value else {
+            panic!()
+        };
+        let (_, stop) = slurm_block(&mut c, &entries[0].1, "s").unwrap();
+        assert_eq!(stop, spec::STOP_BEFORE_END);
+        let problems = read("slurm:\n  job: 7\n  stop_before_end: 90\n").unwrap_err();
+        assert!(
+            problems[0].contains("hosts[0].slurm.stop_before_end: a duration needs a unit"),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::core::placement::{LeastLoaded, Placement, Prefix};
 use super::core::{
-    Attempt, Core, CoreConfig, End, HostLoss, Input, ProbeKind, ProbeResult, Server,
+    Attempt, CacheExpectation, Core, CoreConfig, End, HostLoss, Input, ProbeKind, ProbeResult,
+    Server,
 };
 use super::drive::{self, Clock, Driver, Output};
 use super::input::{self, Ids, Line, Scan};
@@ -115,9 +116,21 @@ async fn run_on(
         prompts: p.prompts(),
         expected_cached_fraction: p.expected_cached_fraction(),
     });
-    let placement: Box<dyn Placement> = match (&prefix, &choice) {
-        (Some(p), Some(c)) if c.prefix => Box::new(Prefix::new(p, clients.len())),
-        _ => Box::new(LeastLoaded::new()),
+    let (placement, cache): (Box<dyn Placement>, _) = match (&prefix, &choice) {
+        (Some(p), Some(c)) if c.prefix => (
+            Box::new(Prefix::by_name(
+                p,
+                &clients
+                    .iter()
+                    .map(|c| c.endpoint().id.to_string())
+                    .collect::<Vec<_>>(),
+            )),
+            Some(CacheExpectation {
+                cached_fraction: p.expected_cached_fraction(),
+                prefix_tokens: p.groups.values().map(|g| g.shared_tokens).sum(),
+            }),
+        ),
+        _ => (Box::new(LeastLoaded::new()), None),
     };
     drop(prefix);
     if let Some(c) = choice {
@@ -126,6 +139,9 @@ async fn run_on(
     let mut core_config = CoreConfig::from_generate(&config, seed);
     core_config.format = format;
     let mut core = Core::with_placement(core_config, base, servers, placement);
+    if let Some(e) = cache {
+        core.expect_cache(e);
+    }
     let mut timeline = {
         let (dir, resume) = (config.out.clone(), config.resume);
         let earlier = blocking(move || read_timeline(&dir, resume)).await?;

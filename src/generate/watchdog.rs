@@ -1,6 +1,8 @@
 //! The throughput watchdog: after warm-up, compares the live rate with the profile's measured
 //! `expected:` numbers or, lacking those, with what the servers' capacity signals say is
-//! possible, and names the likely cause when the run is far below it.
+//! possible, and names the likely cause when the run is far below it. Under prefix placement
+//! it also compares the share of prompt tokens the servers' radix caches served with what the
+//! input's prefix plan expected ([`assess_cache`]).
 
 use serde::Serialize;
 
@@ -44,6 +46,16 @@ pub enum Cause {
         by: ClientBound,
     },
     Unknown,
+    /// Prefix placement is on, and the servers' radix caches serve far less of the prompts
+    /// than the prefix plan expected: the prefixes do not stay in the cache.
+    LowCacheHits {
+        /// Share of this run's prompt tokens served from the cache.
+        observed: f64,
+        /// What the plan expected over the job (each group's prefix prefilled once).
+        expected: f64,
+        /// The instance whose answers the cache served least, and its share.
+        worst: Option<(String, f64)>,
+    },
 }
 
 /// What keeps fleet's in-flight limit low.
@@ -64,6 +76,7 @@ impl Cause {
             (Cause::ServerCap { .. }, Cause::ServerCap { .. }) => true,
             (Cause::ClientLimited { by: a, .. }, Cause::ClientLimited { by: b, .. }) => a == b,
             (Cause::Unknown, Cause::Unknown) => true,
+            (Cause::LowCacheHits { .. }, Cause::LowCacheHits { .. }) => true,
             _ => false,
         }
     }
@@ -82,6 +95,25 @@ pub struct Finding {
 impl Finding {
     /// The warning a user reads: numbers, likely cause and what to try.
     pub fn message(&self) -> String {
+        if let Cause::LowCacheHits {
+            observed,
+            expected,
+            worst,
+        } = &self.cause
+        {
+            let worst = worst.as_ref().map_or(String::new(), |(name, f)| {
+                format!(" (least on {name}: {:.0}%)", f * 100.0)
+            });
+            return format!(
+                "the servers' radix caches served {:.0}% of prompt tokens where the prefix plan \
+                 expected {:.0}%{worst}: the shared prefixes do not stay cached; check that the \
+                 servers run without --disable-radix-cache and that a group's prefix and its \
+                 batch fit the KV pool (max_total_num_tokens), and `fleet progress` for each \
+                 instance's cached fraction",
+                observed * 100.0,
+                expected * 100.0
+            );
+        }
         let head = match self.expected_tok_s_per_gpu {
             Some(e) => format!(
                 "throughput is {:.0}% of expected: {:.0} output tok/s per GPU vs {:.0} measured by sweep",
@@ -122,6 +154,7 @@ impl Finding {
             Cause::Unknown => {
                 "cause unknown: check `fleet status` for server load and GPU use".to_string()
             }
+            Cause::LowCacheHits { .. } => unreachable!("said above"),
         };
         format!("{head}; {cause}")
     }
@@ -189,7 +222,7 @@ pub fn assess(
                 (cap / room, None)
             }
             Cause::ClientLimited { running, cap, .. } => (running / cap, None),
-            Cause::Unknown => return None,
+            Cause::Unknown | Cause::LowCacheHits { .. } => return None,
         },
     };
     (fraction < WARN_BELOW).then_some(Finding {
@@ -200,9 +233,109 @@ pub fn assess(
     })
 }
 
+/// Below this share of the expected cached fraction the watchdog warns.
+pub const CACHE_WARN_BELOW: f64 = 0.5;
+/// Answered prompt tokens, as a multiple of the prefixes' own, before the cache is judged:
+/// each group's first prefill is a miss, and must weigh at most a quarter by then.
+pub const CACHE_JUDGE_AFTER: u64 = 4;
+
+/// What the caches served in this run, against the prefix plan.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CacheSignals {
+    /// The plan's expected cached fraction of the job's prompt tokens.
+    pub expected: f64,
+    /// Estimated tokens of every group's shared prefix, each once: what even a perfect cache
+    /// prefills.
+    pub prefix_tokens: u64,
+    /// The answers' prompt tokens so far (`usage.prompt_tokens`), and of them served from the
+    /// cache (`meta_info.cached_tokens`).
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    /// The instance whose answers the cache served least, and its share.
+    pub worst: Option<(String, f64)>,
+}
+
+/// Judges the cache under prefix placement: a finding when, once enough prompt tokens were
+/// answered for each group's first prefill to weigh little, the cache served less than
+/// [`CACHE_WARN_BELOW`] of what the plan expected. `live_tok_s_per_gpu` is carried into the
+/// finding as is.
+pub fn assess_cache(live_tok_s_per_gpu: f64, s: &CacheSignals) -> Option<Finding> {
+    if s.expected <= 0.0
+        || s.prompt_tokens == 0
+        || s.prompt_tokens < CACHE_JUDGE_AFTER * s.prefix_tokens.max(1)
+    {
+        return None;
+    }
+    let observed = s.cached_tokens as f64 / s.prompt_tokens as f64;
+    let fraction = observed / s.expected;
+    (fraction < CACHE_WARN_BELOW).then(|| Finding {
+        live_tok_s_per_gpu,
+        expected_tok_s_per_gpu: None,
+        fraction,
+        cause: Cause::LowCacheHits {
+            observed,
+            expected: s.expected,
+            worst: s.worst.clone(),
+        },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_that_serves_far_less_than_the_plan_expected_is_flagged() {
+        let s = CacheSignals {
+            expected: 0.96,
+            prefix_tokens: 40_000,
+            prompt_tokens: 400_000,
+            cached_tokens: 68_000,
+            worst: Some(("s3".into(), 0.05)),
+        };
+        let f = assess_cache(100.0, &s).unwrap();
+        assert!(matches!(f.cause, Cause::LowCacheHits { .. }));
+        assert!((f.fraction - 0.17 / 0.96).abs() < 1e-9);
+        let msg = f.message();
+        assert!(msg.contains("served 17% of prompt tokens"), "{msg}");
+        assert!(msg.contains("expected 96%"), "{msg}");
+        assert!(msg.contains("least on s3: 5%"), "{msg}");
+        assert!(msg.contains("--disable-radix-cache"), "{msg}");
+        // What the plan expected, near enough: quiet.
+        let good = CacheSignals {
+            cached_tokens: 370_000,
+            ..s.clone()
+        };
+        assert!(assess_cache(100.0, &good).is_none());
+        // Half of what it expected is the line.
+        let half = CacheSignals {
+            cached_tokens: 193_000,
+            ..s.clone()
+        };
+        assert!(assess_cache(100.0, &half).is_none());
+    }
+
+    #[test]
+    fn the_cache_is_not_judged_before_the_first_prefills_weigh_little_nor_without_a_plan() {
+        let early = CacheSignals {
+            expected: 0.96,
+            prefix_tokens: 40_000,
+            prompt_tokens: 159_000,
+            cached_tokens: 0,
+            worst: None,
+        };
+        assert!(assess_cache(100.0, &early).is_none());
+        let later = CacheSignals {
+            prompt_tokens: 160_000,
+            ..early.clone()
+        };
+        assert!(assess_cache(100.0, &later).is_some());
+        let no_plan = CacheSignals {
+            expected: 0.0,
+            ..later
+        };
+        assert!(assess_cache(100.0, &no_plan).is_none());
+    }
 
     fn expected(tok: f64, cap: u32) -> Expected {
         Expected {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::sglang::client::HttpOptions;
 
 pub mod backend;
+pub mod deadline;
 pub mod down;
 pub mod env;
 pub mod fleet;

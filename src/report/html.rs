@@ -20,6 +20,8 @@ table{border-collapse:collapse;margin:6px 0 14px;font-variant-numeric:tabular-nu
 th,td{padding:2px 8px;border-bottom:1px solid #e4e4e4;text-align:right}
 th:first-child,td:first-child{text-align:left}
 tr.winner td{font-weight:600}
+#sweep-table{font-size:12.5px}#sweep-table th,#sweep-table td{padding:2px 5px}
+#sweep-table td+td,#rounds-table td+td{white-space:nowrap}
 ul.findings li.trouble{color:#b00}
 svg.chart{width:100%;height:auto;max-width:760px;display:block;margin:8px 0}
 svg text{font:11px system-ui,sans-serif;fill:#333}

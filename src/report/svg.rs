@@ -18,13 +18,14 @@ fn left_for<'a>(labels: impl Iterator<Item = &'a str>) -> f64 {
     (longest as f64 * 6.2 + 12.0).clamp(80.0, 340.0)
 }
 
-/// A tick-friendly upper bound: 1, 2 or 5 times a power of ten at or above `x`.
+/// A tick-friendly upper bound at or above `x`: a power of ten times 1, 1.5, 2, 2.5, 3, 4, 5, 6
+/// or 8, so the data fills most of the axis and its quarter ticks stay round.
 pub fn nice_max(x: f64) -> f64 {
     if x <= 0.0 || !x.is_finite() {
         return 1.0;
     }
     let p = 10f64.powf(x.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
+    for m in [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
         if m * p >= x {
             return m * p;
         }
@@ -45,6 +46,16 @@ pub fn short(x: f64) -> String {
         format!("{x:.2}")
     } else {
         format!("{x:.3}")
+    }
+}
+
+/// An axis tick: [`short`] without trailing zeros (`0.5`, `45`, `1`), as ticks are round.
+fn tick(x: f64) -> String {
+    let s = short(x);
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
     }
 }
 
@@ -78,7 +89,7 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
             @for i in 0..=4 {
                 @let v = max * i as f64 / 4.0;
                 line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
-                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (short(v)) }
+                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) }
             }
             @for (i, r) in rows.iter().enumerate() {
                 @let y = 30.0 + row_h * i as f64;
@@ -117,9 +128,13 @@ pub struct Event {
     pub trouble: bool,
 }
 
-/// Seconds as `42s`, `17m`, `3.5h` for time-axis ticks.
+/// Seconds as `0.5s`, `42s`, `17m`, `3.5h` for time-axis ticks.
 fn since(s: f64) -> String {
-    if s < 120.0 {
+    if s < 10.0 {
+        // A short job's quarter ticks are fractions of a second apart.
+        let t = format!("{s:.1}");
+        format!("{}s", t.strip_suffix(".0").unwrap_or(&t))
+    } else if s < 120.0 {
         format!("{s:.0}s")
     } else if s < 7200.0 {
         format!("{:.0}m", s / 60.0)
@@ -158,7 +173,7 @@ pub fn time_chart(
             @for i in 0..=4 {
                 @let v = max * i as f64 / 4.0;
                 line.grid x1=(left) x2=(W - RIGHT) y1=(y(v)) y2=(y(v)) {}
-                text.tick x=(left - 4.0) y=(y(v) + 4.0) text-anchor="end" { (short(v)) }
+                text.tick x=(left - 4.0) y=(y(v) + 4.0) text-anchor="end" { (tick(v)) }
                 @let t = t0 + span * i as f64 / 4.0;
                 text.tick x=(x(t)) y=(bottom + 14.0) text-anchor="middle" { (since(t - t0)) }
             }
@@ -172,6 +187,10 @@ pub fn time_chart(
                 @let pts = s.points.iter().map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v))).collect::<Vec<_>>().join(" ");
                 polyline.series points=(pts) stroke=(colour) stroke-dasharray=(if s.dashed { "6 4" } else { "none" }) {
                     title { (s.name) }
+                }
+                // One point is no line: it is drawn as a dot.
+                @if let [(t, v)] = s.points[..] {
+                    circle cx=(x(t)) cy=(y(v)) r="3" fill=(colour) { title { (s.name) ": " (short(v)) } }
                 }
             }
             @for (i, s) in series.iter().enumerate() {
@@ -204,7 +223,8 @@ pub fn spans(
 ) -> Markup {
     let left = left_for(rows.iter().map(|r| r.label.as_str()));
     let row_h = 24.0;
-    let h = 30.0 + row_h * rows.len() as f64 + 24.0;
+    // Below the ticks, the first window's name.
+    let h = 30.0 + row_h * rows.len() as f64 + 38.0;
     let max = window_s.max(1.0);
     let x = |v: f64| left + (W - left - RIGHT - 160.0) * (v / max).clamp(0.0, 1.0);
     let axis_y = 30.0 + row_h * rows.len() as f64;
@@ -214,12 +234,13 @@ pub fn spans(
             @for i in 0..=4 {
                 @let v = max * i as f64 / 4.0;
                 line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
-                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (short(v)) "s" }
+                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) "s" }
             }
             @if let Some(f) = first_window_s {
                 line.mark.trouble x1=(x(f)) x2=(x(f)) y1="24" y2=(axis_y) {
                     title { "first window: " (short(f)) " s" }
                 }
+                text.tick x=(x(f)) y=(axis_y + 30.0) text-anchor="middle" { "first window" }
             }
             @for (i, r) in rows.iter().enumerate() {
                 @let y = 30.0 + row_h * i as f64;
@@ -240,9 +261,23 @@ mod tests {
     #[test]
     fn axis_bounds_are_round_numbers_at_or_above_the_data() {
         assert_eq!(nice_max(0.0), 1.0);
-        assert_eq!(nice_max(3.2), 5.0);
-        assert_eq!(nice_max(1180.0), 2000.0);
+        assert_eq!(nice_max(3.2), 4.0);
+        assert_eq!(nice_max(1180.0), 1500.0);
+        assert_eq!(nice_max(1216.0), 1500.0);
+        assert_eq!(nice_max(6100.0), 8000.0);
         assert_eq!(nice_max(100.0), 100.0);
+    }
+
+    #[test]
+    fn ticks_drop_trailing_zeros() {
+        let ticks: Vec<String> = [0.0, 0.5, 0.375, 45.0, 1125.0, 1.0].map(tick).into();
+        assert_eq!(ticks, ["0", "0.5", "0.375", "45", "1125", "1"]);
+    }
+
+    #[test]
+    fn short_spans_tick_in_tenths_of_a_second() {
+        let ticks: Vec<String> = [0.0, 0.455, 0.91, 1.82, 42.0].map(since).into();
+        assert_eq!(ticks, ["0s", "0.5s", "0.9s", "1.8s", "42s"]);
     }
 
     #[test]

@@ -7,6 +7,10 @@ use serde::Serialize;
 use super::state::JobId;
 use super::time::SlurmTime;
 
+/// How long before the allocation's end a `generate` run on its servers stops, by default:
+/// room for `generate`'s grace for requests in flight (30 s) and for writing its journal.
+pub const STOP_BEFORE_END: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A Slurm host of the inventory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

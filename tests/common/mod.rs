@@ -6,15 +6,18 @@
 //! binary, keys, ports and ssh-agent. Use it with `mod common;`. [`local_fleet`] runs the binary
 //! on a local simulated fleet, [`generate`] serves SGLang stand-ins and reads `generate` output,
 //! [`watch`] waits on what a child says on stderr. [`slurm`]: a real Slurm cluster (slurmctld
-//! and several slurmd on this machine, fake GPUs).
+//! and several slurmd on this machine, fake GPUs), [`slurm_fleet`] the binary beside one.
+//! [`chromium`]: headless Chromium for pages.
 #![allow(dead_code)] // each test crate uses a different part of it
 
+pub mod chromium;
 #[path = "../generate_common/mod.rs"]
 pub mod generate;
 pub mod local_fleet;
 pub mod netns;
 pub mod real;
 pub mod slurm;
+pub mod slurm_fleet;
 pub mod sshd;
 pub mod watch;
 pub mod world;

@@ -98,6 +98,16 @@ impl CoreConfig {
     }
 }
 
+/// What the input's prefix plan expects of the servers' radix caches under prefix placement,
+/// for the watchdog to hold the answers' cached tokens to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheExpectation {
+    /// The expected share of the job's prompt tokens served from the cache.
+    pub cached_fraction: f64,
+    /// Estimated tokens of every group's shared prefix, each once.
+    pub prefix_tokens: u64,
+}
+
 /// A server as the shell found it before the run: its `/server_info`, or why it did not answer.
 /// Its id names its inventory host, which a lost connection takes out as a whole.
 #[derive(Debug)]
@@ -286,6 +296,10 @@ pub struct Core {
     timers: Timers,
     /// The last watchdog finding's cause, so one cause is announced once.
     warned: Option<Cause>,
+    /// What the prefix plan expects of the servers' caches, under prefix placement.
+    cache: Option<CacheExpectation>,
+    /// Whether the cache's finding was announced (once a run).
+    cache_warned: bool,
     /// Every finding announced, for progress.json.
     warnings: Vec<String>,
     /// Whether the open-file budget's hold on the in-flight limit was announced.
@@ -355,6 +369,8 @@ impl Core {
             paused_since: None,
             stop: None,
             warned: None,
+            cache: None,
+            cache_warned: false,
             warnings: Vec::new(),
             files_said: false,
             out_of_files_said: false,
@@ -362,6 +378,12 @@ impl Core {
         };
         core.refresh_view();
         core
+    }
+
+    /// Holds the servers' caches to what the prefix plan expects: the watchdog warns when they
+    /// serve far less.
+    pub fn expect_cache(&mut self, e: CacheExpectation) {
+        self.cache = Some(e);
     }
 
     /// Every instance as the run starts, for the caller to show.
@@ -465,6 +487,7 @@ impl Core {
             }
             self.schedule_probes(liveness, out);
             self.record_rates(now);
+            self.watch_cache(out);
             if self.stop.is_none()
                 && let Some(finding) = self.watch(now, out)
             {

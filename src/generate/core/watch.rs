@@ -6,7 +6,7 @@ use super::{Action, Core, Time};
 use crate::generate::Event;
 use crate::generate::concurrency::ConcurrencyMode;
 use crate::generate::progress::{self, InstanceProgress, Progress, Status};
-use crate::generate::watchdog::{self, Finding, Signals};
+use crate::generate::watchdog::{self, CacheSignals, Finding, Signals};
 
 /// `/metrics` readings after warm-up before the watchdog judges an instance.
 const MIN_READINGS: u64 = 3;
@@ -81,6 +81,39 @@ impl Core {
             .abort_below
             .filter(|f| finding.fraction < *f)
             .map(|_| finding)
+    }
+
+    /// Under prefix placement, holds the answers' cached tokens to what the plan expected,
+    /// from the first answers on (no warm-up: it counts tokens, not rates); said once a run,
+    /// and never a reason to stop (`--abort-below` is about throughput).
+    pub(super) fn watch_cache(&mut self, out: &mut Vec<Action>) {
+        let Some(e) = self.cache else { return };
+        if self.cache_warned {
+            return;
+        }
+        let reported: Vec<&Inst> = self
+            .insts
+            .iter()
+            .filter(|i| i.reported_prompt_tokens > 0)
+            .collect();
+        let share = |i: &Inst| i.cached_tokens as f64 / i.reported_prompt_tokens as f64;
+        let signals = CacheSignals {
+            expected: e.cached_fraction,
+            prefix_tokens: e.prefix_tokens,
+            prompt_tokens: reported.iter().map(|i| i.reported_prompt_tokens).sum(),
+            cached_tokens: reported.iter().map(|i| i.cached_tokens).sum(),
+            worst: reported
+                .iter()
+                .min_by(|a, b| share(a).total_cmp(&share(b)))
+                .map(|i| (i.id.to_string(), share(i))),
+        };
+        let live = self.window.rates().1 / self.insts.len().max(1) as f64;
+        if let Some(finding) = watchdog::assess_cache(live, &signals) {
+            self.cache_warned = true;
+            self.warnings
+                .push(format!("WATCHDOG: {}", finding.message()));
+            out.push(Action::Event(Event::Watchdog(finding)));
+        }
     }
 }
 

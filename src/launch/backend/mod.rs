@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use crate::config::HostSpec;
 use crate::gpu::{GpuError, GpuReading};
+use crate::launch::deadline::Ending;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::FactsError;
 use crate::launch::state::{InstanceRecord, Liveness, StateError};
@@ -97,6 +98,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Gives back what holds the host's servers once none is left (a Slurm allocation fleet
     /// made), saying what it gave back; a machine holds nothing.
     async fn release(&self) -> Result<Option<String>, StateError> {
+        Ok(None)
+    }
+
+    /// When what holds the host's servers ends (a Slurm allocation's time limit), with how
+    /// long before it work on them should stop; `None` when nothing ends them.
+    async fn time_left(&self) -> Result<Option<Ending>, StateError> {
         Ok(None)
     }
 

@@ -19,13 +19,14 @@ use super::{Backend, Home, Seen, StopState, Stopped};
 use crate::backoff::Backoff;
 use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
+use crate::launch::deadline::Ending;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::{self, FactsError};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
 use crate::remote::{RemoteError, Transport, Tunnel, argv};
 use crate::slurm::{
-    AllocationRequest, JobId, JobRecord, JobState, JobStatus, Shape, Slurm, SlurmSpec, Step,
-    StepId, StepRequest,
+    AllocationRequest, JobId, JobRecord, JobState, JobStatus, Shape, Slurm, SlurmSpec, SlurmTime,
+    Step, StepId, StepRequest,
 };
 
 /// How often squeue is asked while an allocation pends, a step starts or a step ends.
@@ -616,6 +617,29 @@ impl Backend for SlurmBackend {
     async fn gpus(&self) -> Result<Vec<GpuReading>, GpuError> {
         Err(GpuError::Slurm {
             host: self.home.host.clone(),
+        })
+    }
+
+    /// `squeue -j J -o %L` of the allocation the servers run in.
+    async fn time_left(&self) -> Result<Option<Ending>, StateError> {
+        let job = match &self.spec.slurm {
+            SlurmSpec::Existing { job, .. } => Some(*job),
+            SlurmSpec::New(_) => self.own_job().await?,
+        };
+        let Some(job) = job else {
+            return Ok(None);
+        };
+        let Some(status) = self.slurm.job(job).await? else {
+            return Ok(None);
+        };
+        Ok(match status.time_left {
+            Some(SlurmTime::Limited(left)) if !status.state.is_over() => Some(Ending {
+                host: self.home.host.clone(),
+                what: format!("job {job} ({})", status.name),
+                left,
+                stop_before: self.spec.stop_before_end,
+            }),
+            _ => None,
         })
     }
 

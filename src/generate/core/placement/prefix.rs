@@ -7,8 +7,12 @@
 //! - A server's window is drawn from its own groups: the group it is on until that has nothing
 //!   queued, then its next, so a group's requests go out together.
 //! - A server with none of its own work queued, once the input is all read (or the read-ahead
-//!   is full), takes a whole group from the server with the most queued, never single
-//!   requests that would bring a foreign prefix into its cache.
+//!   is full), takes a whole group from a server with more left to do, never single requests
+//!   that would bring a foreign prefix into its cache; and only a group that pays for the
+//!   prefill of its prefix and ends the job sooner: at least a window of the thief's (up to
+//!   [`MIN_STEAL`] requests), and the thief's work then still below the victim's. A group
+//!   moved for a few last requests costs the thief a prefill that stalls its whole batch,
+//!   which is how the job's tail grew longer than the work it moved.
 //! - A server that is out loses its groups, each moved whole to the server with the least work.
 //! - Prompts in no group go to the least-loaded server, as [`super::LeastLoaded`] would.
 
@@ -24,12 +28,16 @@ use crate::generate::input::prefix::{GroupKey, PrefixPlan, Prefixes, block_hashe
 /// [`MIN_READ_AHEAD`]: enough for every server to find its own work in a shuffled input.
 const READ_AHEAD_PER_SLOT: usize = 16;
 const MIN_READ_AHEAD: usize = 1024;
+/// A stolen group's requests at least, or the thief's window when that is less.
+const MIN_STEAL: u32 = 16;
 
 #[derive(Debug)]
 struct Group {
     home: usize,
     /// Planned work, for balancing.
     work: u64,
+    /// Its prompts the plan counted that were not queued yet (until the input's end).
+    unread: u64,
     queue: VecDeque<(Ticket, Option<usize>)>,
 }
 
@@ -44,6 +52,8 @@ pub struct Prefix {
     active: Vec<Option<usize>>,
     /// Requests queued in each server's groups.
     own_queued: Vec<usize>,
+    /// Prompts of each server's groups not read yet, as the plan counts them.
+    own_unread: Vec<u64>,
     /// Planned work of each server's groups.
     assigned: Vec<u64>,
     /// Requests in no group.
@@ -60,8 +70,11 @@ impl Prefix {
     /// Homes for the plan's groups over `servers` servers.
     pub fn new(plan: &PrefixPlan, servers: usize) -> Prefix {
         let servers = servers.max(1);
-        let mut planned: Vec<(GroupKey, u64)> =
-            plan.groups.iter().map(|(k, g)| (*k, g.work())).collect();
+        let mut planned: Vec<(GroupKey, u64, u64)> = plan
+            .groups
+            .iter()
+            .map(|(k, g)| (*k, g.work(), g.prompts))
+            .collect();
         // Largest first, ties by key: the same input deals the same homes.
         planned.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.hash.cmp(&b.0.hash)));
         let mut p = Prefix {
@@ -71,6 +84,7 @@ impl Prefix {
             own: vec![Vec::new(); servers],
             active: vec![None; servers],
             own_queued: vec![0; servers],
+            own_unread: vec![0; servers],
             assigned: vec![0; servers],
             loose: VecDeque::new(),
             queued: 0,
@@ -79,10 +93,36 @@ impl Prefix {
             blocks: Vec::new(),
             order: Vec::new(),
         };
-        for (key, work) in planned {
+        for (key, work, prompts) in planned {
             let home = least(&p.assigned, |_| true).unwrap_or(0);
-            p.add_group(key, work, home);
+            p.add_group(key, work, prompts, home);
         }
+        p
+    }
+
+    /// Homes for the plan's groups over servers named `names`, dealt over the names in sorted
+    /// order: the same input over the same servers, in whatever order they are given (a
+    /// `--resume` with its `--url`s in another order), gives each group the same server.
+    pub fn by_name(plan: &PrefixPlan, names: &[String]) -> Prefix {
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        order.sort_by(|&a, &b| names[a].cmp(&names[b]));
+        let mut p = Prefix::new(plan, names.len());
+        if names.len() < 2 {
+            return p;
+        }
+        // Slot k of the deal is server order[k].
+        let mut own = vec![Vec::new(); names.len()];
+        let mut assigned = vec![0; names.len()];
+        let mut unread = vec![0; names.len()];
+        for (slot, &server) in order.iter().enumerate() {
+            own[server] = std::mem::take(&mut p.own[slot]);
+            assigned[server] = p.assigned[slot];
+            unread[server] = p.own_unread[slot];
+        }
+        for g in &mut p.groups {
+            g.home = order[g.home];
+        }
+        (p.own, p.assigned, p.own_unread) = (own, assigned, unread);
         p
     }
 
@@ -96,17 +136,30 @@ impl Prefix {
         self.moves
     }
 
-    fn add_group(&mut self, key: GroupKey, work: u64, home: usize) -> usize {
+    fn add_group(&mut self, key: GroupKey, work: u64, prompts: u64, home: usize) -> usize {
         let g = self.groups.len();
+        let unread = if self.input_ended { 0 } else { prompts };
         self.groups.push(Group {
             home,
             work,
+            unread,
             queue: VecDeque::new(),
         });
         self.index.insert(key, g);
         self.own[home].push(g);
         self.assigned[home] += work;
+        self.own_unread[home] += unread;
         g
+    }
+
+    /// Requests of group `g` still to go: queued, and not read yet.
+    fn pending(&self, g: usize) -> u64 {
+        self.groups[g].queue.len() as u64 + self.groups[g].unread
+    }
+
+    /// What server `s` has left to do, in requests: in flight, queued, and not read yet.
+    fn left(&self, s: usize, servers: &[ServerState]) -> u64 {
+        u64::from(servers[s].in_flight) + self.own_queued[s] as u64 + self.own_unread[s]
     }
 
     /// The group of a request's prompt; a group the plan did not know (the input changed
@@ -118,7 +171,7 @@ impl Prefix {
             return Some(g);
         }
         let home = least(&self.assigned, |_| true).unwrap_or(0);
-        Some(self.add_group(key, u64::from(r.req.max_tokens), home))
+        Some(self.add_group(key, u64::from(r.req.max_tokens), 1, home))
     }
 
     fn push(&mut self, r: Request<'_>, front: bool) {
@@ -126,7 +179,13 @@ impl Prefix {
         self.queued += 1;
         let q = match self.group_of(&r) {
             Some(g) => {
-                self.own_queued[self.groups[g].home] += 1;
+                let home = self.groups[g].home;
+                self.own_queued[home] += 1;
+                // A retry comes back too: the count is an estimate, exact from the input's end.
+                if !front && self.groups[g].unread > 0 {
+                    self.groups[g].unread -= 1;
+                    self.own_unread[home] -= 1;
+                }
                 &mut self.groups[g].queue
             }
             None => &mut self.loose,
@@ -170,8 +229,11 @@ impl Prefix {
             self.active[from] = None;
         }
         let (n, work) = (self.groups[g].queue.len(), self.groups[g].work);
+        let unread = self.groups[g].unread;
         self.own_queued[from] -= n;
         self.own_queued[to] += n;
+        self.own_unread[from] -= unread;
+        self.own_unread[to] += unread;
         self.assigned[from] = self.assigned[from].saturating_sub(work);
         self.assigned[to] += work;
         self.own[to].push(g);
@@ -190,20 +252,34 @@ impl Prefix {
         }
     }
 
-    /// Server `s` takes the largest group the busiest server has queued and is not on.
-    fn steal_for(&mut self, s: usize) -> bool {
-        let victim = (0..self.own.len()).filter(|&v| v != s).max_by_key(|&v| {
-            let on = self.active[v].map_or(0, |g| self.groups[g].queue.len());
-            self.own_queued[v] - on
-        });
-        let Some(v) = victim else { return false };
-        let best = self.own[v]
-            .iter()
-            .copied()
-            .filter(|&g| self.active[v] != Some(g) && !self.groups[g].queue.is_empty())
-            .max_by_key(|&g| self.groups[g].queue.len());
+    /// Server `s` takes the group, queued on another server and not the one it is on, whose
+    /// move ends the pair's work soonest, when one ends it sooner at all: the thief's work
+    /// after is below the victim's before, and the group fills at least a window of the thief.
+    fn steal_for(&mut self, s: usize, servers: &[ServerState]) -> bool {
+        let mine = self.left(s, servers);
+        let at_least = u64::from(servers[s].limit.clamp(1, MIN_STEAL));
+        let mut best: Option<(u64, usize)> = None;
+        for v in (0..self.own.len()).filter(|&v| v != s) {
+            let theirs = self.left(v, servers);
+            if theirs <= mine + at_least {
+                continue;
+            }
+            for &g in &self.own[v] {
+                if self.active[v] == Some(g) || self.groups[g].queue.is_empty() {
+                    continue;
+                }
+                let n = self.pending(g);
+                if n < at_least || mine + n >= theirs {
+                    continue;
+                }
+                let after = (mine + n).max(theirs - n);
+                if best.is_none_or(|(b, _)| after < b) {
+                    best = Some((after, g));
+                }
+            }
+        }
         match best {
-            Some(g) => {
+            Some((_, g)) => {
                 self.move_group(g, s);
                 true
             }
@@ -272,7 +348,7 @@ impl Placement for Prefix {
         let may_steal = self.input_ended || self.queued >= Self::read_ahead(servers);
         if found.is_none() && may_steal {
             for &s in &order {
-                if self.steal_for(s)
+                if self.steal_for(s, servers)
                     && let Some((t, _)) = self.take_own(s)
                 {
                     found = Some((t, s));
@@ -307,6 +383,11 @@ impl Placement for Prefix {
 
     fn input_end(&mut self) {
         self.input_ended = true;
+        // The plan counted lines done before a resume too: what is queued now is all there is.
+        for g in &mut self.groups {
+            g.unread = 0;
+        }
+        self.own_unread.iter_mut().for_each(|n| *n = 0);
     }
 }
 

@@ -57,6 +57,30 @@ fn plan(systems: usize, questions: usize) -> PrefixPlan {
     p
 }
 
+/// The plan of system prompts `s` with `n` questions each.
+fn plan_sized(groups: &[(usize, usize)]) -> PrefixPlan {
+    let texts: Vec<String> = groups
+        .iter()
+        .flat_map(|&(s, n)| (0..n).map(move |q| text(s, q)))
+        .collect();
+    let mut blocks = Vec::new();
+    let mut l = Learner::default();
+    for t in &texts {
+        block_hashes(&Prompt::Text(t.clone()), &mut blocks);
+        l.prompt(&blocks);
+    }
+    let mut p = PrefixPlan {
+        prefixes: l.finish(),
+        ..PrefixPlan::default()
+    };
+    for t in &texts {
+        let prompt = Prompt::Text(t.clone());
+        block_hashes(&prompt, &mut blocks);
+        p.prompt(&blocks, prompt_bytes(&prompt), 16);
+    }
+    p
+}
+
 /// Queues ticket `t` with prompt `text`.
 fn hand(p: &mut Prefix, t: u64, text: &str, avoid: Option<usize>) {
     let id = Id::line(t);
@@ -110,6 +134,33 @@ fn each_group_gets_one_home_and_homes_are_balanced_and_the_same_every_time() {
 }
 
 #[test]
+fn the_same_servers_in_another_order_get_the_same_groups() {
+    let plan = plan(8, 10);
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let a = Prefix::by_name(&plan, &names(&["a:1", "b:1", "c:1"]));
+    let b = Prefix::by_name(&plan, &names(&["c:1", "a:1", "b:1"]));
+    let named = |p: &Prefix, order: &[&str]| {
+        let mut v: Vec<(u64, String)> = p
+            .homes()
+            .map(|(k, h)| (k.hash, order[h].to_string()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        named(&a, &["a:1", "b:1", "c:1"]),
+        named(&b, &["c:1", "a:1", "b:1"])
+    );
+    // Each server's lists follow its groups.
+    for (i, own) in b.own.iter().enumerate() {
+        assert!(own.iter().all(|&g| b.groups[g].home == i));
+    }
+    let per: Vec<usize> = b.own.iter().map(Vec::len).collect();
+    assert_eq!(per.iter().sum::<usize>(), 8);
+    assert!(per.iter().all(|&n| n == 2 || n == 3), "{per:?}");
+}
+
+#[test]
 fn a_servers_window_is_drawn_from_its_own_groups_one_group_at_a_time() {
     let plan = plan(4, 10);
     let mut p = Prefix::new(&plan, 2);
@@ -142,16 +193,16 @@ fn a_servers_window_is_drawn_from_its_own_groups_one_group_at_a_time() {
 
 #[test]
 fn an_idle_server_steals_a_whole_group_once_the_input_is_read() {
-    let plan = plan(4, 10);
+    let plan = plan(4, 20);
     let mut p = Prefix::new(&plan, 2);
-    shuffled(&mut p, 4, 10);
+    shuffled(&mut p, 4, 20);
     // Server 1 is busy; server 0 finishes its own and would take nothing while input may come.
     let own0 = p.own[0].len();
     let mut servers = [up(0, 1000), up(0, 0)];
     servers[1].limit = 1;
     servers[1].in_flight = 1;
     let first = drain(&mut p, &servers);
-    assert_eq!(first.len(), own0 * 10);
+    assert_eq!(first.len(), own0 * 20);
     assert!(first.iter().all(|&(_, s)| s == 0));
     // Now server 1 is on one group; at the input's end server 0 takes its other, whole.
     servers[1].in_flight = 0;
@@ -160,7 +211,7 @@ fn an_idle_server_steals_a_whole_group_once_the_input_is_read() {
     servers[1].in_flight = 1;
     p.input_end();
     let stolen = drain(&mut p, &servers);
-    assert_eq!(stolen.len(), 10, "one whole group moved");
+    assert_eq!(stolen.len(), 20, "one whole group moved");
     let systems: Vec<usize> = stolen.iter().map(|(t, _)| system_of(*t, 4)).collect();
     assert!(systems.iter().all(|&x| x == systems[0]));
     assert_ne!(
@@ -169,6 +220,58 @@ fn an_idle_server_steals_a_whole_group_once_the_input_is_read() {
         "never the group server 1 is on"
     );
     assert_eq!(p.moves(), 1);
+}
+
+#[test]
+fn no_group_is_stolen_that_would_not_pay_for_its_prefill_or_would_end_the_job_later() {
+    // Server 1 is full with two groups of 5 queued: too few for server 0's window of 16 (the
+    // prefill of a foreign prefix would stall its batch for 5 requests).
+    let plan = plan(4, 5);
+    let mut p = Prefix::new(&plan, 2);
+    shuffled(&mut p, 4, 5);
+    p.input_end();
+    let servers = [up(0, 16), up(1, 1)];
+    let sent = drain(&mut p, &servers);
+    assert_eq!(sent.len(), 10, "server 0's own only");
+    assert!(sent.iter().all(|&(_, s)| s == 0));
+    assert_eq!(p.moves(), 0);
+    // A group large enough, but the thief already has more in flight than the victim left.
+    let plan = plan_sized(&[(0, 40), (1, 40), (2, 20), (3, 20)]);
+    let mut p = Prefix::new(&plan, 2);
+    for s in 0..4 {
+        for q in 0..[40, 40, 20, 20][s] {
+            hand(&mut p, (s * 100 + q) as u64, &text(s, q), None);
+        }
+    }
+    p.input_end();
+    let home_of = |p: &Prefix, s: usize| {
+        let mut b = Vec::new();
+        block_hashes(&Prompt::Text(text(s, 0)), &mut b);
+        let key = plan.prefixes.group_of(&b).unwrap();
+        p.homes().find(|(k, _)| *k == key).unwrap().1
+    };
+    let thief = home_of(&p, 0);
+    let victim = 1 - thief;
+    // The victim is full with 1 in flight and its 60 queued; the thief has 50 in flight: a
+    // group of the victim's would end the pair's work later (50 + 40 or 50 + 20 against 61).
+    let mut servers = [up(0, 0), up(0, 0)];
+    servers[thief] = up(50, 1000);
+    servers[victim] = up(1, 1);
+    let sent = drain(&mut p, &servers);
+    assert_eq!(sent.len(), 60);
+    assert!(sent.iter().all(|&(_, s)| s == thief));
+    assert_eq!(p.moves(), 0);
+    // Idle, the thief first takes the victim's group that evens the two best: the 40 (40
+    // against 21 left, where the 20 leaves 41); then, the victim still at 21 (it never
+    // finishes here), the 20.
+    servers[thief].in_flight = 0;
+    let stolen = drain(&mut p, &servers);
+    assert_eq!(stolen.len(), 60);
+    assert!(
+        stolen[..40].iter().all(|&(t, _)| t / 100 == 1),
+        "{stolen:?}"
+    );
+    assert_eq!(p.moves(), 2);
 }
 
 #[test]

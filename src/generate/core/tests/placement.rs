@@ -136,3 +136,83 @@ fn the_policy_hears_outcomes_and_gets_back_what_a_lost_server_held() {
     let back = &log.handed[3];
     assert_eq!((back.0, back.3, back.4), (2, Some(1), true));
 }
+
+/// Answers `n` requests out with `prompt` tokens each, of them `cached` from the cache.
+fn answer_cached(h: &mut Harness, n: usize, prompt: u64, cached: u64) {
+    for _ in 0..n {
+        let id = h.oldest();
+        let completion = Completion {
+            prompt_tokens: prompt,
+            cached_tokens: Some(cached),
+            ..completion(4)
+        };
+        h.answer(
+            id,
+            Attempt::Finished {
+                completion,
+                latency: SEC,
+            },
+        );
+    }
+}
+
+#[test]
+fn a_cache_that_serves_far_less_than_the_prefix_plan_expected_is_flagged_once_in_progress() {
+    let mut h = Harness::new(vec![server("a", 8), server("b", 8)]);
+    // 4 groups of a 1,000-token prefix: judged after 16,000 answered prompt tokens.
+    h.core.expect_cache(CacheExpectation {
+        cached_fraction: 0.9,
+        prefix_tokens: 4_000,
+    });
+    let mut next = 0;
+    h.fill(&mut next, 100);
+    // Misses only, but too few tokens yet to tell from each group's first prefill.
+    answer_cached(&mut h, 15, 1_000, 0);
+    h.fill(&mut next, 100);
+    h.later(10 * SEC);
+    let flagged = |h: &Harness| h.events_matching(|e| matches!(e, Event::Watchdog(_)));
+    assert_eq!(flagged(&h), 0);
+    answer_cached(&mut h, 5, 1_000, 200);
+    h.fill(&mut next, 100);
+    h.later(10 * SEC);
+    assert_eq!(flagged(&h), 1);
+    let f = h
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::Watchdog(f) => Some(f.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        matches!(&f.cause, Cause::LowCacheHits { observed, expected, .. }
+            if (*observed - 0.05).abs() < 1e-9 && *expected == 0.9),
+        "{f:?}"
+    );
+    let p = h.core.snapshot(h.now, Status::Running);
+    assert!(
+        p.warnings.iter().any(
+            |w| w.starts_with("WATCHDOG: the servers' radix caches served 5% of prompt tokens")
+        ),
+        "{:?}",
+        p.warnings
+    );
+    // Said once; and a warning, not a stop.
+    h.later(10 * SEC);
+    assert_eq!(flagged(&h), 1);
+    assert!(h.end.is_none());
+}
+
+#[test]
+fn a_cache_that_serves_what_the_plan_expected_is_quiet() {
+    let mut h = Harness::new(vec![server("a", 8)]);
+    h.core.expect_cache(CacheExpectation {
+        cached_fraction: 0.9,
+        prefix_tokens: 1_000,
+    });
+    let mut next = 0;
+    h.fill(&mut next, 100);
+    answer_cached(&mut h, 8, 1_000, 950);
+    h.later(10 * SEC);
+    assert_eq!(h.events_matching(|e| matches!(e, Event::Watchdog(_))), 0);
+}

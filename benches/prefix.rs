@@ -1,0 +1,305 @@
+//! Whole-run benchmarks of prefix-aware placement (issue 26) through the real `fleet` binary
+//! and 8 real `sglang-sim` servers:
+//!
+//! - the job of tests/prefix_job (40 long system prompts × 400 short questions, shuffled, on
+//!   sims whose caches hold about 7 system prompts each) placed by hand (8 `fleet` processes,
+//!   each server given its own 5 system prompts), under `--placement auto`, and under
+//!   `least-loaded` for contrast: times, the ratio to hand-placed, the cached fractions;
+//! - a job with no shared prefixes under `auto` (which picks least-loaded) and `least-loaded`;
+//! - the prefix scan (`fleet generate --dry-run`) of 654,676 prompts: time and peak RSS.
+//!
+//!     cargo bench --bench prefix [-- [FILTER] [--quick]]
+//!
+//! `--quick` runs 40 × 40 prompts and a 50,000-line scan: a smoke test, not the targets.
+
+#[path = "../tests/generate_common/mod.rs"]
+mod generate_common;
+mod headline;
+#[path = "../tests/prefix_job/mod.rs"]
+mod prefix_job;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use generate_common::{Sim, assert_exactly_once, progress, write_lines};
+use prefix_job::*;
+use serde_json::json;
+
+/// A token's prefill, in ms: a miss of a ~1,000-token system prompt costs 20 ms of a server's
+/// time, which is what a least-loaded job pays again and again.
+const PREFILL_PER_TOKEN_MS: &str = "0.02";
+const SCAN_TOTAL: usize = 654_676;
+
+fn sims() -> Vec<Sim> {
+    (0..SERVERS)
+        .map(|_| Sim::start(&sim_args(PREFILL_PER_TOKEN_MS)))
+        .collect()
+}
+
+fn fleet_generate(prompts: &Path, out: &Path, urls: &[&str], extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fleet"));
+    c.args(["-q", "generate", "--prompts"])
+        .arg(prompts)
+        .arg("--out")
+        .arg(out)
+        .args(RUN_ARGS)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for u in urls {
+        c.arg("--url").arg(u);
+    }
+    c
+}
+
+/// Prompt tokens the caches served, and all prompt tokens, from a run's progress.json.
+fn hits(out: &Path) -> (u64, u64) {
+    let p = progress(out);
+    (
+        p["cached_tokens"].as_u64().unwrap_or(0),
+        p["total_input_tokens"].as_u64().unwrap(),
+    )
+}
+
+fn share((cached, total): (u64, u64)) -> f64 {
+    cached as f64 / total.max(1) as f64
+}
+
+/// One run of `prompts` by one `fleet` process over fresh sims: its time and cache hits.
+fn one_run(prompts: &Path, out: &Path, n: usize, extra: &[&str]) -> (Duration, (u64, u64), String) {
+    let sims = sims();
+    let urls: Vec<&str> = sims.iter().map(|s| s.url.as_str()).collect();
+    let t0 = Instant::now();
+    let o = fleet_generate(prompts, out, &urls, extra).output().unwrap();
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{stderr}");
+    assert_exactly_once(out, n);
+    (took, hits(out), stderr)
+}
+
+/// The job placed by hand: one `fleet` process per server, each over its own system prompts.
+fn hand_run(dir: &Path, order: &[usize]) -> (Duration, (u64, u64)) {
+    let sims = sims();
+    let mut inputs = Vec::new();
+    for k in 0..SERVERS {
+        let p = dir.join(format!("hand-{k}.jsonl"));
+        write_lines(&p, &hand_placed(order, k));
+        inputs.push((p, dir.join(format!("hand-{k}"))));
+    }
+    let t0 = Instant::now();
+    let children: Vec<_> = inputs
+        .iter()
+        .zip(&sims)
+        .map(|((p, out), sim)| fleet_generate(p, out, &[&sim.url], &[]).spawn().unwrap())
+        .collect();
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let took = t0.elapsed();
+    let mut total = (0, 0);
+    for (_, out) in &inputs {
+        let (c, t) = hits(out);
+        total.0 += c;
+        total.1 += t;
+    }
+    (took, total)
+}
+
+fn placement_job() {
+    let questions = if headline::quick() { 40 } else { 400 };
+    let n = SYSTEMS * questions;
+    let tmp = tempfile::tempdir().unwrap();
+    let order = shuffled(n);
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_lines(
+        &prompts,
+        &order.iter().map(|&i| line(i)).collect::<Vec<_>>(),
+    );
+
+    let (hand, hand_hits) = hand_run(tmp.path(), &order);
+    let (auto, auto_hits, stderr) = one_run(&prompts, &tmp.path().join("auto"), n, &[]);
+    assert!(stderr.contains("placement: prefix (auto:"), "{stderr}");
+    let (least, ll_hits, _) = one_run(
+        &prompts,
+        &tmp.path().join("least-loaded"),
+        n,
+        &["--placement", "least-loaded"],
+    );
+    let ratio = hand.as_secs_f64() / auto.as_secs_f64();
+    let (h, a, l) = (share(hand_hits), share(auto_hits), share(ll_hits));
+    println!(
+        "prefix placement, {n} prompts on {SERVERS} sims: hand-placed {hand:.2?} ({:.1}% cached), \
+         auto {auto:.2?} ({:.1}% cached, {ratio:.2} of hand-placed), least-loaded {least:.2?} \
+         ({:.1}% cached, {:.2} of hand-placed)",
+        h * 100.0,
+        a * 100.0,
+        l * 100.0,
+        hand.as_secs_f64() / least.as_secs_f64()
+    );
+    headline::line(
+        "prefix.ratio",
+        &format!(
+            "{ratio:.2} ({:.1} s vs {:.1} s hand-placed, {n} prompts)",
+            auto.as_secs_f64(),
+            hand.as_secs_f64()
+        ),
+        "`--placement auto` on 40 system prompts × 400 questions, shuffled, 8 sims: ≥ 0.90 of the speed of the job placed by hand (8 processes)",
+        Some(ratio >= 0.9),
+    );
+    headline::line(
+        "prefix.hits",
+        &format!("{:.1}% (hand-placed {:.1}%)", a * 100.0, h * 100.0),
+        "the same job's prompt tokens served from the cache: within 5 points of hand-placed",
+        Some(a >= h - 0.05),
+    );
+    headline::line(
+        "prefix.least_loaded",
+        &format!(
+            "{:.1} s, {:.1}% cached ({:.2} of hand-placed)",
+            least.as_secs_f64(),
+            l * 100.0,
+            hand.as_secs_f64() / least.as_secs_f64()
+        ),
+        "the same job under `--placement least-loaded`, for contrast",
+        None,
+    );
+}
+
+/// Prompts that share nothing but a two-word head: `auto` must find no group and run as
+/// least-loaded does.
+fn no_prefix_job() {
+    let n = if headline::quick() { 2_000 } else { 16_000 };
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut text = format!("Question {i}: ");
+            while text.len() < 400 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                text.push_str(&format!("{:x} ", x % 4096));
+            }
+            json!({"id": format!("u{i}"), "prompt": text}).to_string()
+        })
+        .collect();
+    write_lines(&prompts, &lines);
+    let (auto, _, stderr) = one_run(&prompts, &tmp.path().join("auto"), n, &[]);
+    assert!(
+        stderr.contains("placement: least-loaded (auto:"),
+        "{stderr}"
+    );
+    let (least, _, _) = one_run(
+        &prompts,
+        &tmp.path().join("least-loaded"),
+        n,
+        &["--placement", "least-loaded"],
+    );
+    let ratio = least.as_secs_f64() / auto.as_secs_f64();
+    println!(
+        "no shared prefixes, {n} prompts: auto {auto:.2?} (least-loaded picked), least-loaded {least:.2?}"
+    );
+    headline::line(
+        "prefix.no_prefix",
+        &format!(
+            "{ratio:.2} ({:.1} s under auto, {:.1} s least-loaded, {n} prompts)",
+            auto.as_secs_f64(),
+            least.as_secs_f64()
+        ),
+        "a job with no shared prefixes under `auto` (picks least-loaded): ≥ 0.95 of least-loaded's speed",
+        Some(ratio >= 0.95),
+    );
+}
+
+/// `fleet generate --dry-run` over 654,676 prompts, half of them in 20 groups of a shared
+/// ~1,000-byte instruction: the scan's time (as it reports it) and the process's peak RSS.
+#[allow(clippy::zombie_processes, reason = "reaped by wait4")]
+fn scan() {
+    let total = if headline::quick() {
+        50_000
+    } else {
+        SCAN_TOTAL
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    let heads: Vec<String> = (0..20)
+        .map(|g| {
+            format!(
+                "Instruction set {g}. {}",
+                "Answer with care and cite. ".repeat(36)
+            )
+        })
+        .collect();
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&prompts).unwrap());
+        for i in 0..total {
+            let prompt = if i % 2 == 0 {
+                format!("{}\nQuestion {i}?", heads[i / 2 % 20])
+            } else {
+                format!("Prompt {i}: {}", "lorem ipsum dolor sit amet ".repeat(10))
+            };
+            writeln!(f, "{}", json!({"id": i, "prompt": prompt})).unwrap();
+        }
+    }
+    let bytes = std::fs::metadata(&prompts).unwrap().len();
+    let t0 = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .args(["--json", "generate", "--dry-run", "--prompts"])
+        .arg(&prompts)
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.unwrap(), &mut stdout).unwrap();
+    let mut status = 0;
+    // SAFETY: waiting for the child spawned above, by its pid, with a valid rusage buffer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "fleet generate --dry-run failed: {stdout}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["prompts"], total as u64, "{report}");
+    assert_eq!(report["groups"], 20, "{report}");
+    let rss_mb = usage.ru_maxrss as f64 / 1024.0;
+    let scan_s = report["scan_seconds"].as_f64().unwrap();
+    println!(
+        "prefix scan (--dry-run): {total} prompts, {:.0} MB, in {scan_s:.2} s ({secs:.2} s the whole process), peak RSS {rss_mb:.1} MB: {report}",
+        bytes as f64 / 1e6
+    );
+    headline::line(
+        "prefix.scan",
+        &format!(
+            "{scan_s:.2} s, {rss_mb:.1} MB peak RSS ({total} prompts, {:.0} MB, 20 groups)",
+            bytes as f64 / 1e6
+        ),
+        "the prefix scan of a 654,676-prompt input (`--dry-run`) within the 64 MB RSS target",
+        Some(rss_mb < 64.0),
+    );
+}
+
+fn main() {
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    for (name, bench) in [
+        ("placement", placement_job as fn()),
+        ("no_prefix", no_prefix_job),
+        ("scan", scan),
+    ] {
+        if filter.is_empty() || name.contains(&filter) {
+            bench();
+        }
+    }
+}
