@@ -88,6 +88,29 @@ fn the_adaptive_search_finds_the_best_of_a_ranged_space_without_crowning_an_oom(
         (served - found.tok_s).abs() < 0.01 * found.tok_s,
         "{served} vs {found:?}"
     );
+    // fleet report charts the search: throughput against each axis, OOM points marked, and
+    // the best over the trials.
+    let page = f.path().join("report.html");
+    let (code, _, err) = f.fleet(&[
+        "report",
+        f.path().join("sweep.json").to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    for id in [
+        "search-axis-0",
+        "search-axis-1",
+        "search-axis-2",
+        "search-best",
+        "search-table",
+    ] {
+        assert!(html.contains(&format!("id=\"{id}\"")), "{id}");
+    }
+    if !ooms.is_empty() {
+        assert!(html.contains("class=\"oom\""), "OOM points are marked");
+    }
     assert!(
         found.tok_s >= 0.97 * best.tok_s,
         "{winner}: {:.0} tok/s against the best {:.0}; trials:\n{}",
