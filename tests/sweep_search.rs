@@ -1,7 +1,10 @@
 //! `fleet sweep` searching ranges end to end on `sglang-sim`: the adaptive search over two
 //! strategies × the static fraction × the decode graph bound finds a config within 3% of the
-//! space's best without crowning an OOM, and a flag axis the host's SGLang does not know by
-//! that exact name is refused before anything starts.
+//! space's best (by the sim's own model, `fleet::sim::best`) without crowning an OOM, and
+//! `fleet report` charts it; under `--slo` it crowns the fastest config that keeps the limit;
+//! an interrupted search resumes without running a finished trial again; a bad `--slo` and a
+//! flag axis the host's SGLang does not know by that exact name are refused before anything
+//! starts.
 
 mod common;
 mod sweep_common;
