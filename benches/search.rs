@@ -131,7 +131,6 @@ fn main() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let base = port_base();
     let gpus: Vec<String> = (0..GPUS).map(|g| g.to_string()).collect();
     std::fs::write(
         dir.join("fleet.yaml"),
@@ -139,14 +138,19 @@ fn main() {
     )
     .unwrap();
     std::fs::create_dir_all(dir.join("profiles")).unwrap();
-    std::fs::write(
-        dir.join("profiles/base.yaml"),
-        format!(
-            "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"{OUTPUT_TOKENS}\"\n  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
-            dir.join("gpus").display()
-        ),
-    )
-    .unwrap();
+    // Free ports looked for anew before each sweep: other processes on the machine (tests)
+    // take ports too, and a sim that cannot bind fails its candidate.
+    let write_base = || {
+        let base = port_base();
+        std::fs::write(
+            dir.join("profiles/base.yaml"),
+            format!(
+                "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"{OUTPUT_TOKENS}\"\n  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
+                dir.join("gpus").display()
+            ),
+        )
+        .unwrap();
+    };
     let params = Params {
         mean_output_tokens: OUTPUT_TOKENS,
         ..Params::default()
@@ -172,6 +176,7 @@ fn main() {
     );
     let sweep = |axes: &[&str]| {
         let _ = std::fs::remove_file(dir.join("sweep.json"));
+        write_base();
         let mut all = vec![
             "--json",
             "sweep",
@@ -194,12 +199,28 @@ fn main() {
         let secs = t.elapsed().as_secs_f64();
         let report: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {out}\nstderr:\n{err}"));
+        if !report["winner"].is_string() {
+            let tail: Vec<&str> = err.lines().rev().take(6).collect();
+            println!("no winner; stderr ends: {tail:?}");
+        }
         (secs, report)
+    };
+    // The unit of wall time must have measured: a sweep that failed to start (a port another
+    // process took) is run again, and said so.
+    let unit = || {
+        for _ in 0..3 {
+            let (secs, report) = sweep(&["--strategies", "no_buffer"]);
+            if report["winner"].is_string() {
+                return secs;
+            }
+            println!("the 1-candidate sweep measured nothing; again");
+        }
+        panic!("the 1-candidate sweep failed three times");
     };
     let (mut search, mut grid) = (Series::default(), Series::default());
     println!("run  method    wall s  vs 1 candidate  trials  winner  model tok/s  distance");
     for run in 1..=runs {
-        let (one, _) = sweep(&["--strategies", "no_buffer"]);
+        let one = unit();
         println!("{run:>3}  1         {one:>6.2}");
         for (name, axes, series) in [("adaptive", SEARCH, &mut search), ("grid", GRID, &mut grid)] {
             let (secs, report) = sweep(axes);

@@ -30,7 +30,7 @@ const TWELVE: &[&str] = &[
     "--strategies",
     "extra_buffer,no_buffer",
     "--set",
-    "server.mem_fraction_static=0.70,0.75,0.80,0.85,0.88,0.92",
+    "server.mem_fraction_static=0.70,0.75,0.80,0.85,0.88,0.89",
 ];
 const EIGHTEEN: &[&str] = &[
     "--strategies",
