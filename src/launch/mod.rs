@@ -10,6 +10,7 @@ pub mod backend;
 pub mod down;
 pub mod env;
 pub mod fleet;
+pub mod help_cache;
 pub mod lock;
 pub mod logs;
 pub mod plan;
