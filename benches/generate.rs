@@ -9,6 +9,9 @@
 #[path = "../tests/generate_common/mod.rs"]
 mod generate_common;
 mod headline;
+#[allow(dead_code)]
+#[path = "../tests/common/real.rs"]
+mod real;
 
 use std::io::Write;
 use std::path::Path;
@@ -346,6 +349,99 @@ fn instant_sims() {
     );
 }
 
+/// Waits for `child`, returning its wall time from `t0` and its peak RSS in MB (wait4's rusage).
+fn wait_rusage(child: &std::process::Child, t0: Instant, what: &str) -> (f64, f64) {
+    let mut status = 0;
+    // SAFETY: waiting for a child this bench spawned, by its pid, with a valid rusage buffer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let secs = t0.elapsed().as_secs_f64();
+    assert_eq!(pid, child.id() as i32);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what} failed"
+    );
+    (secs, usage.ru_maxrss as f64 / 1024.0)
+}
+
+/// `fleet generate` against the seed-style aiohttp client (tests/fixtures/seed_client.py, run
+/// with the real-SGLang venv's python, which has aiohttp), the same prompts, the same 8
+/// `--sim-instant` sims, one after the other in one run: completed req/s of each and the ratio
+/// (DESIGN §11: ≥ 5×).
+#[allow(clippy::zombie_processes, reason = "reaped by wait4")]
+fn vs_peer() {
+    let python = real::RealSglang::find().python;
+    let sims: Vec<Sim> = (0..8).map(|_| Sim::start(&["--sim-instant"])).collect();
+    let urls: Vec<&str> = sims.iter().map(|s| s.url.as_str()).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    let n = if headline::quick() { 20_000 } else { 200_000 };
+    write_prompts(&prompts, n);
+
+    let fleet_run = |bin: &std::ffi::OsStr, out: &str| {
+        let t0 = Instant::now();
+        let mut fleet = std::process::Command::new(bin);
+        fleet
+            .args(["-q", "generate", "--max-tokens", "16", "--prompts"])
+            .arg(&prompts)
+            .arg("--out")
+            .arg(tmp.path().join(out))
+            .stdout(std::process::Stdio::null());
+        for url in &urls {
+            fleet.args(["--url", url]);
+        }
+        let child = fleet.spawn().unwrap();
+        wait_rusage(&child, t0, "fleet generate")
+    };
+    let (fleet_secs, fleet_rss) = fleet_run(env!("CARGO_BIN_EXE_fleet").as_ref(), "out");
+    // FLEET_AB_BIN: another build of fleet (e.g. an older commit's), run on the same sims and
+    // prompts in the same run, for an A/B of the client.
+    if let Some(ab) = std::env::var_os("FLEET_AB_BIN") {
+        let (secs, rss) = fleet_run(&ab, "out-ab");
+        println!(
+            "A/B: {} {:.0} req/s ({secs:.1} s, peak RSS {rss:.1} MB) against this build's {:.0} req/s",
+            ab.to_string_lossy(),
+            n as f64 / secs,
+            n as f64 / fleet_secs
+        );
+    }
+
+    let peer_out = tmp.path().join("peer.jsonl");
+    let t0 = Instant::now();
+    let mut peer = std::process::Command::new(&python);
+    peer.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/seed_client.py"
+    ))
+    .arg("--prompts")
+    .arg(&prompts)
+    .arg("--out")
+    .arg(&peer_out)
+    .args(["--max-tokens", "16"])
+    .stdout(std::process::Stdio::null());
+    for url in &urls {
+        peer.args(["--url", url]);
+    }
+    let child = peer.spawn().unwrap();
+    let (peer_secs, peer_rss) = wait_rusage(&child, t0, "the seed-style aiohttp client");
+    let peer_lines = std::fs::read_to_string(&peer_out).unwrap().lines().count();
+    assert_eq!(peer_lines, n, "the peer wrote one line per prompt");
+
+    let (fleet_rate, peer_rate) = (n as f64 / fleet_secs, n as f64 / peer_secs);
+    let ratio = fleet_rate / peer_rate;
+    println!(
+        "8 --sim-instant sims, {n} prompts: fleet generate {fleet_rate:.0} req/s \
+         ({fleet_secs:.1} s, peak RSS {fleet_rss:.1} MB), seed-style aiohttp {peer_rate:.0} req/s \
+         ({peer_secs:.1} s, peak RSS {peer_rss:.1} MB): {ratio:.2}×"
+    );
+    headline::line(
+        "generate.vs_peer",
+        &format!("{ratio:.2}× ({fleet_rate:.0} vs {peer_rate:.0} req/s, {n} prompts, one run)"),
+        "`fleet generate` against 8 `--sim-instant` sims ≥ 5× the seed-style aiohttp client (32 per server) in the same run",
+        Some(ratio >= 5.0),
+    );
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -364,6 +460,9 @@ fn main() {
     }
     if filter.is_empty() || "instant_sims".contains(&filter) {
         instant_sims();
+    }
+    if filter.is_empty() || "vs_peer".contains(&filter) {
+        vs_peer();
     }
     if filter.is_empty() || "saturation".contains(&filter) {
         saturation(&rt);

@@ -79,7 +79,14 @@ pub async fn fleet_on(t: &dyn Transport, job_dir: &str) -> Result<String, JobErr
                 source,
             })?;
             let remote = format!("{job_dir}/fleet");
-            transfer::upload(t, &exe, &remote).await?;
+            let sent = transfer::upload(t, &exe, &remote).await?;
+            tracing::debug!(
+                "{}: uploaded {} ({} bytes, {} on the wire)",
+                t.host(),
+                exe.display(),
+                sent.bytes,
+                sent.on_wire
+            );
             run_ok(t, &argv(&["chmod", "0755", "--", &remote])).await?;
             let out = t.run(&argv(&[&remote, "--version"])).await?;
             let said = out.stdout_lossy();

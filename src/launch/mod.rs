@@ -11,6 +11,7 @@ pub mod deadline;
 pub mod down;
 pub mod env;
 pub mod fleet;
+pub mod help_cache;
 pub mod lock;
 pub mod logs;
 pub mod plan;

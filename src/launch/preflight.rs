@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::config::{GpuSelection, MachineSpec};
 use crate::gpu::{self, GpuError};
+use crate::launch::help_cache;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::remote::{RemoteError, Transport};
 use crate::sglang::flags::{self, Mismatch};
@@ -62,13 +63,16 @@ pub enum FactsError {
 }
 
 /// Everything planning needs to know about one machine; `--help` is read only when `preflight`.
-/// `--help` and the version are read with the profile's `env`, as the servers will run.
+/// `--help` and the version are read with the profile's `env`, as the servers will run; with
+/// `help_cache_dir`, a `--help` read before with the same launcher, env and version is taken
+/// from there (see [`help_cache`]).
 pub async fn host_facts(
     t: &Arc<dyn Transport>,
     host: &MachineSpec,
     launcher: &[String],
     env: &BTreeMap<String, String>,
     preflight: bool,
+    help_cache_dir: Option<&str>,
 ) -> Result<HostFacts, FactsError> {
     // The reads are independent: they run at once, so a host costs its slowest read (on the
     // real server `--help` imports sglang, seconds) rather than the sum of all of them.
@@ -84,7 +88,7 @@ pub async fn host_facts(
     };
     let (address, launched, gpus_present) = tokio::join!(
         t.server_address(),
-        launcher_facts(t.as_ref(), &[], launcher, env, preflight),
+        launcher_facts_cached(t.as_ref(), &[], launcher, env, preflight, help_cache_dir),
         gpus
     );
     let (address, (help, version), gpus_present) = (address?, launched?, gpus_present?);
@@ -107,26 +111,27 @@ pub(crate) async fn launcher_facts(
     env: &BTreeMap<String, String>,
     preflight: bool,
 ) -> Result<(Option<HelpSpec>, Option<String>), FactsError> {
+    launcher_facts_cached(t, via, launcher, env, preflight, None).await
+}
+
+/// [`launcher_facts`], with `--help` kept in `cache_dir` on `t` between runs when given.
+async fn launcher_facts_cached(
+    t: &dyn Transport,
+    via: &[String],
+    launcher: &[String],
+    env: &BTreeMap<String, String>,
+    preflight: bool,
+    cache_dir: Option<&str>,
+) -> Result<(Option<HelpSpec>, Option<String>), FactsError> {
+    let env_pairs: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let with_env = |argv: Vec<String>| -> Vec<String> {
         let mut full = via.to_vec();
         if !env.is_empty() {
             full.push("env".to_string());
-            full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+            full.extend(env_pairs.iter().cloned());
         }
         full.extend(argv);
         full
-    };
-    let help = async {
-        if !preflight {
-            return Ok(None);
-        }
-        let mut argv = launcher.to_vec();
-        argv.push("--help".to_string());
-        let began = std::time::Instant::now();
-        let text = read_help(t, with_env(argv)).await?;
-        let secs = began.elapsed().as_secs_f64();
-        tracing::debug!("phase preflight {}: --help {secs:.2}s", t.host());
-        Ok::<_, FactsError>(Some(text))
     };
     // `None` when the launcher is no `python`: the version is then read from `--help`.
     let python_version = async {
@@ -134,18 +139,73 @@ pub(crate) async fn launcher_facts(
         let argv = vec![
             python.to_string(),
             "-c".to_string(),
-            VERSION_SCRIPT.to_string(),
+            format!("{VERSION_SCRIPT}{}", help_cache::SERVER_ARGS_STAT),
         ];
         let began = std::time::Instant::now();
-        let version = read_version(t, with_env(argv)).await;
+        let said = read_version(t, with_env(argv)).await;
         let secs = began.elapsed().as_secs_f64();
         tracing::debug!("phase preflight {}: version {secs:.2}s", t.host());
-        Some(version)
+        let mut lines = said.as_deref().unwrap_or("").lines();
+        let version = lines.next().map(str::trim).filter(|v| !v.is_empty());
+        let server_args = lines.next().unwrap_or("").trim().to_string();
+        Some((version.map(str::to_string), server_args))
     };
-    let (help_text, python_version) = tokio::join!(help, python_version);
-    let help_text = help_text?;
+    let fresh = || {
+        let with_env = &with_env;
+        async move {
+            let mut argv = launcher.to_vec();
+            argv.push("--help".to_string());
+            read_help(t, with_env(argv)).await
+        }
+    };
+    let began = std::time::Instant::now();
+    let (python_version, help_text, how) = match cache_dir.filter(|_| preflight) {
+        // Nothing to look up first: `--help` and the version are read at once.
+        None => {
+            let help = async {
+                match preflight {
+                    true => fresh().await.map(Some),
+                    false => Ok(None),
+                }
+            };
+            let (version, help) = tokio::join!(python_version, help);
+            (version, help?, "read")
+        }
+        Some(dir) => {
+            let (version, identity) = tokio::join!(
+                python_version,
+                help_cache::launcher_identity(t, &with_env, launcher)
+            );
+            let key = identity.map(|id| {
+                let (v, server_args) = version.clone().unwrap_or_default();
+                help_cache::key(
+                    launcher,
+                    &env_pairs,
+                    &[&id, &v.unwrap_or_default(), &server_args],
+                )
+            });
+            let cached = match &key {
+                Some(key) => help_cache::load(t, dir, key).await,
+                None => None,
+            };
+            match cached {
+                Some(text) if !HelpSpec::parse(&text).is_empty() => (version, Some(text), "cached"),
+                _ => {
+                    let text = fresh().await?;
+                    if let Some(key) = &key {
+                        help_cache::store(t, dir, key, &text).await;
+                    }
+                    (version, Some(text), "read")
+                }
+            }
+        }
+    };
+    if preflight {
+        let secs = began.elapsed().as_secs_f64();
+        tracing::debug!("phase preflight {}: --help {secs:.2}s ({how})", t.host());
+    }
     let version = match python_version {
-        Some(version) => version,
+        Some((version, _)) => version,
         None => help_text.as_deref().and_then(help::stated_version),
     };
     Ok((help_text.map(|t| HelpSpec::parse(&t)), version))

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::{Backend, Home, Seen, StopState, Stopped};
 use crate::config::MachineSpec;
 use crate::gpu::{self, GpuError, GpuReading};
+use crate::launch::help_cache;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::{self, FactsError};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
@@ -178,7 +179,16 @@ impl Backend for Machine {
         env: &BTreeMap<String, String>,
         preflight: bool,
     ) -> Result<HostFacts, FactsError> {
-        preflight::host_facts(&self.home.shell, &self.spec, launcher, env, preflight).await
+        let cache = help_cache::dir(&self.home.run_root);
+        preflight::host_facts(
+            &self.home.shell,
+            &self.spec,
+            launcher,
+            env,
+            preflight,
+            Some(&cache),
+        )
+        .await
     }
 
     async fn survey(&self) -> Result<Vec<Seen>, StateError> {
