@@ -13,24 +13,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::launch::backend::Backend;
+use crate::launch::backend::{Backend, Ending};
 
 /// How often the time left is read again: a job's limit can change while it runs (`scontrol
 /// update JobId=J TimeLimit=...`), and between reads it is the last one less the time since.
 pub const REREAD: Duration = Duration::from_secs(60);
-
-/// When one host's servers end, as read at one moment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ending {
-    pub host: String,
-    /// What ends, as the user knows it: `job 12 (fleet-hpc)`.
-    pub what: String,
-    /// The time left when it was read.
-    pub left: Duration,
-    /// How long before the end work on the host's servers stops (the Slurm host's
-    /// `stop_before_end`).
-    pub stop_before: Duration,
-}
 
 /// What the user should read.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,16 +23,16 @@ pre{margin:0;white-space:pre-wrap;font:12px/1.35 ui-monospace,Menlo,Consolas,mon
 @media print{body{max-width:none;margin:0;font-size:11px}table{break-inside:avoid}}
 "#;
 
-/// The page's `<head>`: no network for a page that must open offline, so the content security
-/// policy lets nothing load from anywhere.
-fn head(title: &str) -> Markup {
+/// A page's `<head>` with its style sheet: no network for a page that must open offline, so the
+/// content security policy lets nothing load from anywhere. The report's page shares it.
+pub(crate) fn head(title: &str, css: &str) -> Markup {
     html! {
         head {
             meta charset="utf-8";
             meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:";
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) }
-            style { (PreEscaped(CSS)) }
+            style { (PreEscaped(css)) }
         }
     }
 }
@@ -44,7 +44,7 @@ pub fn page<M: Serialize + ?Sized>(title: &str, model: &M) -> Result<String, ser
     let page = html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(title, CSS))
             body {
                 h1 { (title) }
                 div #result { (value(&data)) }

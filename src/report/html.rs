@@ -1,7 +1,7 @@
 //! The report as one self-contained HTML page: inline CSS and SVG, no script, no font, no URL
 //! to fetch, so that it opens from `file://` with no network and prints as it shows. Pure.
 
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 
 use crate::generate::timeline::InstancePoint;
 
@@ -47,14 +47,7 @@ pub fn render(p: &Page) -> String {
     let page = html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                // No network for a page that must open offline: nothing may load from anywhere.
-                meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) }
-                style { (PreEscaped(CSS)) }
-            }
+            (crate::render::html::head(title, CSS))
             body {
                 h1 { (title) }
                 @if !p.findings.is_empty() {

@@ -9,6 +9,7 @@ pub mod event;
 pub mod file;
 pub mod grid;
 pub mod load;
+pub mod measured;
 pub mod plan;
 pub mod profiles;
 pub mod prune;

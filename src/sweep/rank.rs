@@ -4,64 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::assign::Slot;
+pub use super::measured::{Measured, Percentiles};
 use super::slo::{Breach, Slo};
 use super::space::Candidate;
 use super::stats::Estimate;
-
-/// Latency percentiles in seconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    pub p50: f64,
-    pub p99: f64,
-}
-
-/// What one trial measured on one candidate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Measured {
-    pub gpus: usize,
-    /// Output tokens per second over the measured window, from the client's own counts.
-    pub output_tok_s: f64,
-    pub output_tok_s_per_gpu: f64,
-    pub req_s: f64,
-    pub completed: u64,
-    pub errors: u64,
-    pub mean_output_tokens: f64,
-    /// `None` when no request's first token (no chunk, for ITL) arrived in the window.
-    pub ttft_s: Option<Percentiles>,
-    pub itl_s: Option<Percentiles>,
-    /// Effective max running requests per server (`internal_states`), lowest over replicas.
-    pub cap: u32,
-    /// In-flight requests the load kept on each server (about 1.25x the cap).
-    pub in_flight: u32,
-    pub kv_tokens: u64,
-    /// The mamba strategy the servers resolved (what `auto` became); `None` when unknown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strategy: Option<String>,
-    /// Seconds from start to ready, slowest replica; `None` when the server was already up.
-    pub startup_s: Option<f64>,
-    /// Output tokens of the requests that finished in the window, per second: what
-    /// `sglang:generation_tokens_total` counts (SGLang adds a request's tokens when it finishes).
-    pub completed_output_tok_s: f64,
-    /// Output tok/s from the servers' `sglang:generation_tokens_total` over the same window.
-    pub metrics_output_tok_s: Option<f64>,
-    /// Output tok/s per GPU with its 95% interval, from the window's bins; `None` when the
-    /// window is too short or empty to tell.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estimate: Option<Estimate>,
-}
-
-impl Measured {
-    /// The servers' own count disagrees with the client's by more than 5%.
-    pub fn metrics_disagree(&self) -> bool {
-        match self.metrics_output_tok_s {
-            Some(m) if self.completed_output_tok_s > 0.0 => {
-                ((m - self.completed_output_tok_s) / self.completed_output_tok_s).abs() > 0.05
-            }
-            Some(m) => m > 0.0,
-            None => false,
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]

@@ -18,7 +18,6 @@ use tokio::sync::watch;
 
 use crate::config::HostSpec;
 use crate::gpu::{GpuError, GpuReading};
-use crate::launch::deadline::Ending;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::FactsError;
 use crate::launch::state::{InstanceRecord, Liveness, StateError};
@@ -28,6 +27,19 @@ use crate::remote::{ConnectOptions, Link, RemoteError, Transport, Tunnel};
 pub(crate) mod fake;
 pub mod machine;
 pub mod slurm;
+
+/// When one host's servers end, as read at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    pub host: String,
+    /// What ends, as the user knows it: `job 12 (fleet-hpc)`.
+    pub what: String,
+    /// The time left when it was read.
+    pub left: Duration,
+    /// How long before the end work on the host's servers stops (the Slurm host's
+    /// `stop_before_end`).
+    pub stop_before: Duration,
+}
 
 /// The servers of one inventory host, as one kind of place runs them.
 ///

@@ -15,11 +15,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::machine::AFTER_KILL;
-use super::{Backend, Home, Seen, StopState, Stopped};
+use super::{Backend, Ending, Home, Seen, StopState, Stopped};
 use crate::backoff::Backoff;
 use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
-use crate::launch::deadline::Ending;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::{self, FactsError};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
