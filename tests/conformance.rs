@@ -393,9 +393,11 @@ fn prompt_of(port: u16, tokens: u64) -> String {
     panic!("no text of exactly {tokens} tokens on port {port}");
 }
 
-/// A `/generate` body asking for 8 tokens.
+/// A `/generate` body asking for 8 tokens. The tiny model's weights are random, so it samples its
+/// end-of-text token now and then; `ignore_eos` makes every answer end by length, as the sim's
+/// always do, so the shapes compared never depend on the draw.
 fn generate(text: &str, stream: bool) -> Value {
-    json!({"text": text, "sampling_params": {"max_new_tokens": 8}, "stream": stream})
+    json!({"text": text, "sampling_params": {"max_new_tokens": 8, "ignore_eos": true}, "stream": stream})
 }
 
 #[test]
@@ -459,14 +461,15 @@ fn the_sim_answers_as_the_real_server_does() {
 
     let over = "word ".repeat(CONTEXT as usize + 100);
     let chat = |extra: Value| -> Value {
-        let mut b = json!({"model": "tiny", "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 8});
+        let mut b = json!({"model": "tiny", "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 8, "ignore_eos": true});
         b.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
         b
     };
     let completion = |extra: Value| -> Value {
-        let mut b = json!({"model": "tiny", "prompt": "say hello", "max_tokens": 8});
+        let mut b =
+            json!({"model": "tiny", "prompt": "say hello", "max_tokens": 8, "ignore_eos": true});
         b.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
