@@ -22,6 +22,7 @@ th:first-child,td:first-child{text-align:left}
 tr.winner td{font-weight:600}
 #sweep-table{font-size:12.5px}#sweep-table th,#sweep-table td{padding:2px 5px}
 #sweep-table td+td,#rounds-table td+td{white-space:nowrap}
+#rounds-table td:last-child{white-space:normal;text-align:left}
 ul.findings li.trouble{color:#b00}
 svg.chart{width:100%;height:auto;max-width:760px;display:block;margin:8px 0}
 svg text{font:11px system-ui,sans-serif;fill:#333}

@@ -152,9 +152,12 @@ fn class(k: Kind) -> &'static str {
     }
 }
 
-/// Where `v` lies along `a`, 0 to 1.
+/// Where `v` lies along `a`, 0 to 1: a list's values at the middles of equal slots, so the
+/// first and last are not drawn (nor their names cut) at the chart's edges.
 fn unit(a: &AxisView, v: f64) -> f64 {
-    let u = if a.log && a.lo > 0.0 && v > 0.0 {
+    let u = if !a.values.is_empty() {
+        (v + 0.5) / a.values.len() as f64
+    } else if a.log && a.lo > 0.0 && v > 0.0 {
         (v / a.lo).ln() / (a.hi / a.lo).ln()
     } else if a.hi > a.lo {
         (v - a.lo) / (a.hi - a.lo)
@@ -227,16 +230,17 @@ fn progress(points: &[(usize, f64)], trials: usize) -> Markup {
     let n = trials.max(1) as f64;
     let x = |i: usize| LEFT + (W - LEFT - RIGHT) * (i as f64 / n);
     let y = |v: f64| TOP + (H - TOP - BOTTOM) * (1.0 - (v / max).clamp(0.0, 1.0));
+    // A step line: along at the best so far, up where a trial beat it, on to the last trial.
     let mut d = String::new();
     for (k, (i, v)) in points.iter().enumerate() {
-        let op = if k == 0 { "M" } else { "H" };
-        d.push_str(&format!("{op}{:.1} {:.1} ", x(*i), y(*v)));
-        if k > 0 || points.len() == 1 {
-            d.push_str(&format!("V{:.1} ", y(*v)));
+        if k == 0 {
+            d.push_str(&format!("M{:.1} {:.1} ", x(*i), y(*v)));
+        } else {
+            d.push_str(&format!("H{:.1} V{:.1} ", x(*i), y(*v)));
         }
     }
-    if let Some((_, v)) = points.last() {
-        d.push_str(&format!("H{:.1} V{:.1}", x(trials), y(*v)));
+    if !points.is_empty() {
+        d.push_str(&format!("H{:.1}", x(trials)));
     }
     let title = "Best output tok/s per GPU found, by trial";
     html! {
@@ -303,5 +307,39 @@ mod tests {
         assert_eq!(unit(&a, 16.0), 0.0);
         assert!((unit(&a, 64.0) - 0.5).abs() < 1e-9);
         assert_eq!(unit(&a, 999.0), 1.0);
+    }
+
+    #[test]
+    fn a_list_axis_puts_its_values_in_the_middles_of_equal_slots() {
+        let a = AxisView {
+            key: "server.mamba_strategy".into(),
+            lo: 0.0,
+            hi: 1.0,
+            log: false,
+            values: vec!["no_buffer".into(), "extra_buffer".into()],
+        };
+        assert_eq!((unit(&a, 0.0), unit(&a, 1.0)), (0.25, 0.75));
+    }
+
+    #[test]
+    fn the_best_line_starts_at_the_first_measured_trial_and_only_goes_right() {
+        let svg = progress(&[(9, 1215.0), (10, 1215.0), (12, 1300.0)], 12).into_string();
+        let d = svg
+            .split(" d=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        // SVG repeats a command for bare numbers after it ("H593 64.5" is two H moves, the
+        // second back to x = 64.5): after the first move, every number has its letter.
+        let moves: Vec<&str> = d.split_whitespace().skip(2).collect();
+        assert!(moves.iter().all(|m| m.starts_with(['H', 'V'])), "{d}");
+        let xs: Vec<f64> = std::iter::once(d.split_whitespace().next().unwrap())
+            .chain(moves.iter().copied().filter(|m| m.starts_with('H')))
+            .map(|m| m[1..].parse().unwrap())
+            .collect();
+        assert!(xs.windows(2).all(|w| w[0] <= w[1]), "{d}");
+        assert_eq!(xs.first(), Some(&(LEFT + (W - LEFT - RIGHT) * 9.0 / 12.0)));
     }
 }

@@ -12,10 +12,51 @@ pub const PALETTE: [&str; 8] = [
 const W: f64 = 720.0;
 const RIGHT: f64 = 20.0;
 
-/// Room on the left for the longest of `labels` at 11px (about 6.2px a character).
-fn left_for<'a>(labels: impl Iterator<Item = &'a str>) -> f64 {
-    let longest = labels.map(|l| l.chars().count()).max().unwrap_or(0);
-    (longest as f64 * 6.2 + 12.0).clamp(80.0, 340.0)
+/// Where a row chart's labels go: left of the bars while the longest (at 11px, about 6.2px a
+/// character) fits in half the width; else each above its bar at full length, since a search's
+/// candidates (`no_buffer mem_fraction_static=0.893 flag.cuda-graph-max-bs-decode=214`) would
+/// be cut at the left edge and what tells them apart is at both ends.
+struct Rows {
+    /// Where the bars start.
+    left: f64,
+    /// Height of one row.
+    height: f64,
+    /// From a row's top to its bar's top: the label's line when labels are above.
+    bar_dy: f64,
+    above: bool,
+}
+
+impl Rows {
+    fn new<'a>(labels: impl Iterator<Item = &'a str>, bar_height: f64) -> Rows {
+        let longest = labels.map(|l| l.chars().count()).max().unwrap_or(0);
+        let left = (longest as f64 * 6.2 + 12.0).max(80.0);
+        if left <= 340.0 {
+            Rows {
+                left,
+                height: bar_height,
+                bar_dy: 0.0,
+                above: false,
+            }
+        } else {
+            Rows {
+                left: 12.0,
+                height: bar_height + 14.0,
+                bar_dy: 14.0,
+                above: true,
+            }
+        }
+    }
+
+    /// A row's label: right-aligned before its bar, or above it.
+    fn label(&self, y: f64, text: &str) -> Markup {
+        html! {
+            @if self.above {
+                text.label x=(self.left) y=(y + 11.0) { (text) }
+            } @else {
+                text.label x=(self.left - 6.0) y=(y + 15.0) text-anchor="end" { (text) }
+            }
+        }
+    }
 }
 
 /// A tick-friendly upper bound at or above `x`: a power of ten times 1, 1.5, 2, 2.5, 3, 4, 5, 6
@@ -73,8 +114,8 @@ pub struct Bar {
 
 /// Horizontal bars on one axis from zero, labelled on the left.
 pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
-    let left = left_for(rows.iter().map(|r| r.label.as_str()));
-    let row_h = 26.0;
+    let layout = Rows::new(rows.iter().map(|r| r.label.as_str()), 26.0);
+    let (left, row_h) = (layout.left, layout.height);
     let h = 30.0 + row_h * rows.len() as f64 + 24.0;
     let max = nice_max(
         rows.iter()
@@ -92,8 +133,10 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
                 text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) }
             }
             @for (i, r) in rows.iter().enumerate() {
-                @let y = 30.0 + row_h * i as f64;
-                text.label x=(left - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
+                @let top = 30.0 + row_h * i as f64;
+                (layout.label(top, &r.label))
+                @let y = top + layout.bar_dy;
+                @let row_h = row_h - layout.bar_dy;
                 @if let Some(note) = &r.note {
                     text.note x=(left + 4.0) y=(y + 15.0) { (note) }
                 } @else {
@@ -221,8 +264,8 @@ pub fn spans(
     first_window_s: Option<f64>,
     rows: &[Span],
 ) -> Markup {
-    let left = left_for(rows.iter().map(|r| r.label.as_str()));
-    let row_h = 24.0;
+    let layout = Rows::new(rows.iter().map(|r| r.label.as_str()), 24.0);
+    let (left, row_h) = (layout.left, layout.height);
     // Below the ticks, the first window's name.
     let h = 30.0 + row_h * rows.len() as f64 + 38.0;
     let max = window_s.max(1.0);
@@ -243,8 +286,10 @@ pub fn spans(
                 text.tick x=(x(f)) y=(axis_y + 30.0) text-anchor="middle" { "first window" }
             }
             @for (i, r) in rows.iter().enumerate() {
-                @let y = 30.0 + row_h * i as f64;
-                text.label x=(left - 6.0) y=(y + 15.0) text-anchor="end" { (r.label) }
+                @let top = 30.0 + row_h * i as f64;
+                (layout.label(top, &r.label))
+                @let y = top + layout.bar_dy;
+                @let row_h = row_h - layout.bar_dy;
                 rect class=(r.class) x=(left) y=(y + 4.0) width=((x(r.end_s) - left).max(2.0)) height=(row_h - 8.0) {
                     title { (r.label) ": " (r.note) }
                 }
@@ -297,5 +342,29 @@ mod tests {
         .into_string();
         assert!(svg.contains("&lt;b&gt;: 120 tok/s/GPU [110, 130]"), "{svg}");
         assert!(!svg.contains("<b>"));
+    }
+
+    #[test]
+    fn labels_too_long_for_the_left_go_above_their_bars_whole() {
+        let label = "no_buffer mem_fraction_static=0.893 flag.cuda-graph-max-bs-decode=214";
+        let row = |label: &str| Bar {
+            label: label.into(),
+            value: 1215.0,
+            interval: None,
+            class: "winner",
+            note: None,
+        };
+        let long = bars("t", "tok/s", "tok/s/GPU", &[row(label)]).into_string();
+        assert!(
+            long.contains(&format!(
+                r#"<text class="label" x="12" y="41">{label}</text>"#
+            )),
+            "{long}"
+        );
+        let short = bars("t", "tok/s", "tok/s/GPU", &[row("no_buffer")]).into_string();
+        assert!(
+            short.contains(r#"text-anchor="end">no_buffer</text>"#),
+            "{short}"
+        );
     }
 }
