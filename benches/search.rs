@@ -13,19 +13,15 @@
 //! (defaults 5, 1, 4, 24; with `--quick` 1, 1, 2, 16).
 
 mod headline;
+mod sim_fleet;
 
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use fleet::sim::best::{self, Space};
 use fleet::sim::{Params, Settings, Strategy};
 use serde_json::Value;
+use sim_fleet::{fleet, port_base, write_base, write_fleet};
 
-const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
-const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
-const GPUS: u16 = 8;
 /// The sims' mean natural output length, here and in the model the distance is taken in.
 const OUTPUT_TOKENS: u64 = 40;
 
@@ -44,29 +40,6 @@ const GRID: &[&str] = &[
     "--set",
     "server.mem_fraction_static=0.80,0.85,0.90",
 ];
-
-fn port_base() -> u16 {
-    (41_000..60_000)
-        .step_by(89)
-        .find(|b| (0..GPUS).all(|k| TcpListener::bind(("127.0.0.1", b + k)).is_ok()))
-        .expect("free ports")
-}
-
-fn fleet(dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(FLEET)
-        .args(["--config", "fleet.yaml", "--profiles-dir", "profiles"])
-        .args(args)
-        .current_dir(dir)
-        .env("FLEET_RUN_DIR", dir.join("run"))
-        .env_remove("FLEET_LOG")
-        .output()
-        .expect("run fleet");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// The winner's strategy, static fraction and graph bound (the default when not searched),
 /// and whether it was measured over its full window.
@@ -131,26 +104,10 @@ fn main() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let gpus: Vec<String> = (0..GPUS).map(|g| g.to_string()).collect();
-    std::fs::write(
-        dir.join("fleet.yaml"),
-        format!("hosts:\n  - name: local\n    gpus: [{}]\n", gpus.join(", ")),
-    )
-    .unwrap();
-    std::fs::create_dir_all(dir.join("profiles")).unwrap();
+    write_fleet(dir);
     // Free ports looked for anew before each sweep: other processes on the machine (tests)
     // take ports too, and a sim that cannot bind fails its candidate.
-    let write_base = || {
-        let base = port_base();
-        std::fs::write(
-            dir.join("profiles/base.yaml"),
-            format!(
-                "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"{OUTPUT_TOKENS}\"\n  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
-                dir.join("gpus").display()
-            ),
-        )
-        .unwrap();
-    };
+    let write_base = || write_base(dir, port_base(), OUTPUT_TOKENS);
     let params = Params {
         mean_output_tokens: OUTPUT_TOKENS,
         ..Params::default()

@@ -10,19 +10,17 @@
 //! (defaults 3, 3, 10; with `--quick` 1, 1, 3).
 
 mod headline;
+mod sim_fleet;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use serde_json::Value;
-
-const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
-const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
-const GPUS: u16 = 8;
+use sim_fleet::{GPUS, command, fleet, port_base, write_base, write_fleet};
 
 /// The sweeps, as `fleet sweep` axes.
 const TWO: &[&str] = &["--strategies", "extra_buffer,no_buffer", "--parallel"];
@@ -40,32 +38,6 @@ const EIGHTEEN: &[&str] = &[
     "--set",
     "server.max_running_requests=48,96",
 ];
-
-fn port_base() -> u16 {
-    (41_000..60_000)
-        .step_by(97)
-        .find(|b| (0..GPUS).all(|k| TcpListener::bind(("127.0.0.1", b + k)).is_ok()))
-        .expect("free ports")
-}
-
-fn fleet(dir: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = command(dir, args).output().expect("run fleet");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn command(dir: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(FLEET);
-    cmd.args(["--config", "fleet.yaml", "--profiles-dir", "profiles"])
-        .args(args)
-        .current_dir(dir)
-        .env("FLEET_RUN_DIR", dir.join("run"))
-        .env_remove("FLEET_LOG");
-    cmd
-}
 
 /// GET over plain HTTP/1.0 (the sim on loopback), returning the body.
 fn get(port: u16, path: &str) -> String {
@@ -191,21 +163,8 @@ fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let base = port_base();
-    let gpus: Vec<String> = (0..GPUS).map(|g| g.to_string()).collect();
-    std::fs::write(
-        dir.join("fleet.yaml"),
-        format!("hosts:\n  - name: local\n    gpus: [{}]\n", gpus.join(", ")),
-    )
-    .unwrap();
-    std::fs::create_dir_all(dir.join("profiles")).unwrap();
-    std::fs::write(
-        dir.join("profiles/base.yaml"),
-        format!(
-            "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"100\"\n  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
-            dir.join("gpus").display()
-        ),
-    )
-    .unwrap();
+    write_fleet(dir);
+    write_base(dir, base, 100);
     let prompts: Vec<String> = (0..2000)
         .map(|i| {
             serde_json::json!({"id": i, "prompt": format!("q{i} {}", "word ".repeat(20 + i % 80))})
