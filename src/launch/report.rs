@@ -236,6 +236,7 @@ mod tests {
             port: 30005,
             pid: Some(4242),
             state,
+            recorded: true,
             ready_after: Some(94.04),
             info: Capacity {
                 version: None,

@@ -94,6 +94,10 @@ pub struct UpOutcome {
     pub port: u16,
     pub pid: Option<u32>,
     pub state: UpState,
+    /// A server was recorded for it (started, or kept from an earlier `up`), whatever became
+    /// of it: whoever undoes this `up` has it to stop.
+    #[serde(skip)]
+    pub recorded: bool,
     /// Seconds from start to the first healthy answer.
     pub ready_after: Option<f64>,
     #[serde(flatten)]
@@ -410,6 +414,7 @@ fn outcome_of(instance: &Instance) -> UpOutcome {
         port: instance.port,
         pid: None,
         state: UpState::Failed,
+        recorded: false,
         ready_after: None,
         info: Capacity::default(),
         error: None,
@@ -510,6 +515,7 @@ async fn follow(
     let Run { events, cancel, .. } = *run;
     let mut outcome = UpOutcome {
         pid: record.handle.pid(),
+        recorded: true,
         ..outcome_of(instance)
     };
     outcome.phases.spawn = spawn;

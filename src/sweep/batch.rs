@@ -194,12 +194,7 @@ async fn started(
         .zip(all.iter())
         .zip(&outcomes)
         // On Ctrl-C `up` stopped what it started; what was already running is ours to stop.
-        // A Slurm step has no pid: a server that is up is the sweep's to stop too.
-        .filter(|(_, o)| {
-            cancel.is_cancelled()
-                || o.pid.is_some()
-                || matches!(o.state, UpState::Ready | UpState::AlreadyRunning)
-        })
+        .filter(|(_, o)| cancel.is_cancelled() || o.recorded)
         .map(|(ci, _)| ci)
         .collect();
     held.running = setup.records(&up).await?;
