@@ -266,3 +266,41 @@ fn a_resumed_job_keeps_each_groups_home_and_so_its_cache_hits() {
         "the resumed run's cached fraction {resumed_hits:.2}"
     );
 }
+
+#[test]
+fn servers_whose_radix_cache_is_off_are_flagged_when_the_plan_expected_hits() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = SYSTEMS * 10;
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_lines(
+        &prompts,
+        &shuffled(n).iter().map(|&i| line(i)).collect::<Vec<_>>(),
+    );
+    // As a user who left --disable-radix-cache in a profile: the plan expects hits, none come.
+    let s: Vec<Sim> = (0..SERVERS)
+        .map(|_| {
+            let mut args = sim_args("0.02");
+            args.push("--disable-radix-cache");
+            Sim::start(&args)
+        })
+        .collect();
+    let urls: Vec<&str> = s.iter().map(|s| s.url.as_str()).collect();
+    let out = tmp.path().join("out");
+    let (_, stderr) = run(&prompts, &out, &urls, &["--placement", "prefix"]);
+    let warning =
+        "the servers' radix caches served 0% of prompt tokens where the prefix plan expected";
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+    let p = progress(&out);
+    let warnings = p["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains(warning)),
+        "{p}"
+    );
+    // A warning, never a stop: every prompt is answered once.
+    assert_exactly_once(&out, n);
+    // progress.json leaves out a count of cached tokens that never grew.
+    assert_eq!(p["cached_tokens"].as_u64().unwrap_or(0), 0);
+}
