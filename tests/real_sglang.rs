@@ -135,6 +135,13 @@ fn the_real_server_through_ssh_and_pct() {
         "the version the host really has:\n{up}"
     );
 
+    // The real server's --help (it imports torch and sglang) is read once and then kept on the
+    // host, keyed on the launcher, its venv's sglang version and server_args.py.
+    let again = r.fleet(&["-v", "up", "--profile", "real", "--dry-run"]);
+    let again_err = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{again_err}");
+    assert!(again_err.contains("(cached)"), "{again_err}");
+
     // status: both running and healthy, read from the servers themselves.
     let status: Value = serde_json::from_str(&r.ok(&["status", "--json"])).unwrap();
     let rows = status.as_array().expect("a JSON array");
