@@ -6,7 +6,7 @@
 use maud::{Markup, html};
 use serde::Serialize;
 
-use super::svg::{nice_max, short};
+use super::svg::{RIGHT, W, nice_max, short, value_grid};
 use crate::sweep::file::SweepFile;
 use crate::sweep::range::Domain;
 use crate::sweep::rank::{Failure, Outcome};
@@ -135,10 +135,8 @@ pub fn view(file: &SweepFile, winner: Option<&str>) -> Option<SearchView> {
     })
 }
 
-const W: f64 = 720.0;
 const H: f64 = 260.0;
 const LEFT: f64 = 60.0;
-const RIGHT: f64 = 20.0;
 const TOP: f64 = 28.0;
 const BOTTOM: f64 = 40.0;
 
@@ -196,11 +194,7 @@ fn scatter(id: &str, a: &AxisView, points: &[Explored], d: usize) -> Markup {
     html! {
         svg.chart id=(id) viewBox={"0 0 " (W) " " (H)} role="img" aria-label=(title) {
             text.title x="4" y="16" { (title) }
-            @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(LEFT) x2=(W - RIGHT) y1=(y(v)) y2=(y(v)) {}
-                text.tick x=(LEFT - 6.0) y=(y(v) + 4.0) text-anchor="end" { (short(v)) }
-            }
+            (value_grid(LEFT, max, y))
             @for (v, t) in &ticks {
                 text.tick x=(x(*v)) y=(base + 16.0) text-anchor="middle" { (t) }
             }
@@ -246,11 +240,7 @@ fn progress(points: &[(usize, f64)], trials: usize) -> Markup {
     html! {
         svg.chart id="search-best" viewBox={"0 0 " (W) " " (H)} role="img" aria-label=(title) {
             text.title x="4" y="16" { (title) }
-            @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(LEFT) x2=(W - RIGHT) y1=(y(v)) y2=(y(v)) {}
-                text.tick x=(LEFT - 6.0) y=(y(v) + 4.0) text-anchor="end" { (short(v)) }
-            }
+            (value_grid(LEFT, max, y))
             @for i in 0..=4 {
                 @let t = (trials * i).div_ceil(4);
                 text.tick x=(x(t)) y=(H - BOTTOM + 16.0) text-anchor="middle" { (t) }

@@ -9,8 +9,9 @@ pub const PALETTE: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#7f7f7f",
 ];
 
-const W: f64 = 720.0;
-const RIGHT: f64 = 20.0;
+/// Every chart's width, and the room right of its plot.
+pub const W: f64 = 720.0;
+pub const RIGHT: f64 = 20.0;
 
 /// Where a row chart's labels go: left of the bars while the longest (at 11px, about 6.2px a
 /// character) fits in half the width; else each above its bar at full length, since a search's
@@ -213,10 +214,8 @@ pub fn time_chart(
     html! {
         svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
             text.title x="4" y="16" { (title) }
+            (value_grid(left, max, y))
             @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(left) x2=(W - RIGHT) y1=(y(v)) y2=(y(v)) {}
-                text.tick x=(left - 4.0) y=(y(v) + 4.0) text-anchor="end" { (tick(v)) }
                 @let t = t0 + span * i as f64 / 4.0;
                 text.tick x=(x(t)) y=(bottom + 14.0) text-anchor="middle" { (since(t - t0)) }
             }
@@ -254,6 +253,18 @@ pub struct Span {
     pub end_s: f64,
     pub class: &'static str,
     pub note: String,
+}
+
+/// A chart's value axis from 0 to `max`: five grid lines across, each with its value at
+/// `left`; `y` places a value.
+pub fn value_grid(left: f64, max: f64, y: impl Fn(f64) -> f64) -> Markup {
+    html! {
+        @for i in 0..=4 {
+            @let v = max * i as f64 / 4.0;
+            line.grid x1=(left) x2=(W - RIGHT) y1=(y(v)) y2=(y(v)) {}
+            text.tick x=(left - 4.0) y=(y(v) + 4.0) text-anchor="end" { (tick(v)) }
+        }
+    }
 }
 
 /// The sweep's candidates along the measured window, with where pruning stopped them.
