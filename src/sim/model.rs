@@ -26,12 +26,15 @@
 //!   and copy (the per-request mamba state copy under extra_buffer on this hardware, 8.34 ms)
 //!   is what makes the seed's extra_buffer run 11x slower than no_buffer beyond its lower cap;
 //! - prefill batch = prefill_base + prefill_per_token × new tokens.
-//! - outside the static pool (what `mem_fraction_static` leaves), as `srt/server_args.py`
-//!   (`_handle_gpu_memory_settings`) budgets it: a constant 512 MiB of metadata, the
-//!   activations of one chunked prefill (`--sim-activation-kib-per-token` × chunked_prefill_size
-//!   = 624 KiB × 8192 = 4992 MiB) and the decode CUDA graphs (`--cuda-graph-max-bs-decode`,
-//!   default 256), whose memory grows with the bound (`--sim-cuda-graph-gib` at 256, 20 MiB a
-//!   size). When these do not fit, graph capture fails with CUDA out of memory
+//! - outside the static pool (what `mem_fraction_static` leaves), the three terms that
+//!   0.5.23's `srt/arg_groups/memory_hook.py` (`handle_gpu_memory_settings`) reserves when it
+//!   picks the fraction itself: a constant 512 MiB of metadata, the activations of one chunked
+//!   prefill (of `max(chunked_prefill_size, 2048)` tokens) and the decode CUDA graphs, which
+//!   grow with `--cuda-graph-max-bs-decode` (default 256; `reserve_for_graph_mb`). SGLang's
+//!   own estimates (1.5 MB a token, 2 MB a graph size) only choose a default; what a load
+//!   really needs is the sim's calibration (`--sim-activation-kib-per-token`, 624 KiB × 8192 =
+//!   4992 MiB; `--sim-cuda-graph-gib` at 256, 20 MiB a size), so that a fraction the user sets
+//!   too high fails. When these do not fit, graph capture fails with CUDA out of memory
 //!   (`srt/model_executor/cuda_graph_runner.py`); a batch above the bound, or any with
 //!   `--disable-cuda-graph`, decodes eagerly, 1.3× slower.
 //!
@@ -171,13 +174,13 @@ impl Default for Settings {
     }
 }
 
-/// The decode graph bound when none is given. SGLang's `srt/server_args.py`
-/// (`_handle_gpu_memory_settings`) picks it from the GPU's memory and the TP size; the sim
-/// models the one value a single large GPU gets, at which `cuda_graph_mib` is measured.
+/// The decode graph bound when none is given. SGLang's `srt/arg_groups/memory_hook.py`
+/// (`handle_gpu_memory_settings`) picks it from the GPU's memory and the TP size; the sim
+/// models the one value a single large GPU at TP 1 gets, at which `cuda_graph_mib` is measured.
 pub const DEFAULT_CUDA_GRAPH_MAX_BS: u64 = 256;
 
-/// `srt/server_args.py` `_handle_gpu_memory_settings`: "Constant meta data (e.g., from attention
-/// backend)", the first term of the memory it keeps outside the static pool.
+/// `srt/arg_groups/memory_hook.py` `handle_gpu_memory_settings`: "Constant meta data (e.g.,
+/// from attention backend)", the first term of the memory it keeps outside the static pool.
 pub const RESERVED_MIB: f64 = 512.0;
 
 /// How much slower a decode step runs eagerly than replayed from a graph. In
@@ -332,10 +335,13 @@ pub fn general_cap(token_capacity: u64, context_len: u64, requested: Option<u64>
 /// and the decode graphs. `model_runner.py` sizes the static pool from `mem_fraction_static`
 /// alone, so nothing checks this before graph capture runs out of memory.
 pub fn outside_pool_mib(params: &Params, settings: &Settings) -> f64 {
+    // `activation_tokens` in memory_hook.py: the chunk (or, unchunked, the prefill budget),
+    // never under 2048.
     let chunk = match settings.chunked_prefill_size {
         0 => settings.max_prefill_tokens,
         n => n,
-    };
+    }
+    .max(2048);
     params.reserved_mib
         + params.activation_kib_per_token * chunk as f64 / 1024.0
         + graph_mib(params, settings)
