@@ -65,21 +65,31 @@ fn halton(mut i: usize, base: usize) -> f64 {
 
 const PRIMES: [usize; 12] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37];
 
+/// What a search is asked: its space and where to start in it, when to stop, the latency
+/// limits a winner keeps, and what each candidate needs of the sweep's GPUs.
+pub struct Setup {
+    pub dims: Vec<Dim>,
+    /// The profile's own value on each axis, where it has one.
+    pub seed: Vec<Option<String>>,
+    pub limits: Limits,
+    pub slo: Slo,
+    pub need: Need,
+    /// The sweep's GPUs.
+    pub gpus: usize,
+}
+
 impl Adaptive {
-    /// The search over `dims`, seeded with `seed`, each candidate needing `need` on a sweep of
-    /// `gpus` GPUs, continuing
-    /// from what is on file: the candidates `proposed` and the finished `trials`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        dims: Vec<Dim>,
-        seed: Vec<Option<String>>,
-        limits: Limits,
-        slo: Slo,
-        need: Need,
-        gpus: usize,
-        proposed: &[Candidate],
-        trials: &[Trial],
-    ) -> Adaptive {
+    /// The search `setup` asks for, continuing from what is on file: the candidates
+    /// `proposed` and the finished `trials`.
+    pub fn new(setup: Setup, proposed: &[Candidate], trials: &[Trial]) -> Adaptive {
+        let Setup {
+            dims,
+            seed,
+            limits,
+            slo,
+            need,
+            gpus,
+        } = setup;
         let mut a = Adaptive {
             dims,
             seed,

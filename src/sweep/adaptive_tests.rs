@@ -129,12 +129,14 @@ fn search(trials: usize, state: &SearchState, done: &[Trial]) -> Adaptive {
 fn search_within(trials: usize, slo: Slo, state: &SearchState, done: &[Trial]) -> Adaptive {
     let seed = vec![None, Some("0.85".into()), None];
     Adaptive::new(
-        space(),
-        seed,
-        limits(trials),
-        slo,
-        Need::AnyGpu,
-        GPUS,
+        Setup {
+            dims: space(),
+            seed,
+            limits: limits(trials),
+            slo,
+            need: Need::AnyGpu,
+            gpus: GPUS,
+        },
         &state.proposed,
         done,
     )
@@ -376,15 +378,17 @@ fn nothing_near_a_failure_nor_past_its_memory_edge_is_proposed() {
 fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
     let state = SearchState::new(Model::Adaptive { step: 0.25 });
     let mut a = Adaptive::new(
-        space(),
-        vec![None; 3],
-        Limits {
-            trials: 100,
-            budget_s: Some(120.0),
+        Setup {
+            dims: space(),
+            seed: vec![None; 3],
+            limits: Limits {
+                trials: 100,
+                budget_s: Some(120.0),
+            },
+            slo: Slo::default(),
+            need: Need::AnyGpu,
+            gpus: 2,
         },
-        Slo::default(),
-        Need::AnyGpu,
-        2,
         &[],
         &[],
     );
@@ -400,12 +404,14 @@ fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
     let tiny = dims(&s(&["a", "b"]), &[]).unwrap();
     let mut state = SearchState::new(Model::Adaptive { step: 0.25 });
     let mut a = Adaptive::new(
-        tiny,
-        vec![None],
-        limits(10),
-        Slo::default(),
-        Need::AnyGpu,
-        2,
+        Setup {
+            dims: tiny,
+            seed: vec![None],
+            limits: limits(10),
+            slo: Slo::default(),
+            need: Need::AnyGpu,
+            gpus: 2,
+        },
         &[],
         &[],
     );

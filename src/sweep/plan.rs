@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::adaptive::Adaptive;
+use super::adaptive::{Adaptive, Setup};
 use super::assign::{self, AssignError, Assignment, Mode, Need};
 use super::file::SweepSpec;
 use super::grid::Grid;
@@ -161,16 +161,15 @@ pub fn strategy(planned: &Planned, state: &SearchState, trials: &[Trial]) -> Box
                 Mode::Sequential => Need::Gpus(planned.assignment.slots.clone()),
                 Mode::Rounds | Mode::Parallel => Need::AnyGpu,
             };
-            Box::new(Adaptive::new(
-                dims.clone(),
-                seed.clone(),
-                *limits,
-                planned.spec.slo.clone(),
+            let setup = Setup {
+                dims: dims.clone(),
+                seed: seed.clone(),
+                limits: *limits,
+                slo: planned.spec.slo.clone(),
                 need,
-                planned.assignment.slots.len(),
-                &state.proposed,
-                trials,
-            ))
+                gpus: planned.assignment.slots.len(),
+            };
+            Box::new(Adaptive::new(setup, &state.proposed, trials))
         }
         // A spec and a model that disagree are refused when sweep.json is opened.
         (search @ SearchSpec::Grid { .. }, Model::Adaptive { .. }) => Box::new(Grid::new(
