@@ -19,7 +19,11 @@ const LONG: Duration = Duration::from_secs(90);
 /// A shell script as a step's program: each task writes the GPUs it saw to
 /// `$0/cvd.<step>.<task>`, then waits for `$0/go` (the test's signal, so that steps provably
 /// run at the same time).
-const REPORT_AND_WAIT: &str = r#"echo "$CUDA_VISIBLE_DEVICES" >"$0/cvd.$SLURM_STEP_ID.$SLURM_PROCID"
+///
+/// Written aside and renamed: a reader that sees `cvd.*` sees it whole (the shell creates the
+/// file before `echo` writes it, and the test once read it empty).
+const REPORT_AND_WAIT: &str = r#"f="$0/cvd.$SLURM_STEP_ID.$SLURM_PROCID"
+echo "$CUDA_VISIBLE_DEVICES" >"$0/.tmp.$$" && mv "$0/.tmp.$$" "$f"
 while [ ! -e "$0/go" ]; do sleep 0.05; done"#;
 
 fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
