@@ -274,6 +274,11 @@ impl Core {
                 self.counts.completed += 1;
                 self.counts.in_tokens += c.prompt_tokens;
                 self.counts.out_tokens += c.completion_tokens;
+                if self.counts.completed == 1 {
+                    // The start's limit came from max_tokens alone; a short job may end before
+                    // the next tick would correct it.
+                    self.learn_request_tokens();
+                }
                 self.placement.observe(Outcome::Finished {
                     ticket: job.ticket,
                     server: i,

@@ -480,10 +480,7 @@ impl Core {
             }
             self.timers.metrics = now + self.cfg.timing.metrics_every;
             if self.counts.completed > 0 {
-                let request_tokens = self.request_tokens();
-                for inst in &mut self.insts {
-                    inst.ctl.set_tokens_per_request(request_tokens);
-                }
+                self.learn_request_tokens();
             }
             self.schedule_probes(liveness, out);
             self.record_rates(now);
@@ -520,6 +517,14 @@ impl Core {
             && self.in_flight.is_empty()
         {
             self.finish(End::Done, out);
+        }
+    }
+
+    /// Gives every controller the job's observed mean request size in place of its guess.
+    pub(super) fn learn_request_tokens(&mut self) {
+        let request_tokens = self.request_tokens();
+        for inst in &mut self.insts {
+            inst.ctl.set_tokens_per_request(request_tokens);
         }
     }
 

@@ -46,6 +46,28 @@ fn a_dense_server_gets_what_its_pool_holds_not_its_cap() {
 }
 
 #[test]
+fn the_first_answer_replaces_the_max_tokens_guess_before_any_tick() {
+    // 16 output tokens alone guess that 1,024 fit; the prompts are 48 tokens long.
+    let mut h = Harness::with(max_tokens(16), Baseline::default(), vec![dense("a")]);
+    let mut next = 0;
+    h.fill(&mut next, 10_000);
+    assert_eq!(limit(&h, 0), 1024 + 128);
+    let mut c = completion(16);
+    c.prompt_tokens = 48;
+    let id = h.oldest();
+    h.answer(
+        id,
+        Attempt::Finished {
+            completion: c,
+            latency: SEC,
+        },
+    );
+    // 16,384 / 64 = 256 run at once; auto keeps at most twice that and a margin, at once, so
+    // a job that ends before the next metrics tick never reports the guess.
+    assert_eq!(limit(&h, 0), 2 * 256 + 32);
+}
+
+#[test]
 fn the_same_stale_reading_moves_the_limit_once() {
     // A 512-token worst case says 32 fit; the server idles at what fleet sends.
     let mut h = Harness::with(max_tokens(512), Baseline::default(), vec![dense("a")]);
