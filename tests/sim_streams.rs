@@ -105,30 +105,35 @@ async fn a_request_that_finds_the_queue_full_is_aborted_with_a_503() {
         &[],
     );
     sim.wait_ready(Duration::from_secs(10)).await;
-    // One long request runs and one waits.
-    let busy: Vec<_> = (0..2)
-        .map(|i| {
-            let r = sim.http.post(sim.url("/generate")).json(
-                &json!({"text": format!("long {i}"), "sampling_params": {"max_new_tokens": 4000}}),
-            );
-            tokio::spawn(async move { r.send().await.map(|r| r.status().as_u16()) })
-        })
-        .collect();
+    // One long request runs and one waits. The second is sent only once the first runs: sent
+    // together, both can reach the scheduler in one receive, and the second then finds the first
+    // still queued and is the one refused (as 0.5.23's scheduler does it).
     let labels = "{engine_type=\"unified\",model_name=\"/models/test\",moe_ep_rank=\"0\",\
                   pp_rank=\"0\",tp_rank=\"0\"}";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = sim.metrics().await;
-        let running = value(&m, &format!("sglang:num_running_reqs{labels}"));
-        let queued = value(&m, &format!("sglang:num_queue_reqs{labels}"));
-        if running == Some(1.0) && queued == Some(1.0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never 1 running and 1 queued:\n{m}"
+    let mut busy = Vec::new();
+    for (i, want) in [(0, (1.0, 0.0)), (1, (1.0, 1.0))] {
+        let r = sim.http.post(sim.url("/generate")).json(
+            &json!({"text": format!("long {i}"), "sampling_params": {"max_new_tokens": 4000}}),
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        busy.push(tokio::spawn(async move {
+            r.send().await.map(|r| r.status().as_u16())
+        }));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = sim.metrics().await;
+            let running = value(&m, &format!("sglang:num_running_reqs{labels}"));
+            let queued = value(&m, &format!("sglang:num_queue_reqs{labels}"));
+            if (running, queued) == (Some(want.0), Some(want.1)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never {} running and {} queued:\n{m}",
+                want.0,
+                want.1
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     let full = "The request queue is full.";
     let (code, body) = sim
