@@ -349,8 +349,15 @@ fn instant_sims() {
     );
 }
 
-/// Waits for `child`, returning its wall time from `t0` and its peak RSS in MB (wait4's rusage).
-fn wait_rusage(child: &std::process::Child, t0: Instant, what: &str) -> (f64, f64) {
+/// What one client run cost: its wall time from `t0`, its peak RSS and its own CPU time (user +
+/// system), from wait4's rusage.
+struct Run {
+    secs: f64,
+    rss_mb: f64,
+    cpu_secs: f64,
+}
+
+fn wait_rusage(child: &std::process::Child, t0: Instant, what: &str) -> Run {
     let mut status = 0;
     // SAFETY: waiting for a child this bench spawned, by its pid, with a valid rusage buffer.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -361,7 +368,12 @@ fn wait_rusage(child: &std::process::Child, t0: Instant, what: &str) -> (f64, f6
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "{what} failed"
     );
-    (secs, usage.ru_maxrss as f64 / 1024.0)
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Run {
+        secs,
+        rss_mb: usage.ru_maxrss as f64 / 1024.0,
+        cpu_secs: tv(usage.ru_utime) + tv(usage.ru_stime),
+    }
 }
 
 /// `fleet generate` against the seed-style aiohttp client (tests/fixtures/seed_client.py, run
@@ -378,7 +390,11 @@ fn vs_peer() {
     let n = if headline::quick() { 20_000 } else { 200_000 };
     write_prompts(&prompts, n);
 
+    // The sims' own CPU during a run: on 2 cores the servers and the client share the CPU, so
+    // what the sims spend per request bounds the rate any client can reach here.
+    let sims_cpu = || sims.iter().map(Sim::cpu_secs).sum::<f64>();
     let fleet_run = |bin: &std::ffi::OsStr, out: &str| {
+        let before = sims_cpu();
         let t0 = Instant::now();
         let mut fleet = std::process::Command::new(bin);
         fleet
@@ -391,22 +407,27 @@ fn vs_peer() {
             fleet.args(["--url", url]);
         }
         let child = fleet.spawn().unwrap();
-        wait_rusage(&child, t0, "fleet generate")
+        let run = wait_rusage(&child, t0, "fleet generate");
+        (run, sims_cpu() - before)
     };
-    let (fleet_secs, fleet_rss) = fleet_run(env!("CARGO_BIN_EXE_fleet").as_ref(), "out");
+    let (fleet, fleet_sims_cpu) = fleet_run(env!("CARGO_BIN_EXE_fleet").as_ref(), "out");
     // FLEET_AB_BIN: another build of fleet (e.g. an older commit's), run on the same sims and
     // prompts in the same run, for an A/B of the client.
     if let Some(ab) = std::env::var_os("FLEET_AB_BIN") {
-        let (secs, rss) = fleet_run(&ab, "out-ab");
+        let (run, _) = fleet_run(&ab, "out-ab");
         println!(
-            "A/B: {} {:.0} req/s ({secs:.1} s, peak RSS {rss:.1} MB) against this build's {:.0} req/s",
+            "A/B: {} {:.0} req/s ({:.1} s, {:.1} s of CPU, peak RSS {:.1} MB) against this build's {:.0} req/s",
             ab.to_string_lossy(),
-            n as f64 / secs,
-            n as f64 / fleet_secs
+            n as f64 / run.secs,
+            run.secs,
+            run.cpu_secs,
+            run.rss_mb,
+            n as f64 / fleet.secs
         );
     }
 
     let peer_out = tmp.path().join("peer.jsonl");
+    let before = sims_cpu();
     let t0 = Instant::now();
     let mut peer = std::process::Command::new(&python);
     peer.arg(concat!(
@@ -423,20 +444,46 @@ fn vs_peer() {
         peer.args(["--url", url]);
     }
     let child = peer.spawn().unwrap();
-    let (peer_secs, peer_rss) = wait_rusage(&child, t0, "the seed-style aiohttp client");
+    let peer_run = wait_rusage(&child, t0, "the seed-style aiohttp client");
+    let peer_sims_cpu = sims_cpu() - before;
     let peer_lines = std::fs::read_to_string(&peer_out).unwrap().lines().count();
     assert_eq!(peer_lines, n, "the peer wrote one line per prompt");
 
-    let (fleet_rate, peer_rate) = (n as f64 / fleet_secs, n as f64 / peer_secs);
+    let n_f = n as f64;
+    let (fleet_rate, peer_rate) = (n_f / fleet.secs, n_f / peer_run.secs);
     let ratio = fleet_rate / peer_rate;
+    // The floor: the rate at which the 8 sims alone would use every core, were the client free.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+    let sims_ms = fleet_sims_cpu / n_f * 1e3;
+    let ceiling = cores / (fleet_sims_cpu / n_f);
+    let (fleet_ms, peer_ms) = (fleet.cpu_secs / n_f * 1e3, peer_run.cpu_secs / n_f * 1e3);
+    let cpu_ratio = peer_ms / fleet_ms;
     println!(
         "8 --sim-instant sims, {n} prompts: fleet generate {fleet_rate:.0} req/s \
-         ({fleet_secs:.1} s, peak RSS {fleet_rss:.1} MB), seed-style aiohttp {peer_rate:.0} req/s \
-         ({peer_secs:.1} s, peak RSS {peer_rss:.1} MB): {ratio:.2}×"
+         ({:.1} s, {fleet_ms:.3} ms of CPU per request, peak RSS {:.1} MB), seed-style aiohttp \
+         {peer_rate:.0} req/s ({:.1} s, {peer_ms:.3} ms of CPU per request, peak RSS {:.1} MB): \
+         {ratio:.2}×; the sims spent {sims_ms:.3} ms of CPU per request under fleet and {:.3} \
+         under the peer, so on {cores} cores they alone cap the rate at {ceiling:.0} req/s \
+         ({:.2}× the peer; fleet reaches {:.0}% of it); the peer's CPU per request is \
+         {cpu_ratio:.2}× fleet's",
+        fleet.secs,
+        fleet.rss_mb,
+        peer_run.secs,
+        peer_run.rss_mb,
+        peer_sims_cpu / n_f * 1e3,
+        ceiling / peer_rate,
+        fleet_rate / ceiling * 100.0,
     );
     headline::line(
         "generate.vs_peer",
-        &format!("{ratio:.2}× ({fleet_rate:.0} vs {peer_rate:.0} req/s, {n} prompts, one run)"),
+        &format!(
+            "{ratio:.2}× ({fleet_rate:.0} vs {peer_rate:.0} req/s, {n} prompts, one run); floor: the \
+             8 sims' own {sims_ms:.2} ms of CPU per request cap any client at {ceiling:.0} req/s on \
+             {cores} cores ({:.2}× the peer), fleet reaches {:.0}% of it; per request the peer \
+             uses {cpu_ratio:.1}× fleet's CPU",
+            ceiling / peer_rate,
+            fleet_rate / ceiling * 100.0
+        ),
         "`fleet generate` against 8 `--sim-instant` sims ≥ 5× the seed-style aiohttp client (32 per server) in the same run",
         Some(ratio >= 5.0),
     );

@@ -397,11 +397,20 @@ async fn ports_are_forwarded_over_ssh_and_through_pct() {
         assert_eq!(a, b"ping");
         assert_eq!(b.len(), big.len());
         assert!(b == big, "{name}: forwarded bytes differ");
+        // A connection still open through the tunnel is cut by close, not left dangling.
+        let mut open = tokio::net::TcpStream::connect(local).await.unwrap();
+        open.write_all(b"held").await.unwrap();
+        let mut held = [0u8; 4];
+        open.read_exact(&mut held).await.unwrap();
         tunnel.close().await;
-        assert!(
-            tokio::net::TcpStream::connect(local).await.is_err(),
-            "{name}: tunnel still listening after close"
-        );
+        let mut rest = Vec::new();
+        let cut = open.read_to_end(&mut rest).await;
+        assert!(cut.is_err() || rest.is_empty(), "{name}: {cut:?} {rest:?}");
+        // Close has released the address: binding it proves nothing listens there any more.
+        // (A connect to it could not: the kernel may pick that very port as the connect's own
+        // source port and connect the socket to itself.)
+        let rebound = tokio::net::TcpListener::bind(local).await;
+        assert!(rebound.is_ok(), "{name}: tunnel still listening after close: {rebound:?}");
     }
     server.abort();
     let _ = server.await;

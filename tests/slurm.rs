@@ -650,7 +650,7 @@ async fn sixteen_sim_servers_as_steps_on_two_nodes() {
             servers.push((node.addr.clone(), port, step.output));
         }
     }
-    let http = reqwest::Client::new();
+    let http = fleet::sglang::client::http_client(Default::default()).unwrap();
     for (addr, port, log) in &servers {
         let url = format!("http://{addr}:{port}/health");
         let t0 = Instant::now();

@@ -12,6 +12,7 @@ use crate::cli::{Command, GlobalArgs};
 
 pub mod demo;
 pub mod down;
+pub mod entry;
 pub mod exec;
 pub mod generate;
 pub mod gpus;

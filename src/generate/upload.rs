@@ -131,6 +131,7 @@ impl Destination {
             } else {
                 Some(ObjectPath::parse(prefix).map_err(|e| bad(BadDestination::Prefix(e)))?)
             };
+            crate::sglang::client::install_tls_provider();
             let store = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .build()

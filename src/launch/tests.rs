@@ -62,7 +62,7 @@ async fn run_up(
     opts: &UpOptions,
     cancel: &CancellationToken,
 ) -> (Result<Vec<up::UpOutcome>, UpError>, Vec<UpEvent>) {
-    let http = reqwest::Client::new();
+    let http = crate::sglang::client::http_client(Default::default()).unwrap();
     let (events, mut received) = mpsc::unbounded_channel();
     let run = Run {
         fleet,
@@ -204,7 +204,7 @@ async fn an_interrupted_up_stops_what_it_started_and_only_that() {
     let fleet = fleet_of(&[&h]);
     let plan = plan_on_h(2, "a");
     let cancel = CancellationToken::new();
-    let http = reqwest::Client::new();
+    let http = crate::sglang::client::http_client(Default::default()).unwrap();
     let (events, mut received) = mpsc::unbounded_channel();
     let run = Run {
         fleet: &fleet,
@@ -277,7 +277,7 @@ async fn status_reads_each_server_as_its_backend_sees_it() {
             lingering,
         });
     }
-    let http = reqwest::Client::new();
+    let http = crate::sglang::client::http_client(Default::default()).unwrap();
     let statuses = host_status(h.as_ref(), &http, true, 0).await.unwrap();
     let got: Vec<(String, &str, Option<u16>)> = statuses
         .iter()

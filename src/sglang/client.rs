@@ -357,6 +357,7 @@ const POOL_IDLE: Duration = Duration::from_secs(4);
 /// One pooled HTTP client to share across every server and task: hundreds of requests stay in
 /// flight per server, so idle connections are kept rather than reopened.
 pub fn http_client(opts: HttpOptions) -> Result<reqwest::Client, ClientError> {
+    install_tls_provider();
     reqwest::Client::builder()
         .pool_max_idle_per_host(2048)
         .pool_idle_timeout(POOL_IDLE)
@@ -368,6 +369,13 @@ pub fn http_client(opts: HttpOptions) -> Result<reqwest::Client, ClientError> {
         .tls_certs_only([])
         .build()
         .map_err(ClientError::Build)
+}
+
+/// reqwest's rustls is built without a crypto provider (aws-lc would cost the first build a
+/// long C compile), so ring is installed as the process default before any client is built.
+/// Idempotent: a second install is refused by rustls and changes nothing.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// The client for one server. Cheap to clone.

@@ -514,6 +514,18 @@ impl Sim {
         self.child.wait().unwrap();
     }
 
+    /// The CPU time (user + system) the process has used so far, from `/proc/PID/stat`.
+    pub fn cpu_secs(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("the sim's /proc/PID/stat");
+        // The command name (field 2) may hold spaces; utime and stime are fields 14 and 15.
+        let after_name = &stat[stat.rfind(')').expect("stat has a (comm)") + 2..];
+        let fields: Vec<&str> = after_name.split(' ').collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf reads a constant of the system.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
     /// Whether the process has exited.
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()

@@ -44,7 +44,7 @@ impl Sim {
             port,
             _port: reserved,
             dir,
-            http: reqwest::Client::new(),
+            http: fleet::sglang::client::http_client(Default::default()).unwrap(),
         }
     }
 
