@@ -410,7 +410,10 @@ async fn ports_are_forwarded_over_ssh_and_through_pct() {
         // (A connect to it could not: the kernel may pick that very port as the connect's own
         // source port and connect the socket to itself.)
         let rebound = tokio::net::TcpListener::bind(local).await;
-        assert!(rebound.is_ok(), "{name}: tunnel still listening after close: {rebound:?}");
+        assert!(
+            rebound.is_ok(),
+            "{name}: tunnel still listening after close: {rebound:?}"
+        );
     }
     server.abort();
     let _ = server.await;
