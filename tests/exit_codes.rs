@@ -42,7 +42,7 @@ fn a_panic_is_an_internal_error_with_exit_70_and_where_it_happened() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(70), "{stderr}");
     assert!(
-        stderr.contains("internal error: FLEET_TEST_HOOK_PANIC is set at src/main.rs:")
+        stderr.contains("internal error: FLEET_TEST_HOOK_PANIC is set at src/commands/entry.rs:")
             && stderr.trim_end().ends_with("; please report it"),
         "{stderr}"
     );
