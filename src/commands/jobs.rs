@@ -304,7 +304,11 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         }
         rewritten.push(("profile", vec![remote]));
     }
-    let argv = job_argv(binary, &given_generate()?, &rewritten);
+    let generate = job_argv(binary.clone(), &given_generate()?, &rewritten);
+    let backend = fleet
+        .backend(&host)
+        .expect("a job is placed on a host of the fleet");
+    let command = backend.job_command(&id, generate).await?;
     let record = jobs::start(
         t.as_ref(),
         &run_root,
@@ -312,8 +316,10 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             id: id.clone(),
             out: out.clone(),
             prompts,
-            argv,
+            binary,
+            argv: command.argv,
             env,
+            stop: command.stop,
         },
     )
     .await?;
@@ -415,7 +421,7 @@ pub async fn progress(ctx: &Ctx, id: &str) -> anyhow::Result<Option<Progress>> {
 /// `fleet stop JOB`.
 pub async fn stop(ctx: &Ctx, args: &StopArgs) -> anyhow::Result<Outcome> {
     let (t, view) = find(ctx, &args.job).await?;
-    let after = jobs::stop(t.as_ref(), &view, args.wait).await?;
+    let after = jobs::stop(&t, &view, args.wait).await?;
     super::emit(ctx, &Stopped(after))?;
     Ok(Outcome::Ok)
 }

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::generate::progress::Progress;
+use crate::launch::backend::JobStop;
 use crate::launch::state::StateError;
 use crate::remote::RemoteError;
 
@@ -39,6 +40,9 @@ pub struct JobRecord {
     pub binary: String,
     /// Its command line, secrets masked.
     pub argv: Vec<String>,
+    /// How `fleet stop` reaches it.
+    #[serde(default)]
+    pub stop: JobStop,
 }
 
 /// A job as found on its host.

@@ -7,9 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{JobError, JobRecord, JobView};
 use crate::generate::progress::{PROGRESS_FILE, Progress, Status};
+use crate::launch::backend::JobStop;
 use crate::launch::backend::machine::proc;
 use crate::launch::state::{self, StateError, run_ok};
 use crate::remote::{Detached, Transport, argv};
+use crate::slurm::Slurm;
 
 /// Jobs live under the run root, beside the servers' records.
 pub const JOBS_DIR: &str = "jobs";
@@ -35,9 +37,14 @@ pub struct JobSpec {
     pub out: String,
     /// Its prompt file on the target.
     pub prompts: String,
-    /// The `fleet generate` command line, its program first.
+    /// The `fleet` it runs.
+    pub binary: String,
+    /// Its command line: `fleet generate ...`, or that behind what runs it where the servers
+    /// run (`srun ... --`).
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// How `fleet stop` reaches it.
+    pub stop: JobStop,
 }
 
 /// Starts `spec` detached in its job directory under `run_root`, and records it.
@@ -67,8 +74,9 @@ pub async fn start(
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        binary: spec.argv.first().cloned().unwrap_or_default(),
+        binary: spec.binary,
         argv: crate::sglang::flags::masked(&spec.argv),
+        stop: spec.stop,
     };
     let json = serde_json::to_string(&record).expect("a job record serializes");
     let script = r#"printf '%s\n' "$1" > "$2.tmp" && mv -f "$2.tmp" "$2""#;
@@ -189,22 +197,40 @@ pub async fn find(
 
 /// Stops a job as Ctrl-C would (it finishes what is in flight within its grace period, writes
 /// everything and ends `interrupted`), waiting up to `wait` for it to exit.
-pub async fn stop(t: &dyn Transport, view: &JobView, wait: Duration) -> Result<JobView, JobError> {
+pub async fn stop(
+    t: &Arc<dyn Transport>,
+    view: &JobView,
+    wait: Duration,
+) -> Result<JobView, JobError> {
     if view.alive {
-        let out = t
-            .run(&argv(&["kill", "-INT", &view.record.pid.to_string()]))
-            .await?;
-        if !out.success() && !out.stderr_lossy().contains("No such process") {
-            return Err(StateError::Command {
-                host: t.host().to_string(),
-                command: format!("kill -INT {}", view.record.pid),
-                stderr: out.stderr_lossy().trim().to_string(),
+        match &view.record.stop {
+            JobStop::Process => {
+                let pid = view.record.pid.to_string();
+                let out = t.run(&argv(&["kill", "-INT", &pid])).await?;
+                if !out.success() && !out.stderr_lossy().contains("No such process") {
+                    return Err(StateError::Command {
+                        host: t.host().to_string(),
+                        command: format!("kill -INT {pid}"),
+                        stderr: out.stderr_lossy().trim().to_string(),
+                    }
+                    .into());
+                }
             }
-            .into());
+            // A step already gone needs nothing: its srun is ending too.
+            JobStop::Step { job, name } => {
+                let slurm = Slurm::new(t.clone());
+                let steps = slurm.steps(*job).await.map_err(StateError::from)?;
+                if let Some(step) = steps.into_iter().find(|s| &s.name == name) {
+                    slurm
+                        .signal_step(step.id, "INT")
+                        .await
+                        .map_err(StateError::from)?;
+                }
+            }
         }
         let deadline = tokio::time::Instant::now() + wait;
         while tokio::time::Instant::now() < deadline {
-            let alive = proc::proc_stat(t, view.record.pid)
+            let alive = proc::proc_stat(t.as_ref(), view.record.pid)
                 .await?
                 .is_some_and(|p| p.running() && p.start_ticks == view.record.start_ticks);
             if !alive {
@@ -213,5 +239,5 @@ pub async fn stop(t: &dyn Transport, view: &JobView, wait: Duration) -> Result<J
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    self::view(t, view.record.clone()).await
+    self::view(t.as_ref(), view.record.clone()).await
 }

@@ -131,6 +131,11 @@ pub enum StateError {
         command: String,
         stderr: String,
     },
+    #[error(
+        "{host}: no allocation of fleet's runs there to hold the job: start its servers first \
+         (`fleet up --profile P`)"
+    )]
+    NoAllocation { host: String },
 }
 
 /// Runs an argv and insists on success; the failure names the command, secrets masked.

@@ -117,6 +117,23 @@ pub fn srun(step: &StepRequest) -> Vec<String> {
     argv
 }
 
+/// The `srun` prefix (up to its `--`) of a step that runs beside the servers' steps, sharing
+/// their CPUs (`--overlap`) and taking no GPU of theirs: the preflight's `--help`, a detached
+/// job. On `node` when given, else where Slurm puts it; named `name` in `squeue --steps`.
+pub fn srun_beside(job: JobId, node: Option<&str>, name: Option<&str>) -> Vec<String> {
+    let mut argv: Vec<String> = vec![
+        "srun".into(),
+        format!("--jobid={job}"),
+        "--overlap".into(),
+        "--nodes=1".into(),
+        "--ntasks=1".into(),
+    ];
+    argv.extend(node.map(|n| format!("--nodelist={n}")));
+    argv.extend(name.map(|n| format!("--job-name={n}")));
+    argv.push("--".into());
+    argv
+}
+
 /// `squeue` for one job in any state (it lists ended jobs for `MinJobAge`, 300 s by default).
 pub fn squeue_job(job: JobId) -> Vec<String> {
     vec![
@@ -187,6 +204,15 @@ pub fn scancel_job(job: JobId) -> Vec<String> {
 
 pub fn scancel_step(step: StepId) -> Vec<String> {
     vec!["scancel".into(), step.to_string()]
+}
+
+/// Sends `signal` (`INT`, ...) to the step's tasks; the step goes on unless they end.
+pub fn scancel_signal(step: StepId, signal: &str) -> Vec<String> {
+    vec![
+        "scancel".into(),
+        format!("--signal={signal}"),
+        step.to_string(),
+    ]
 }
 
 #[cfg(test)]
@@ -295,6 +321,21 @@ mod tests {
     }
 
     #[test]
+    fn a_step_beside_the_servers_overlaps_and_takes_no_gpu() {
+        let prefix = ["srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1"];
+        assert_eq!(
+            words(&srun_beside(JobId(42), Some("gpu-07"), None)),
+            [&prefix[..], &["--nodelist=gpu-07", "--"]].concat()
+        );
+        let job = srun_beside(JobId(42), None, Some("fleet-job-x"));
+        assert_eq!(
+            words(&job),
+            [&prefix[..], &["--job-name=fleet-job-x", "--"]].concat()
+        );
+        assert!(!job.iter().any(|a| a.starts_with("--gres")));
+    }
+
+    #[test]
     fn queries_and_cancels() {
         assert_eq!(
             words(&squeue_job(JobId(7))),
@@ -325,6 +366,10 @@ mod tests {
             step: Step::Numbered(3),
         };
         assert_eq!(words(&scancel_step(step)), ["scancel", "7.3"]);
+        assert_eq!(
+            words(&scancel_signal(step, "INT")),
+            ["scancel", "--signal=INT", "7.3"]
+        );
         assert_eq!(words(&scancel_job(JobId(7))), ["scancel", "7"]);
     }
 }

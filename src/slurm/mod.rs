@@ -12,7 +12,7 @@ pub mod spec;
 pub mod state;
 pub mod time;
 
-pub use argv::{AllocationRequest, HOLD_SCRIPT, Shape, StepRequest};
+pub use argv::{AllocationRequest, HOLD_SCRIPT, Shape, StepRequest, srun_beside};
 pub use parse::{BadLine, JobRecord, JobStatus, NodeInfo, Problem, StepStatus};
 pub use run::{Slurm, Waiting, judge};
 pub use spec::{NewAllocation, SlurmSpec, SpecProblem};

@@ -151,6 +151,13 @@ impl Slurm {
         self.output(&argv::scancel_step(step), &[]).await.map(drop)
     }
 
+    /// Sends `signal` to the tasks of one step, as Ctrl-C would reach a process.
+    pub async fn signal_step(&self, step: StepId, signal: &str) -> Result<(), SlurmError> {
+        self.output(&argv::scancel_signal(step, signal), &[])
+            .await
+            .map(drop)
+    }
+
     /// Waits until `job` runs (steps can start only then), telling `seen` each state read
     /// while it waits (the pending reason, live). Polls squeue on `poll`'s schedule; fails
     /// when the job ends first, waits for a reason that waiting cannot cure, or `cancel` fires.

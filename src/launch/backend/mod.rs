@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::HostSpec;
@@ -119,11 +119,44 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// How a detached job (`argv`, a `fleet generate` whose id is `id`) runs beside this host's
+    /// servers, started from [`Backend::shell`]: on a machine, as it is.
+    async fn job_command(&self, _id: &str, argv: Vec<String>) -> Result<JobCommand, StateError> {
+        Ok(JobCommand {
+            argv,
+            stop: JobStop::Process,
+        })
+    }
+
     /// The state of the connection to the host, which generate watches to move work off a
     /// lost host.
     fn link(&self) -> watch::Receiver<Link> {
         self.shell().link()
     }
+}
+
+/// The command line that runs a detached job, and how `fleet stop` asks it to wind down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCommand {
+    pub argv: Vec<String>,
+    pub stop: JobStop,
+}
+
+/// How `fleet stop` sends a detached job Ctrl-C's SIGINT, on which it finishes its requests in
+/// flight, writes everything and ends `interrupted`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "via", rename_all = "snake_case")]
+pub enum JobStop {
+    /// To its process (what records from before this field mean).
+    #[default]
+    Process,
+    /// To the task of the allocation's step named `name` (`scancel --signal=INT J.S`). Not to
+    /// srun: srun answers one SIGINT with a status line, and on SIGTERM cancels the step,
+    /// which gives the job only Slurm's KillWait before SIGKILL (seen on the test cluster).
+    Step {
+        job: crate::slurm::JobId,
+        name: String,
+    },
 }
 
 /// Where fleet keeps a host's state, whatever its kind: the shell (the machine itself, or a

@@ -3,7 +3,8 @@
 //! to run while logging its pending reason, and learns the place of every server (a node and
 //! its NodeAddr, one place per GPU); `start` runs one `srun --exact -N1 -n1 --gres=gpu:1 -w
 //! NODE` step per server, which records the step and the GPU Slurm gave it; `stop` cancels
-//! the step; `release` cancels the allocation when fleet made it and no server of it is left.
+//! the step; `job_command` runs a detached job as one more step beside them; `release` cancels
+//! the allocation when fleet made it and no server of it is left.
 //! The run directory must be on a filesystem the nodes share: steps write their logs there.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::machine::AFTER_KILL;
-use super::{Backend, Ending, Home, Seen, StopState, Stopped};
+use super::{Backend, Ending, Home, JobCommand, JobStop, Seen, StopState, Stopped};
 use crate::backoff::Backoff;
 use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
@@ -94,6 +95,15 @@ impl SlurmBackend {
 
     fn job_file(&self) -> String {
         format!("{}/job", self.state_dir())
+    }
+
+    /// The allocation the host's servers run in: the user's, or the one fleet submitted and
+    /// has not cancelled, if any.
+    async fn servers_job(&self) -> Result<Option<JobId>, StateError> {
+        match &self.spec.slurm {
+            SlurmSpec::Existing { job, .. } => Ok(Some(*job)),
+            SlurmSpec::New(_) => self.own_job().await,
+        }
     }
 
     /// The allocation fleet submitted for this host and has not cancelled, if any.
@@ -404,15 +414,7 @@ impl Backend for SlurmBackend {
         let allocation = self.allocate().await?;
         let first = &allocation.places[0];
         // Read on a node, inside the allocation, beside whatever already runs there.
-        let via = argv(&[
-            "srun",
-            &format!("--jobid={}", allocation.job),
-            "--overlap",
-            "--nodes=1",
-            "--ntasks=1",
-            &format!("--nodelist={}", first.node),
-            "--",
-        ]);
+        let via = crate::slurm::srun_beside(allocation.job, Some(&first.node), None);
         let (help, version) =
             preflight::launcher_facts(self.t(), &via, launcher, env, preflight).await?;
         let facts = HostFacts {
@@ -621,11 +623,7 @@ impl Backend for SlurmBackend {
 
     /// `squeue -j J -o %L` of the allocation the servers run in.
     async fn time_left(&self) -> Result<Option<Ending>, StateError> {
-        let job = match &self.spec.slurm {
-            SlurmSpec::Existing { job, .. } => Some(*job),
-            SlurmSpec::New(_) => self.own_job().await?,
-        };
-        let Some(job) = job else {
+        let Some(job) = self.servers_job().await? else {
             return Ok(None);
         };
         let Some(status) = self.slurm.job(job).await? else {
@@ -639,6 +637,32 @@ impl Backend for SlurmBackend {
                 stop_before: self.spec.stop_before_end,
             }),
             _ => None,
+        })
+    }
+
+    /// One more step of the allocation, beside the servers' (`fleet-job-ID` in `squeue
+    /// --steps`): Slurm accounts for the job, and ends it with the allocation. srun on the login
+    /// shell is the job's process there; `fleet stop` signals the step itself.
+    async fn job_command(&self, id: &str, argv: Vec<String>) -> Result<JobCommand, StateError> {
+        let job = match self.servers_job().await? {
+            Some(job) => self
+                .slurm
+                .job(job)
+                .await?
+                .filter(|s| s.state == JobState::Running),
+            None => None,
+        };
+        let Some(job) = job else {
+            return Err(StateError::NoAllocation {
+                host: self.home.host.clone(),
+            });
+        };
+        let name = format!("fleet-job-{id}");
+        let mut wrapped = crate::slurm::srun_beside(job.id, None, Some(&name));
+        wrapped.extend(argv);
+        Ok(JobCommand {
+            argv: wrapped,
+            stop: JobStop::Step { job: job.id, name },
         })
     }
 
