@@ -9,9 +9,8 @@ use super::{JobError, JobRecord, JobView};
 use crate::generate::progress::{PROGRESS_FILE, Progress, Status};
 use crate::launch::backend::JobStop;
 use crate::launch::backend::machine::proc;
-use crate::launch::state::{self, StateError, run_ok};
+use crate::launch::state::{self, run_ok};
 use crate::remote::{Detached, Transport, argv};
-use crate::slurm::Slurm;
 
 /// Jobs live under the run root, beside the servers' records.
 pub const JOBS_DIR: &str = "jobs";
@@ -203,31 +202,7 @@ pub async fn stop(
     wait: Duration,
 ) -> Result<JobView, JobError> {
     if view.alive {
-        match &view.record.stop {
-            JobStop::Process => {
-                let pid = view.record.pid.to_string();
-                let out = t.run(&argv(&["kill", "-INT", &pid])).await?;
-                if !out.success() && !out.stderr_lossy().contains("No such process") {
-                    return Err(StateError::Command {
-                        host: t.host().to_string(),
-                        command: format!("kill -INT {pid}"),
-                        stderr: out.stderr_lossy().trim().to_string(),
-                    }
-                    .into());
-                }
-            }
-            // A step already gone needs nothing: its srun is ending too.
-            JobStop::Step { job, name } => {
-                let slurm = Slurm::new(t.clone());
-                let steps = slurm.steps(*job).await.map_err(StateError::from)?;
-                if let Some(step) = steps.into_iter().find(|s| &s.name == name) {
-                    slurm
-                        .signal_step(step.id, "INT")
-                        .await
-                        .map_err(StateError::from)?;
-                }
-            }
-        }
+        view.record.stop.interrupt(t, view.record.pid).await?;
         let deadline = tokio::time::Instant::now() + wait;
         while tokio::time::Instant::now() < deadline {
             let alive = proc::proc_stat(t.as_ref(), view.record.pid)

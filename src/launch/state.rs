@@ -132,7 +132,7 @@ pub enum StateError {
         stderr: String,
     },
     #[error(
-        "{host}: no allocation of fleet's runs there to hold the job: start its servers first \
+        "{host}: no running allocation there to hold the job: start its servers first \
          (`fleet up --profile P`)"
     )]
     NoAllocation { host: String },

@@ -159,6 +159,18 @@ pub enum JobStop {
     },
 }
 
+impl JobStop {
+    /// Sends the job Ctrl-C's SIGINT through `shell` (the host's [`Backend::shell`]), where
+    /// `pid` is its process; a job, or a step, already gone needs nothing.
+    pub async fn interrupt(&self, shell: &Arc<dyn Transport>, pid: u32) -> Result<(), StateError> {
+        match self {
+            // setsid made the job its own group's leader: the group is what Ctrl-C reaches.
+            JobStop::Process => machine::proc::signal_group(shell.as_ref(), pid, "INT").await,
+            JobStop::Step { job, name } => slurm::interrupt_step(shell, *job, name).await,
+        }
+    }
+}
+
 /// Where fleet keeps a host's state, whatever its kind: the shell (the machine itself, or a
 /// cluster's login node) that holds its run directory (records, logs, the `up` lock, detached
 /// jobs) and runs its commands (`fleet exec`).

@@ -8,6 +8,7 @@
 //! The run directory must be on a filesystem the nodes share: steps write their logs there.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -672,6 +673,19 @@ impl Backend for SlurmBackend {
             .await?
             .map(|job| format!("cancelled job {job} ({})", self.job_name())))
     }
+}
+
+/// Sends SIGINT to the tasks of `job`'s step named `name`, if it still runs.
+pub(super) async fn interrupt_step(
+    shell: &Arc<dyn Transport>,
+    job: JobId,
+    name: &str,
+) -> Result<(), StateError> {
+    let slurm = Slurm::new(shell.clone());
+    if let Some(step) = slurm.steps(job).await?.into_iter().find(|s| s.name == name) {
+        slurm.signal_step(step.id, "INT").await?;
+    }
+    Ok(())
 }
 
 fn step_id(job: JobId, step: u32) -> StepId {
