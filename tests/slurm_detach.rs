@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::local_fleet::completion_ids;
 use common::reserve_ports;
-use common::slurm::{Options, PARTITION, SlurmCluster};
-use common::slurm_fleet::{SlurmFleet, wait_until, write_prompts};
+use common::slurm::{Options, SlurmCluster};
+use common::slurm_fleet::{SlurmFleet, allocation, wait_until, write_prompts};
 use serde_json::Value;
 
 fn json(text: &str) -> Value {
@@ -41,11 +41,7 @@ fn progress(f: &SlurmFleet, id: &str) -> Value {
 fn a_detached_job_is_a_step_of_the_allocation_stops_through_srun_and_resumes_exactly_once() {
     let cluster = SlurmCluster::start(Options::default());
     let ports = reserve_ports(2);
-    let f = SlurmFleet::new(
-        cluster,
-        &format!("      partition: {PARTITION}\n      gpus: 2\n      time: 30\n"),
-        ports.base,
-    );
+    let f = SlurmFleet::new(cluster, &allocation(2, 30), ports.base);
     f.ok(&["-q", "up", "--profile", "sim"]);
     let jobs = f.fleet_jobs();
     let (job, _) = jobs.split_once(' ').expect("fleet's job in squeue");

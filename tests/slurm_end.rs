@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::local_fleet::completion_ids;
 use common::reserve_ports;
 use common::slurm::{Options, PARTITION, SlurmCluster};
-use common::slurm_fleet::{LONG, SlurmFleet, wait_with_timeout, write_prompts};
+use common::slurm_fleet::{LONG, SlurmFleet, allocation, wait_with_timeout, write_prompts};
 use common::watch::Watch;
 
 /// A sim profile at real speed (decode steps of about 25 ms), loading for `startup` s.
@@ -150,11 +150,7 @@ fn up_says_the_allocations_pending_reason_until_it_runs() {
             == "RUNNING"
     });
     let ports = reserve_ports(2);
-    let f = SlurmFleet::new(
-        cluster,
-        &format!("      partition: {PARTITION}\n      gpus: 2\n      time: 10\n"),
-        ports.base,
-    );
+    let f = SlurmFleet::new(cluster, &allocation(2, 10), ports.base);
     let mut up = f.spawn(&["up", "--profile", "sim"]);
     let said = Watch::stderr(&mut up);
     said.wait_for("pending (Resources)", 1, LONG);

@@ -11,18 +11,16 @@ use std::time::Duration;
 
 use common::local_fleet::completion_ids;
 use common::reserve_ports;
-use common::slurm::{Options, PARTITION, Proctrack, SlurmCluster};
-use common::slurm_fleet::{LONG, SlurmFleet, wait_until, wait_with_timeout, write_prompts};
+use common::slurm::{Options, Proctrack, SlurmCluster};
+use common::slurm_fleet::{
+    LONG, SlurmFleet, allocation, wait_until, wait_with_timeout, write_prompts,
+};
 
 #[test]
 fn sixteen_servers_as_steps_of_fleets_allocation_generate_and_down_leaves_nothing() {
     let cluster = SlurmCluster::start(Options::default());
     let ports = reserve_ports(16);
-    let f = SlurmFleet::new(
-        cluster,
-        &format!("      partition: {PARTITION}\n      gpus: 16\n      time: 30\n"),
-        ports.base,
-    );
+    let f = SlurmFleet::new(cluster, &allocation(16, 30), ports.base);
     let up = f.ok(&["--json", "up", "--profile", "sim"]);
     let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
     let outcomes = outcomes.as_array().expect("one outcome per server");
@@ -166,11 +164,7 @@ fn a_node_killed_mid_job_loses_nothing() {
         ..Options::default()
     });
     let ports = reserve_ports(4);
-    let mut f = SlurmFleet::new(
-        cluster,
-        &format!("      partition: {PARTITION}\n      gpus: 4\n      time: 30\n"),
-        ports.base,
-    );
+    let mut f = SlurmFleet::new(cluster, &allocation(4, 30), ports.base);
     f.ok(&["-q", "up", "--profile", "sim"]);
     let on_first: usize = f
         .sims()
@@ -243,11 +237,7 @@ fn under_proctrack_cgroup_up_and_down_leave_nothing() {
         ..Options::default()
     });
     let ports = reserve_ports(2);
-    let f = SlurmFleet::new(
-        cluster,
-        &format!("      partition: {PARTITION}\n      gpus: 2\n      time: 10\n"),
-        ports.base,
-    );
+    let f = SlurmFleet::new(cluster, &allocation(2, 10), ports.base);
     f.ok(&["-q", "up", "--profile", "sim"]);
     // The server is the step's own process, so the step's cgroup holds it and it lives.
     let sims = f.sims();

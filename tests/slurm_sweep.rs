@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::reserve_ports;
-use common::slurm::{Options, PARTITION, SlurmCluster};
-use common::slurm_fleet::SlurmFleet;
+use common::slurm::{Options, SlurmCluster};
+use common::slurm_fleet::{SlurmFleet, allocation};
 
 #[test]
 fn a_sequential_sweep_runs_each_candidate_as_new_steps_of_one_allocation() {
@@ -21,11 +21,7 @@ fn a_sequential_sweep_runs_each_candidate_as_new_steps_of_one_allocation() {
         ..Options::default()
     });
     let ports = reserve_ports(2);
-    let f = SlurmFleet::new(
-        cluster,
-        &format!("      partition: {PARTITION}\n      gpus: 2\n      time: 10\n"),
-        ports.base,
-    );
+    let f = SlurmFleet::new(cluster, &allocation(2, 10), ports.base);
     std::fs::write(
         f.path().join("profiles/base.yaml"),
         format!(

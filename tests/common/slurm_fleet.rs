@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use super::local_fleet::test_path;
-use super::slurm::{Proc, SlurmCluster};
+use super::slurm::{PARTITION, Proc, SlurmCluster};
 
 pub const LONG: Duration = Duration::from_secs(90);
 
@@ -126,6 +126,11 @@ pub fn wait_with_timeout(child: &mut std::process::Child, limit: Duration) -> Op
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The `slurm:` block of a host that asks the test partition for `gpus` GPUs for `minutes`.
+pub fn allocation(gpus: u32, minutes: u32) -> String {
+    format!("      partition: {PARTITION}\n      gpus: {gpus}\n      time: {minutes}\n")
 }
 
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
