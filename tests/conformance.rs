@@ -2,7 +2,9 @@
 //! chat and `/generate`, streamed and not, at the context limit, over it, with `max_tokens`
 //! over it, with a bad parameter, without the API key; the health, `server_info`, `v1/models`
 //! and metrics routes), and their status codes, JSON and SSE shapes, error texts and start-up
-//! order must agree, except for the differences on purpose listed in [`ON_PURPOSE`].
+//! order must agree, except for the differences on purpose listed in [`ON_PURPOSE`]. Both run
+//! with `--chunked-prefill-size 64 --schedule-conservativeness 0.5`: a long prompt must be
+//! prefilled in the same chunks, and both must report the same new-token ratio.
 
 mod common;
 
@@ -393,6 +395,19 @@ fn prompt_of(port: u16, tokens: u64) -> String {
     panic!("no text of exactly {tokens} tokens on port {port}");
 }
 
+/// The `#new-token` of every `Prefill batch` line in a server's log so far.
+fn prefill_tokens(log: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("Prefill batch"))
+        .filter_map(|l| {
+            let rest = l.split("#new-token: ").nth(1)?;
+            rest.split(',').next()?.trim().parse().ok()
+        })
+        .collect()
+}
+
 /// A `/generate` body asking for 8 tokens. The tiny model's weights are random, so it samples its
 /// end-of-text token now and then; `ignore_eos` makes every answer end by length, as the sim's
 /// always do, so the shapes compared never depend on the draw.
@@ -418,6 +433,10 @@ fn the_sim_answers_as_the_real_server_does() {
             &CONTEXT.to_string(),
             "--attention-backend",
             "torch_native",
+            "--chunked-prefill-size",
+            "64",
+            "--schedule-conservativeness",
+            "0.5",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -640,6 +659,66 @@ fn the_sim_answers_as_the_real_server_does() {
             if !text.lines().any(|l| l.starts_with(series)) {
                 report.push(format!("metrics: {name} has no {series}"));
             }
+        }
+    }
+
+    // A long prompt is prefilled in chunks of --chunked-prefill-size, one prefill batch each,
+    // its first token after the last (schedule_policy.py `PrefillAdder`), and admission uses
+    // the new-token ratio 0.7 × --schedule-conservativeness (new_token_ratio_tracker.py).
+    // Distinct words, so that no earlier prompt's prefix is cached: the tiny model's tokenizer
+    // takes about 7 tokens a word and the sim's (4 characters a token) about 2, so each server
+    // gets the count that puts the prompt between 3 chunks and its 512-token context.
+    let long = |words: usize| {
+        let text: Vec<String> = (0..words).map(|i| format!("chunk{i}")).collect();
+        json!({"text": text.join(" "), "sampling_params": {"max_new_tokens": 4, "ignore_eos": true}})
+    };
+    for s in [&real_server, &sim_server] {
+        let (port, long) = if s.name == "real" {
+            (real_port, long(40))
+        } else {
+            (sim_port, long(120))
+        };
+        let before = prefill_tokens(&s.log).len();
+        let (status, _, text) = client()
+            .send(
+                "POST",
+                &format!("http://127.0.0.1:{port}/generate"),
+                Some(&long.to_string()),
+                Some(KEY),
+            )
+            .unwrap();
+        assert_eq!(status, 200, "{}: {text}", s.name);
+        let meta = serde_json::from_str::<Value>(&text).unwrap()["meta_info"].clone();
+        let new = meta["prompt_tokens"].as_u64().unwrap() - meta["cached_tokens"].as_u64().unwrap();
+        assert!(new > 64 * 3, "{}: {meta}", s.name);
+        let mut want = vec![64; (new / 64) as usize];
+        if !new.is_multiple_of(64) {
+            want.push(new % 64);
+        }
+        let t = Instant::now();
+        let mut seen = prefill_tokens(&s.log).split_off(before);
+        while seen.len() < want.len() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            seen = prefill_tokens(&s.log).split_off(before);
+        }
+        if seen != want {
+            report.push(format!(
+                "chunked prefill: {} prefilled {new} new tokens as {seen:?}, not {want:?}",
+                s.name
+            ));
+        }
+        let (_, _, metrics) = client()
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .unwrap();
+        let ratio: Option<f64> = metrics
+            .lines()
+            .find(|l| l.starts_with("sglang:new_token_ratio{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok());
+        if ratio.is_none_or(|r| (r - 0.35).abs() > 1e-9) {
+            report.push(format!(
+                "metrics: {}'s sglang:new_token_ratio is {ratio:?}, not 0.7 × 0.5",
+                s.name
+            ));
         }
     }
 

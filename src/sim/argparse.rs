@@ -214,6 +214,11 @@ fn modeled(dest: &str) -> Option<(Kind, &'static str)> {
             "The maximum number of tokens in the memory pool.",
         ),
         "chunked_prefill_size" => (Kind::Int, "The maximum number of tokens in a chunk."),
+        "schedule_conservativeness" => (
+            Kind::Float,
+            "How conservative the schedule policy is. A larger value means more conservative \
+             scheduling. Use a larger value if you see requests being retracted frequently.",
+        ),
         "max_prefill_tokens" => (
             Kind::Int,
             "The maximum number of tokens in a prefill batch.",

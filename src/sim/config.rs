@@ -501,7 +501,13 @@ fn resolve(
         mamba_full_memory_ratio: num(parsed, "mamba_full_memory_ratio").unwrap_or(0.9),
         context_length: num(parsed, "context_length"),
         max_total_tokens: num(parsed, "max_total_tokens"),
-        chunked_prefill_size: num(parsed, "chunked_prefill_size").unwrap_or(8192),
+        // Unset, 0.5.23 picks 8192 for a GPU of this size (memory_hook.py); -1 turns it off.
+        chunked_prefill_size: match num::<i64>(parsed, "chunked_prefill_size") {
+            Some(n) if n <= 0 => None,
+            Some(n) => Some(n as u64),
+            None => Some(8192),
+        },
+        schedule_conservativeness: num(parsed, "schedule_conservativeness").unwrap_or(1.0),
         max_prefill_tokens: num(parsed, "max_prefill_tokens").unwrap_or(16384),
         stream_interval: num(parsed, "stream_interval").unwrap_or(1).max(1),
         cuda_graph_max_bs: (!parsed.flag("disable_cuda_graph")).then(|| {
@@ -564,7 +570,7 @@ fn resolve(
         ),
         (
             "chunked_prefill_size",
-            Json::from(settings.chunked_prefill_size),
+            Json::from(settings.chunked_prefill_size.map_or(-1, |n| n as i64)),
         ),
         (
             "max_prefill_tokens",

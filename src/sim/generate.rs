@@ -27,6 +27,8 @@ pub(super) struct Prepared {
     /// Served from the radix cache (src/sim/radix.rs).
     cached_tokens: u64,
     output_tokens: u64,
+    /// `max_new_tokens`, or the room left in the context when the request set none.
+    max_new_tokens: u64,
     /// Ends at EOS (`stop`) rather than at the max-tokens / context limit (`length`).
     stops: bool,
     /// Output tokens of the leading `<think>…</think>` block, both tags included; 0 when the
@@ -201,6 +203,7 @@ pub(super) fn prepare(
         prompt_hash,
         cached_tokens,
         output_tokens: natural.min(limit),
+        max_new_tokens: limit,
         stops: natural <= limit,
         think,
     })
@@ -248,6 +251,7 @@ pub(super) async fn run_once(app: &Shared, p: &Prepared) -> Result<u64, Stop> {
         prompt_tokens: p.prompt_tokens,
         cached_tokens: p.cached_tokens,
         output_tokens: p.output_tokens,
+        max_new_tokens: p.max_new_tokens,
         counts: true,
         log_metrics: true,
         reply: Reply::Once(tx),
@@ -285,6 +289,7 @@ pub(super) async fn run_streamed(
         prompt_tokens: p.prompt_tokens,
         cached_tokens: p.cached_tokens,
         output_tokens: p.output_tokens,
+        max_new_tokens: p.max_new_tokens,
         counts: true,
         log_metrics: true,
         reply: Reply::Stream(tx),

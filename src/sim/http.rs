@@ -112,6 +112,7 @@ async fn health(State(app): State<Shared>) -> StatusCode {
         prompt_tokens: 1,
         cached_tokens: 0,
         output_tokens: 1,
+        max_new_tokens: 1,
         counts: false,
         log_metrics: false,
         reply: Reply::Once(tx),
@@ -278,7 +279,7 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan, priority: bool
     };
     let kv = m.kv_used.load(Ordering::Relaxed);
     let running = m.running.load(Ordering::Relaxed);
-    let gauges: [(&str, &str, f64); 5] = [
+    let gauges: [(&str, &str, f64); 6] = [
         (
             "sglang:num_running_reqs",
             "The number of running requests.",
@@ -303,6 +304,11 @@ pub fn render_metrics(model_name: &str, m: &Metrics, plan: &Plan, priority: bool
             "sglang:num_used_tokens",
             "The number of used tokens.",
             kv as f64,
+        ),
+        (
+            "sglang:new_token_ratio",
+            "The new token ratio.",
+            m.new_token_ratio(),
         ),
     ];
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -6,6 +6,7 @@
 
 mod app;
 mod argparse;
+mod batch;
 pub mod best;
 mod config;
 mod config_file;
@@ -252,7 +253,7 @@ impl Loader<'_> {
              max_running_requests={}, context_len={}, available_gpu_mem={:.2} GB, \
              ideal_output_tok_s={:.2}",
             plan.max_total_num_tokens,
-            plan.settings.chunked_prefill_size,
+            plan.settings.chunked_prefill_size.map_or(-1, |n| n as i64),
             plan.settings.max_prefill_tokens,
             plan.cap,
             plan.context_len,
@@ -441,6 +442,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         prompt_tokens: text::count_tokens("The capital city of France is"),
         cached_tokens: 0,
         output_tokens: 1,
+        max_new_tokens: 1,
         counts: false,
         log_metrics: true,
         reply: Reply::Once(warm_tx),

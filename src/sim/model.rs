@@ -18,7 +18,7 @@
 //! A dense model (`--sim-dense`, e.g. the tiny Llama the real-server tests run) has no mamba
 //! pool: the KV pool takes all the rest, and the cap is SGLang's general request cap, which on
 //! a small pool is far above what the pool holds (see [`general_cap`]); the scheduler then
-//! admits only what fits the pool and queues the rest.
+//! admits what the pool can take under the new-token ratio (`src/sim/batch.rs`).
 //!
 //! Time (ms of simulated GPU time; divided by `--sim-time-scale` on the wall clock):
 //! - decode step with b running requests = (base + per_req × b) / overlap_speedup + copy × b,
@@ -141,7 +141,10 @@ pub struct Settings {
     pub mamba_full_memory_ratio: f64,
     pub context_length: Option<u64>,
     pub max_total_tokens: Option<u64>,
-    pub chunked_prefill_size: u64,
+    /// `--chunked-prefill-size`; `None` when -1 turns chunking off.
+    pub chunked_prefill_size: Option<u64>,
+    /// `--schedule-conservativeness`: scales the new-token ratio admission leans on.
+    pub schedule_conservativeness: f64,
     pub max_prefill_tokens: u64,
     /// `--stream-interval`: streamed requests hear about every this many tokens (and the last).
     pub stream_interval: u64,
@@ -165,7 +168,8 @@ impl Default for Settings {
             mamba_full_memory_ratio: 0.9,
             context_length: None,
             max_total_tokens: None,
-            chunked_prefill_size: 8192,
+            chunked_prefill_size: Some(8192),
+            schedule_conservativeness: 1.0,
             max_prefill_tokens: 16384,
             stream_interval: 1,
             cuda_graph_max_bs: Some(DEFAULT_CUDA_GRAPH_MAX_BS),
@@ -337,11 +341,10 @@ pub fn general_cap(token_capacity: u64, context_len: u64, requested: Option<u64>
 pub fn outside_pool_mib(params: &Params, settings: &Settings) -> f64 {
     // `activation_tokens` in memory_hook.py: the chunk (or, unchunked, the prefill budget),
     // never under 2048.
-    let chunk = match settings.chunked_prefill_size {
-        0 => settings.max_prefill_tokens,
-        n => n,
-    }
-    .max(2048);
+    let chunk = settings
+        .chunked_prefill_size
+        .unwrap_or(settings.max_prefill_tokens)
+        .max(2048);
     params.reserved_mib
         + params.activation_kib_per_token * chunk as f64 / 1024.0
         + graph_mib(params, settings)
@@ -416,7 +419,8 @@ pub(crate) mod tests {
             mamba_full_memory_ratio: 0.9,
             context_length: Some(8192),
             max_total_tokens: None,
-            chunked_prefill_size: 8192,
+            chunked_prefill_size: Some(8192),
+            schedule_conservativeness: 1.0,
             max_prefill_tokens: 16384,
             stream_interval: 1,
             cuda_graph_max_bs: Some(DEFAULT_CUDA_GRAPH_MAX_BS),

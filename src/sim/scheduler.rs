@@ -1,14 +1,12 @@
-//! The continuous-batching scheduler on a virtual clock: admits queued requests up to the
-//! effective cap and the KV budget, runs prefill and decode steps whose simulated durations
-//! come from the model, and delivers tokens when each step ends.
+//! The continuous-batching scheduler on a virtual clock: runs the prefill and decode steps that
+//! [`Batch`] decides, for the simulated durations the model gives, and delivers tokens to the
+//! clients when each step ends.
 //!
 //! Steps at high time scales are shorter than the timer resolution, so the loop keeps a virtual
 //! clock: each step advances it by its scaled duration and the loop sleeps only while the
 //! virtual clock is ahead of the wall clock. Oversleeping is then repaid by running the next
 //! steps back to back, which keeps throughput exact on average. When idle it awaits new work.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::sim::batch::{Batch, Lengths, Limits, Step};
 use crate::sim::log;
 use crate::sim::model::Plan;
 
@@ -37,6 +36,9 @@ pub struct Metrics {
     pub queued: AtomicU64,
     pub kv_used: AtomicU64,
     gen_throughput_bits: AtomicU64,
+    /// The new-token ratio admission used at the last prefill (metrics_reporter.py sets
+    /// `sglang:new_token_ratio` from the prefill's stats).
+    new_token_ratio_bits: AtomicU64,
     pub prompt_tokens_total: AtomicU64,
     pub generation_tokens_total: AtomicU64,
     pub requests_total: AtomicU64,
@@ -55,6 +57,10 @@ pub struct Metrics {
 impl Metrics {
     pub fn gen_throughput(&self) -> f64 {
         f64::from_bits(self.gen_throughput_bits.load(Ordering::Relaxed))
+    }
+
+    pub fn new_token_ratio(&self) -> f64 {
+        f64::from_bits(self.new_token_ratio_bits.load(Ordering::Relaxed))
     }
 
     fn set_gen_throughput(&self, v: f64) {
@@ -152,6 +158,9 @@ pub struct Job {
     pub cached_tokens: u64,
     /// Tokens it will generate (≥ 1): its natural length capped by max tokens and context.
     pub output_tokens: u64,
+    /// `max_new_tokens` as the request asked, or the room left in the context: what admission
+    /// expects it may generate.
+    pub max_new_tokens: u64,
     /// Whether it counts toward `--sim-die-after` (the warm-up request does not).
     pub counts: bool,
     /// Whether its tokens reach the metrics counters: not for `/health`'s probe, which SGLang
@@ -160,10 +169,11 @@ pub struct Job {
     pub reply: Reply,
 }
 
-struct Running {
-    job: Job,
-    /// Decode steps completed when it was admitted.
-    admit_step: u64,
+/// What the batch carries for each request besides its lengths.
+struct Owed {
+    counts: bool,
+    log_metrics: bool,
+    reply: Reply,
 }
 
 /// How the scheduler loop ended.
@@ -181,26 +191,10 @@ pub struct Scheduler {
     die_after: Option<u64>,
     /// `--max-queued-requests`.
     max_queued: Option<u64>,
-    queue: VecDeque<Job>,
-    running: HashMap<u64, Running>,
-    finish_at: BinaryHeap<Reverse<(u64, u64)>>,
-    streaming: Vec<u64>,
-    next_id: u64,
+    batch: Batch<Owed>,
+    /// Decode steps run.
     steps: u64,
-    /// Σ(prompt + 1 − admit_step) over running requests: KV in use is this + n × steps.
-    kv_base: i64,
-    /// Σ(prompt + output) over running requests, reserved at admission.
-    kv_reserved: u64,
     completed: u64,
-}
-
-enum Work {
-    Prefill {
-        ids: Vec<u64>,
-        tokens: u64,
-        cached: u64,
-    },
-    Decode,
 }
 
 impl Scheduler {
@@ -210,20 +204,22 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         die_after: Option<u64>,
     ) -> Self {
+        let settings = &plan.settings;
+        let batch = Batch::new(Limits {
+            pool: plan.max_total_num_tokens,
+            cap: plan.cap,
+            chunk: settings.chunked_prefill_size,
+            max_prefill: settings.max_prefill_tokens,
+            conservativeness: settings.schedule_conservativeness,
+        });
         Scheduler {
             plan,
             time_scale,
             metrics,
             die_after,
             max_queued: None,
-            queue: VecDeque::new(),
-            running: HashMap::new(),
-            finish_at: BinaryHeap::new(),
-            streaming: Vec::new(),
-            next_id: 0,
+            batch,
             steps: 0,
-            kv_base: 0,
-            kv_reserved: 0,
             completed: 0,
         }
     }
@@ -239,113 +235,55 @@ impl Scheduler {
     fn enqueue(&mut self, job: Job) {
         if self
             .max_queued
-            .is_some_and(|max| self.queue.len() as u64 + 1 > max)
+            .is_some_and(|max| self.batch.queued() as u64 + 1 > max)
         {
             job.reply.abort(Abort::QueueFull);
-        } else {
-            self.queue.push_back(job);
+            return;
         }
-    }
-
-    fn kv_used(&self) -> u64 {
-        (self.kv_base + self.running.len() as i64 * self.steps as i64).max(0) as u64
+        let len = Lengths {
+            prompt: job.prompt_tokens,
+            cached: job.cached_tokens,
+            output: job.output_tokens,
+            max_new: job.max_new_tokens,
+        };
+        let owed = Owed {
+            counts: job.counts,
+            log_metrics: job.log_metrics,
+            reply: job.reply,
+        };
+        self.batch.push(len, owed);
     }
 
     fn publish(&self) {
         let m = &self.metrics;
         m.running
-            .store(self.running.len() as u64, Ordering::Relaxed);
-        m.queued.store(self.queue.len() as u64, Ordering::Relaxed);
-        m.kv_used.store(self.kv_used(), Ordering::Relaxed);
+            .store(self.batch.running() as u64, Ordering::Relaxed);
+        m.queued
+            .store(self.batch.queued() as u64, Ordering::Relaxed);
+        m.kv_used.store(self.batch.kv_used(), Ordering::Relaxed);
     }
 
     fn token_usage(&self) -> f64 {
-        self.kv_used() as f64 / self.plan.max_total_num_tokens.max(1) as f64
-    }
-
-    /// FCFS admission: up to the cap, the KV budget and max_prefill_tokens per batch.
-    fn admit(&mut self) -> Option<Work> {
-        let mut ids = Vec::new();
-        let mut tokens = 0;
-        let mut cached = 0;
-        while let Some(job) = self.queue.front() {
-            if job.reply.is_closed() {
-                self.queue.pop_front();
-                continue;
-            }
-            let extend = job.prompt_tokens - job.cached_tokens.min(job.prompt_tokens);
-            let need = extend + job.output_tokens;
-            let fits_kv = self.kv_reserved + need <= self.plan.max_total_num_tokens;
-            let fits_batch =
-                ids.is_empty() || tokens + extend <= self.plan.settings.max_prefill_tokens;
-            if self.running.len() as u64 >= self.plan.cap
-                || !fits_batch
-                || !(fits_kv || self.running.is_empty())
-            {
-                break;
-            }
-            let job = self.queue.pop_front()?;
-            tokens += extend;
-            cached += job.prompt_tokens - extend;
-            let id = self.next_id;
-            self.next_id += 1;
-            self.kv_base += extend as i64 + 1 - self.steps as i64;
-            self.kv_reserved += need;
-            self.finish_at
-                .push(Reverse((self.steps + job.output_tokens - 1, id)));
-            if matches!(job.reply, Reply::Stream(_)) {
-                self.streaming.push(id);
-            }
-            self.running.insert(
-                id,
-                Running {
-                    job,
-                    admit_step: self.steps,
-                },
-            );
-            ids.push(id);
-        }
-        (!ids.is_empty()).then_some(Work::Prefill {
-            ids,
-            tokens,
-            cached,
-        })
-    }
-
-    fn remove(&mut self, id: u64) -> Option<Running> {
-        let r = self.running.remove(&id)?;
-        let extend = r.job.prompt_tokens - r.job.cached_tokens.min(r.job.prompt_tokens);
-        self.kv_base -= extend as i64 + 1 - r.admit_step as i64;
-        self.kv_reserved -= extend + r.job.output_tokens;
-        if matches!(r.job.reply, Reply::Stream(_)) {
-            self.streaming.retain(|s| *s != id);
-        }
-        Some(r)
+        self.batch.kv_used() as f64 / self.plan.max_total_num_tokens.max(1) as f64
     }
 
     fn finish_due(&mut self) {
-        while let Some(Reverse((step, id))) = self.finish_at.peek().copied() {
-            if step > self.steps {
-                break;
+        for (len, owed) in self.batch.finished() {
+            if owed.log_metrics {
+                let streamed = matches!(owed.reply, Reply::Stream(_));
+                self.metrics.finished(len.prompt, len.output, streamed);
             }
-            self.finish_at.pop();
-            let Some(r) = self.remove(id) else { continue };
-            let out = r.job.output_tokens;
-            if r.job.log_metrics {
-                let streamed = matches!(r.job.reply, Reply::Stream(_));
-                self.metrics.finished(r.job.prompt_tokens, out, streamed);
-            }
-            if r.job.counts {
+            if owed.counts {
                 self.completed += 1;
             }
-            match r.job.reply {
+            match owed.reply {
                 // The client may have gone; nothing is owed to it then.
                 Reply::Once(tx) => {
-                    let _ = tx.send(Ok(out));
+                    let _ = tx.send(Ok(len.output));
                 }
                 Reply::Stream(tx) => {
                     let _ = tx.send(Progress {
-                        generated: out,
+                        generated: len.output,
                         done: true,
                         aborted: None,
                     });
@@ -354,36 +292,19 @@ impl Scheduler {
         }
     }
 
-    fn stream_progress(&self, ids: &[u64]) {
-        for id in ids {
-            if let Some(r) = self.running.get(id)
-                && let Reply::Stream(tx) = &r.job.reply
-            {
-                let generated = 1 + self.steps - r.admit_step;
-                // srt/managers/scheduler_components/output_streamer.py `accept`: the first token
-                // at once, then whenever `stream_interval` tokens are unsent (one per decode
-                // step here); the rest go out at finish.
-                let interval = self.plan.settings.stream_interval;
-                if interval == 1 || generated % interval == 1 {
-                    let _ = tx.send(Progress {
-                        generated,
-                        done: false,
-                        aborted: None,
-                    });
-                }
+    /// srt/managers/scheduler_components/output_streamer.py `accept`: the first token at
+    /// once, then whenever `stream_interval` tokens are unsent (one per decode step here); the
+    /// rest go out at finish.
+    fn stream(&self, owed: &Owed, generated: u64) {
+        if let Reply::Stream(tx) = &owed.reply {
+            let interval = self.plan.settings.stream_interval;
+            if interval == 1 || generated % interval == 1 {
+                let _ = tx.send(Progress {
+                    generated,
+                    done: false,
+                    aborted: None,
+                });
             }
-        }
-    }
-
-    fn abort_disconnected(&mut self) {
-        let gone: Vec<u64> = self
-            .running
-            .iter()
-            .filter(|(_, r)| r.job.reply.is_closed())
-            .map(|(id, _)| *id)
-            .collect();
-        for id in gone {
-            self.remove(id);
         }
     }
 
@@ -402,7 +323,14 @@ impl Scheduler {
                     Err(mpsc::error::TryRecvError::Disconnected) => return End::Cancelled,
                 }
             }
-            if self.running.is_empty() && self.queue.is_empty() {
+            let step = if self.batch.is_idle() {
+                self.batch.idle();
+                None
+            } else {
+                self.batch.next()
+            };
+            let Some(step) = step else {
+                // Idle, or nothing the pool can take until a request arrives or leaves.
                 self.publish();
                 tokio::select! {
                     _ = cancel.cancelled() => return End::Cancelled,
@@ -413,22 +341,39 @@ impl Scheduler {
                 }
                 clock = clock.max(Instant::now());
                 continue;
-            }
-            let work = match self.admit() {
-                Some(w) => w,
-                None if self.running.is_empty() => continue,
-                None => Work::Decode,
             };
-            let secs = match &work {
-                Work::Prefill { tokens, .. } => self.plan.prefill_secs(*tokens),
-                Work::Decode => self.plan.decode_step_secs(self.running.len() as u64),
+            let secs = match &step {
+                Step::Prefill { tokens, .. } => self.plan.prefill_secs(*tokens),
+                Step::Decode { batch, .. } => self.plan.decode_step_secs(*batch),
             };
             // 0.5.23 refreshes the running/queue/usage gauges at a prefill, when idle and every
             // decode_log_interval decode steps, not per step
             // (srt/managers/scheduler_components/metrics_reporter.py): between refreshes a
             // scrape reads the same numbers again.
-            if matches!(work, Work::Prefill { .. }) || self.steps.is_multiple_of(DECODE_LOG_STEPS) {
+            if matches!(step, Step::Prefill { .. }) || self.steps.is_multiple_of(DECODE_LOG_STEPS) {
                 self.publish();
+            }
+            if matches!(step, Step::Prefill { .. }) {
+                self.metrics
+                    .new_token_ratio_bits
+                    .store(self.batch.new_token_ratio().to_bits(), Ordering::Relaxed);
+            }
+            if let Step::Decode {
+                retracted,
+                gained,
+                ratio_before,
+                ..
+            } = step
+                && retracted > 0
+            {
+                // srt/managers/scheduler.py `update_running_batch`. A hybrid model's line adds
+                // `#mamba_num_gained`, which the sim leaves out: it counts mamba slots only
+                // for the cap, not per request.
+                log::tp0(&format!(
+                    "KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, \
+                     #new_tokens_gained: {gained}, #new_token_ratio: {ratio_before:.4} -> {:.4}",
+                    self.batch.new_token_ratio()
+                ));
             }
             clock += Duration::from_secs_f64(secs / self.time_scale);
             let now = Instant::now();
@@ -446,39 +391,50 @@ impl Scheduler {
                 }
             }
             self.metrics.steps_out.fetch_add(1, Ordering::Release);
-            match work {
-                Work::Prefill {
+            match step {
+                Step::Prefill {
                     ids,
                     tokens,
                     cached,
-                    ..
+                    chunks,
                 } => {
-                    self.stream_progress(&ids);
+                    for id in &ids {
+                        if let Some((owed, generated)) = self.batch.get(*id) {
+                            self.stream(owed, generated);
+                        }
+                    }
                     self.finish_due();
-                    if last_prefill_log.is_none_or(|t| t.elapsed() >= MIN_LOG_GAP) {
+                    // SGLang logs every prefill batch, each chunk too; sped up, that would
+                    // flood the log.
+                    let gap = if self.time_scale > 1.0 {
+                        MIN_LOG_GAP
+                    } else {
+                        Duration::ZERO
+                    };
+                    if last_prefill_log.is_none_or(|t| t.elapsed() >= gap) {
                         last_prefill_log = Some(Instant::now());
                         log::tp0(&format!(
                             "Prefill batch, #new-seq: {}, #new-token: {tokens}, #cached-token: {cached}, \
                              token usage: {:.2}, #running-req: {}, #queue-req: {}",
-                            ids.len(),
+                            ids.len() as u64 + chunks,
                             self.token_usage(),
-                            self.running.len(),
-                            self.queue.len()
+                            self.batch.running(),
+                            self.batch.queued()
                         ));
                     }
                 }
-                Work::Decode => {
-                    decode_tokens_since_log += self.running.len() as u64;
+                Step::Decode { batch, .. } => {
+                    decode_tokens_since_log += batch;
                     decode_steps_since_log += 1;
                     self.steps += 1;
-                    let streaming = std::mem::take(&mut self.streaming);
-                    self.stream_progress(&streaming);
-                    self.streaming = streaming;
-                    let (running, kv, usage) =
-                        (self.running.len(), self.kv_used(), self.token_usage());
+                    self.batch.decoded();
+                    for (_, owed, generated) in self.batch.each_running() {
+                        self.stream(owed, generated);
+                    }
+                    let (kv, usage) = (self.batch.kv_used(), self.token_usage());
                     self.finish_due();
                     if self.steps.is_multiple_of(ABORT_CHECK_STEPS) {
-                        self.abort_disconnected();
+                        self.batch.drop_gone(|owed| owed.reply.is_closed());
                     }
                     if decode_steps_since_log >= DECODE_LOG_STEPS
                         && last_decode_log.elapsed() >= MIN_LOG_GAP
@@ -487,9 +443,9 @@ impl Scheduler {
                             / last_decode_log.elapsed().as_secs_f64();
                         self.metrics.set_gen_throughput(rate);
                         log::tp0(&format!(
-                            "Decode batch, #running-req: {running}, #token: {kv}, token usage: \
+                            "Decode batch, #running-req: {batch}, #token: {kv}, token usage: \
                              {usage:.2}, gen throughput (token/s): {rate:.2}, #queue-req: {}",
-                            self.queue.len()
+                            self.batch.queued()
                         ));
                         last_decode_log = Instant::now();
                         decode_tokens_since_log = 0;
@@ -525,6 +481,7 @@ mod tests {
                 prompt_tokens: 100,
                 cached_tokens: 0,
                 output_tokens: output,
+                max_new_tokens: output,
                 counts: true,
                 log_metrics: true,
                 reply: Reply::Once(tx),
@@ -573,6 +530,7 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 0,
             output_tokens: 41,
+            max_new_tokens: 41,
             counts: true,
             log_metrics: true,
             reply: Reply::Stream(ptx),
