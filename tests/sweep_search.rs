@@ -29,25 +29,59 @@ const TRIALS: &[&str] = &[
 #[test]
 fn the_adaptive_search_finds_the_best_of_a_ranged_space_without_crowning_an_oom() {
     let _g = serial();
-    let f = Fleet::new(4, &["mem_fraction_static: 0.85"], &[]);
-    let mut args = vec![
-        "--strategies",
-        "no_buffer,extra_buffer",
-        "--set",
-        "server.mem_fraction_static=0.80..0.94",
-        "--set",
-        "flag.cuda-graph-max-bs-decode=16..512",
-        "--trials",
-        "16",
-    ];
-    args.extend_from_slice(TRIALS);
+    let f = Fleet::new(8, &["mem_fraction_static: 0.85"], &[]);
+    let args = search_args(&["--trials", "24"]);
     let (code, r, err) = f.sweep_json(&args);
     assert_eq!(code, 0, "{err}");
     let file = f.file();
     assert_eq!(file["spec"]["search"]["strategy"], "adaptive", "{file:#}");
     assert_eq!(file["search"]["stopped"], "trials");
     let trials = file["trials"].as_array().unwrap();
-    assert_eq!(trials.len(), 16);
+    // 24 explored, then the close leaders each measured once more (a round of the GPUs at
+    // most), so that a lucky window is not crowned.
+    let again: Vec<&Value> = trials
+        .iter()
+        .filter(|t| t["candidate"]["repeat"] == 1)
+        .collect();
+    assert_eq!(trials.len() - again.len(), 24, "{}", summary(trials));
+    assert!((2..=8).contains(&again.len()), "{}", summary(trials));
+    for t in &again {
+        let first = trials
+            .iter()
+            .find(|e| {
+                e["candidate"]["repeat"].is_null()
+                    && e["candidate"]["settings"] == t["candidate"]["settings"]
+            })
+            .expect("a second window of an explored config");
+        assert_eq!(first["outcome"]["state"], "ok");
+        assert_eq!(
+            t["outcome"]["state"], "ok",
+            "a confirmation is never pruned"
+        );
+    }
+    let won_row = r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["winner"] == true)
+        .expect("a winner");
+    assert_eq!(
+        won_row["windows"], 2,
+        "the winner's figure pools both its windows"
+    );
+    let pooled = won_row["trial"]["outcome"]["output_tok_s_per_gpu"]
+        .as_f64()
+        .unwrap();
+    let windows: Vec<f64> = trials
+        .iter()
+        .filter(|t| t["candidate"]["settings"] == won_row["trial"]["candidate"]["settings"])
+        .map(tok_s)
+        .collect();
+    assert_eq!(windows.len(), 2);
+    assert!(
+        (pooled - (windows[0] + windows[1]) / 2.0).abs() < 1e-6,
+        "{pooled} {windows:?}"
+    );
     // The profile's own values lead: its static fraction, the middle of the rest.
     let first = file["search"]["proposed"][0]["id"].as_str().unwrap();
     assert!(
@@ -237,8 +271,8 @@ fn search_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
-fn itl_p50(t: &Value) -> f64 {
-    t["outcome"]["itl_s"]["p50"]
+fn p99(t: &Value, metric: &str) -> f64 {
+    t["outcome"][metric]["p99"]
         .as_f64()
         .unwrap_or(f64::INFINITY)
 }
@@ -250,62 +284,68 @@ fn tok_s(t: &Value) -> f64 {
 #[test]
 fn under_an_slo_the_search_crowns_the_best_config_that_keeps_it() {
     let _g = serial();
-    let f = Fleet::new(4, &["mem_fraction_static: 0.85"], &[]);
-    // A decode step grows with the batch (24.5 + 0.5 ms a request), and the median gap
-    // between tokens is one step: the fastest configs, with caps over 80, take about 65 ms;
-    // those with a cap under about 72 keep 62 ms. (The p99 gap, about two steps, holds a
-    // prefill between them.)
-    let limit = 0.062;
-    let args = search_args(&["--trials", "16", "--slo", "itl_p50<=62ms"]);
+    let f = Fleet::new(8, &["mem_fraction_static: 0.85"], &[]);
+    // A server holds about 1.25x its cap in flight, so a request queued behind the batch waits
+    // for a whole answer before its prefill: TTFT p99 is about 26 decode steps (24 tokens, the
+    // prefill, the queue), and a step grows with the batch (24.5 + 0.5 ms a request). The
+    // fastest configs, with caps over 80, take 1.7-1.85 s; caps under about 70 keep 1.6 s.
+    // ITL p99 (a step plus the prefill of the requests admitted before it, 120-165 ms here)
+    // is bound loosely: on 2 cores it also measures when the client's thread got to read.
+    let (ttft, itl) = (1.6, 0.25);
+    let args = search_args(&["--trials", "24", "--slo", "ttft_p99<=1.6s,itl_p99<=250ms"]);
     let (code, r, err) = f.sweep_json(&args);
     assert_eq!(code, 0, "{err}");
     let file = f.file();
-    assert_eq!(
-        file["spec"]["slo"][0]["metric"], "itl_p50",
-        "{:#}",
-        file["spec"]
-    );
-    let trials = file["trials"].as_array().unwrap();
-    let ok: Vec<&Value> = trials
+    let metrics: Vec<&str> = file["spec"]["slo"]
+        .as_array()
+        .unwrap()
         .iter()
-        .filter(|t| t["outcome"]["state"] == "ok")
+        .map(|l| l["metric"].as_str().unwrap())
         .collect();
-    let fastest = ok
+    assert_eq!(metrics, ["ttft_p99", "itl_p99"], "{:#}", file["spec"]);
+    let trials = file["trials"].as_array().unwrap();
+    // Each config once, its windows pooled: what the winner is chosen from.
+    let rows: Vec<&Value> = r["rows"]
+        .as_array()
+        .unwrap()
         .iter()
-        .max_by(|a, b| tok_s(a).total_cmp(&tok_s(b)))
+        .filter(|row| row["trial"]["outcome"]["state"] == "ok")
+        .collect();
+    let keeps =
+        |row: &Value| p99(&row["trial"], "ttft_s") <= ttft && p99(&row["trial"], "itl_s") <= itl;
+    let fastest = rows
+        .iter()
+        .max_by(|a, b| tok_s(&a["trial"]).total_cmp(&tok_s(&b["trial"])))
         .unwrap();
-    let kept = ok
+    let kept = rows
         .iter()
-        .filter(|t| itl_p50(t) <= limit)
-        .max_by(|a, b| tok_s(a).total_cmp(&tok_s(b)))
+        .filter(|row| keeps(row))
+        .max_by(|a, b| tok_s(&a["trial"]).total_cmp(&tok_s(&b["trial"])))
         .unwrap_or_else(|| panic!("nothing kept the SLO:\n{}", summary(trials)));
     assert!(
-        itl_p50(fastest) > limit,
+        !keeps(fastest),
         "the fastest config breaks the SLO:\n{}",
         summary(trials)
     );
     // Crowned: the fastest of those that keep it; the faster ones are shown with what they broke.
-    let winner = r["rows"]
-        .as_array()
-        .unwrap()
+    let winner = rows
         .iter()
         .find(|row| row["winner"] == true)
         .expect("a winner");
     // (Of equal figures, either.)
-    assert_eq!(tok_s(&winner["trial"]), tok_s(kept), "{}", summary(trials));
-    assert!(itl_p50(&winner["trial"]) <= limit);
+    assert_eq!(
+        tok_s(&winner["trial"]),
+        tok_s(&kept["trial"]),
+        "{}",
+        summary(trials)
+    );
+    assert!(keeps(winner));
     assert!(winner.get("breaches").is_none(), "{winner:#}");
-    let shown = r["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|row| row["trial"]["candidate"] == fastest["candidate"])
-        .unwrap();
-    assert_eq!(shown["breaches"][0]["metric"], "itl_p50", "{shown:#}");
-    assert!(shown["rank"].as_u64() > winner["rank"].as_u64());
+    assert_eq!(fastest["breaches"][0]["metric"], "ttft_p99", "{fastest:#}");
+    assert!(fastest["rank"].as_u64() > winner["rank"].as_u64());
     // By the model, the crowned config holds fewer requests than the space's best.
     let free = best::best(&params(), &base(), &Space::issue(), None).unwrap();
-    assert!(model(kept).unwrap().cap < free.cap);
+    assert!(model(&kept["trial"]).unwrap().cap < free.cap);
     // The terminal report says so.
     let mut text = vec!["sweep", "--profile", "base", "--resume"];
     text.extend_from_slice(&args);
@@ -313,7 +353,7 @@ fn under_an_slo_the_search_crowns_the_best_config_that_keeps_it() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("(breaks SLO)"), "{out}");
     assert!(
-        out.contains("breaks --slo: ") && out.contains("itl_p50 "),
+        out.contains("breaks --slo: ") && out.contains("ttft_p99 "),
         "{out}"
     );
     assert!(f.records().is_empty(), "nothing left running");
@@ -369,9 +409,13 @@ fn an_interrupted_search_resumes_without_running_a_finished_trial_again() {
     );
     let file = f.file();
     let trials = file["trials"].as_array().unwrap();
-    assert_eq!(trials.len(), 8, "{}", summary(trials));
-    // The finished trials stand as they were; no candidate ran twice; the search went on
-    // from its proposals.
+    let explored = trials
+        .iter()
+        .filter(|t| t["candidate"]["repeat"].is_null())
+        .count();
+    assert_eq!(explored, 8, "{}", summary(trials));
+    // The finished trials stand as they were; no candidate ran twice (a confirmation window
+    // is a candidate of its own); the search went on from its proposals.
     assert_eq!(trials[..before.len()], before[..]);
     let mut ids: Vec<&str> = trials
         .iter()
@@ -379,7 +423,7 @@ fn an_interrupted_search_resumes_without_running_a_finished_trial_again() {
         .collect();
     ids.sort();
     ids.dedup();
-    assert_eq!(ids.len(), 8, "a trial ran again");
+    assert_eq!(ids.len(), trials.len(), "a trial ran again");
     let now = file["search"]["proposed"].as_array().unwrap();
     assert_eq!(now[..proposed.len()], proposed[..]);
     assert_eq!(file["search"]["stopped"], "trials");

@@ -108,6 +108,8 @@ fn sweep(s: &SweepView) -> Markup {
             note: match (&r.state, &r.pruned_by, &r.failure) {
                 (State::Pruned, Some(l), _) => format!("pruned by {l}"),
                 (State::Failed, _, Some(_)) => "failed".into(),
+                _ if r.windows > 1 && r.winner => format!("{} full windows, winner", r.windows),
+                _ if r.windows > 1 => format!("{} full windows", r.windows),
                 _ if r.winner => "full window, winner".into(),
                 _ => "full window".into(),
             },

@@ -74,6 +74,8 @@ pub struct CandidateRow {
     pub gpus: Vec<String>,
     pub tok_s_per_gpu: Option<f64>,
     pub interval: Option<Estimate>,
+    /// Full windows its figures pool (a search's confirmation runs a close leader twice).
+    pub windows: usize,
     pub ttft_s: Option<Percentiles>,
     pub itl_s: Option<Percentiles>,
     pub cap: Option<u32>,
@@ -228,6 +230,7 @@ fn sweep_view(
                     .collect(),
                 tok_s_per_gpu: tok,
                 interval: m.and_then(|m| m.estimate),
+                windows: r.windows,
                 ttft_s: m.and_then(|m| m.ttft_s),
                 itl_s: m.and_then(|m| m.itl_s),
                 cap: m.map(|m| m.cap),

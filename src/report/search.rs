@@ -120,7 +120,14 @@ pub fn view(file: &SweepFile, winner: Option<&str>) -> Option<SearchView> {
             best.push((i + 1, b));
         }
         points.push(Explored {
-            label: t.candidate.label(),
+            label: match t.candidate.repeat {
+                0 => t.candidate.label(),
+                _ => format!(
+                    "{} (window {})",
+                    t.candidate.label(),
+                    t.candidate.repeat + 1
+                ),
+            },
             at,
             tok_s: measured.map(|m| m.output_tok_s_per_gpu),
             kind,

@@ -16,6 +16,9 @@ use super::space::Candidate;
 const FIRST_STEP: f64 = 0.25;
 /// Refinement ends below this step: a 1/128 of a range is under what a window can tell apart.
 const LAST_STEP: f64 = 1.0 / 128.0;
+/// Leaders within this share of the best figure are a close race: a window's noise (about 1%
+/// on the sim, more on a loaded host) may have ordered them, so each is measured again.
+const CLOSE: f64 = 0.05;
 /// Keys whose larger values take more GPU memory (the static pool, the captured decode
 /// graphs, the requests held at once): past a failed point on all of them lies failure too.
 const MEMORY_KEYS: [&str; 5] = [
@@ -107,7 +110,7 @@ impl Adaptive {
                 .collect(),
         };
         for t in trials {
-            if matches!(t.outcome, Outcome::Failed { .. }) {
+            if matches!(t.outcome, Outcome::Failed { .. }) || t.candidate.repeat > 0 {
                 continue;
             }
             if let Some(w) = t.first_window {
@@ -145,7 +148,7 @@ impl Adaptive {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(";");
-        Candidate { id, settings }
+        Candidate::new(id, settings)
     }
 
     /// Where a candidate sits, one coordinate per dimension.
@@ -277,6 +280,21 @@ impl Adaptive {
         out
     }
 
+    /// How many moves one poll around a point makes: a step down and up each range, the four
+    /// diagonals of each pair of ranges, and every other value of each list.
+    fn moves(&self) -> usize {
+        let ranges = self.dims.iter().filter(|d| !d.is_list()).count();
+        let lists: usize = self
+            .dims
+            .iter()
+            .map(|d| match &d.domain {
+                super::range::Domain::List { values } => values.len().saturating_sub(1),
+                super::range::Domain::Range { .. } => 0,
+            })
+            .sum();
+        2 * ranges + 2 * ranges * ranges.saturating_sub(1) + lists
+    }
+
     /// The list values clearly behind: (dimension, coordinate) of each value that ran at
     /// least twice and never came within 70% of the best figure.
     fn behind(&self, trials: &[Trial]) -> Vec<(usize, f64)> {
@@ -319,28 +337,72 @@ impl Adaptive {
             .sum()
     }
 
-    /// The best measured trial and its place: the highest figure among those keeping the SLO
-    /// (while none does, the highest penalised figure), and among figures within half a
-    /// percent of it (the same, to a window's precision) the one asking least memory, which
-    /// leaves the most room to grow into.
+    /// The search ends for `why`: once every proposed candidate has run, the leaders close
+    /// enough for a window's noise to have ordered them (within [`CLOSE`] of the best, a round
+    /// of the GPUs at most) each run a second window, and the ranking pools both; a lead the
+    /// noise made is not crowned. Not at `--budget`, which is a promise about time.
+    fn finish(&self, view: &View<'_>, pending: bool, why: Stop) -> Next {
+        let done = Next {
+            run: Vec::new(),
+            stop: Some(why),
+        };
+        if why == Stop::Budget || view.proposed.iter().any(|c| c.repeat > 0) {
+            return done;
+        }
+        if pending {
+            // Asked again as each trial ends; the leaders are known once the last has.
+            return Next {
+                run: Vec::new(),
+                stop: None,
+            };
+        }
+        let any = view.trials.iter().any(|t| self.keeps(t));
+        let mut leaders: Vec<(f64, &Trial)> = view
+            .trials
+            .iter()
+            .filter(|t| !any || self.keeps(t))
+            .filter_map(|t| Some((self.score(t)?, t)))
+            .collect();
+        leaders.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let top = leaders.first().map_or(0.0, |l| l.0);
+        let close: Vec<Proposal> = leaders
+            .iter()
+            .take_while(|(s, _)| *s >= top * (1.0 - CLOSE))
+            .take(self.gpus)
+            .map(|(_, t)| Proposal {
+                candidate: t.candidate.again(),
+                need: self.need.clone(),
+            })
+            .collect();
+        if close.len() < 2 {
+            return done;
+        }
+        Next {
+            run: close,
+            stop: Some(why),
+        }
+    }
+
+    /// The best measured trial and its place: the trials in order, each taking the lead when
+    /// its figure is higher, or within half a percent (the same, to a window's precision) and
+    /// asking less memory, which leaves the most room to grow into. Only those keeping the SLO
+    /// count while any does (until then, the penalised figures). Replayed in order, a lucky
+    /// window cannot hand the lead back and forth between near-equal points.
     fn best<'t>(&self, trials: &'t [Trial]) -> Option<(usize, &'t Trial)> {
         let any = trials.iter().any(|t| self.keeps(t));
-        let counts = |t: &Trial| !any || self.keeps(t);
-        let top = trials
-            .iter()
-            .filter(|t| counts(t))
-            .filter_map(|t| self.score(t))
-            .fold(f64::NAN, f64::max);
-        trials
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| counts(t))
-            .filter(|(_, t)| self.score(t).is_some_and(|s| s >= top * 0.995))
-            .min_by(|a, b| {
-                self.memory(&a.1.candidate)
-                    .total_cmp(&self.memory(&b.1.candidate))
-                    .then(a.0.cmp(&b.0))
-            })
+        let mut lead: Option<(usize, &'t Trial, f64)> = None;
+        for (i, t) in trials.iter().enumerate() {
+            let Some(s) = self.score(t).filter(|_| !any || self.keeps(t)) else {
+                continue;
+            };
+            let takes = lead.is_none_or(|(_, l, ls)| {
+                s > ls || (s >= ls * 0.995 && self.memory(&t.candidate) < self.memory(&l.candidate))
+            });
+            if takes {
+                lead = Some((i, t, s));
+            }
+        }
+        lead.map(|(i, t, _)| (i, t))
     }
 }
 
@@ -362,18 +424,22 @@ impl Strategy for Adaptive {
                 stop: None,
             };
         }
-        let proposed = view.proposed.len();
-        let stop = |stop| Next {
-            run: Vec::new(),
-            stop: Some(stop),
-        };
-        if proposed >= self.limits.trials {
-            return stop(Stop::Trials);
-        }
+        // Confirmation windows are not explored points: --trials counts the others.
+        let proposed = view.proposed.iter().filter(|c| c.repeat == 0).count();
+        let pending = view
+            .proposed
+            .iter()
+            .any(|c| !view.trials.iter().any(|t| t.candidate.id == c.id));
         if let Some(b) = self.limits.budget_s
             && view.elapsed.as_secs_f64() >= b
         {
-            return stop(Stop::Budget);
+            return Next {
+                run: Vec::new(),
+                stop: Some(Stop::Budget),
+            };
+        }
+        if proposed >= self.limits.trials {
+            return self.finish(view, pending, Stop::Trials);
         }
         let room = view.free.len().min(self.limits.trials - proposed);
         let taken = |id: &str, run: &[Candidate]| {
@@ -414,16 +480,18 @@ impl Strategy for Adaptive {
             // improving.
             let patience = 3 * (2 * self.dims.len()).max(self.gpus);
             if view.trials.len() - at > patience {
-                return stop(Stop::Converged);
+                return self.finish(view, pending, Stop::Converged);
             }
             let Some(centre) = self.point(&t.candidate) else {
-                return stop(Stop::Exhausted);
+                return self.finish(view, pending, Stop::Exhausted);
             };
             let behind = self.behind(view.trials);
-            // Each round of refinement starts a step finer than the last: the later rounds
-            // look closer around a best the earlier ones placed.
-            let rounds = (proposed - n0) / self.gpus;
-            let mut step = FIRST_STEP / 2f64.powi(rounds.min(16) as i32);
+            // Each full poll of the moves around the best (or round of the GPUs, if larger)
+            // starts a step finer: the later polls look closer around a best the earlier ones
+            // placed. Counted in polls, not rounds, so that a sweep on fewer GPUs than moves
+            // still tries every move at a step before it narrows.
+            let polls = (proposed - n0) / self.moves().max(self.gpus);
+            let mut step = FIRST_STEP / 2f64.powi(polls.min(16) as i32);
             while run.len() < room && step >= LAST_STEP {
                 for u in self.neighbours(&centre, step, &behind) {
                     if run.len() == room {
@@ -440,15 +508,14 @@ impl Strategy for Adaptive {
                 }
             }
         }
-        let pending = view
-            .proposed
-            .iter()
-            .any(|c| !view.trials.iter().any(|t| t.candidate.id == c.id));
-        let end = (run.is_empty() && !pending).then_some(if sampling {
-            Stop::Exhausted
-        } else {
-            Stop::Converged
-        });
+        if run.is_empty() && !pending {
+            let end = if sampling {
+                Stop::Exhausted
+            } else {
+                Stop::Converged
+            };
+            return self.finish(view, pending, end);
+        }
         for c in &run {
             self.index(c);
         }
@@ -460,16 +527,17 @@ impl Strategy for Adaptive {
                     need: self.need.clone(),
                 })
                 .collect(),
-            stop: end,
+            stop: None,
         }
     }
 
     /// Successive halving, as the grid does it: a candidate clearly behind the leader on the
     /// same hosts after its first window stops there.
+    /// A confirmation window is never pruned: it is there to be measured in full.
     fn judge(&mut self, screens: &[Screen]) -> Vec<Verdict> {
         let numbers: Vec<Option<usize>> = screens
             .iter()
-            .map(|s| Some(self.index(&s.candidate)))
+            .map(|s| (s.candidate.repeat == 0).then(|| self.index(&s.candidate)))
             .collect();
         prune::judge(&mut self.board, screens, &numbers, |i| {
             self.known[i].clone()

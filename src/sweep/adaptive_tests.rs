@@ -41,6 +41,11 @@ fn space() -> Vec<Dim> {
 /// pool together run out past an edge. Its best lies just below that edge with the bound just
 /// above the cap. `None`: out of memory.
 fn point(c: &Candidate) -> Option<best::Point> {
+    point_with(&Params::default(), c)
+}
+
+/// [`point`] on the sim with `params`.
+fn point_with(params: &Params, c: &Candidate) -> Option<best::Point> {
     let get = |k: &str| {
         c.settings
             .iter()
@@ -51,7 +56,7 @@ fn point(c: &Candidate) -> Option<best::Point> {
     let mfs: f64 = get("mem_fraction_static").parse().unwrap();
     let bs: u64 = get("cuda-graph-max-bs-decode").parse().unwrap();
     let strategy = SimStrategy::parse(&get("mamba_strategy")).unwrap();
-    best::at(&Params::default(), &base(), strategy, mfs, bs)
+    best::at(params, &base(), strategy, mfs, bs)
 }
 
 fn base() -> Settings {
@@ -151,6 +156,18 @@ fn play(
     gpus: u32,
     cut: usize,
 ) -> (usize, Option<Stop>) {
+    play_with(a, state, trials, gpus, cut, trial)
+}
+
+/// [`play`] with `measure` giving each candidate's trial.
+fn play_with(
+    a: &mut Adaptive,
+    state: &mut SearchState,
+    trials: &mut Vec<Trial>,
+    gpus: u32,
+    cut: usize,
+    mut measure: impl FnMut(&Candidate, &Slot) -> Trial,
+) -> (usize, Option<Stop>) {
     let free = slots(gpus);
     for round in 0..cut {
         let next = a.propose(&View {
@@ -162,7 +179,7 @@ fn play(
         state.propose(next.run.iter().map(|p| p.candidate.clone()));
         assert!(next.run.len() <= free.len(), "a round fits the GPUs");
         for (p, gpu) in next.run.iter().zip(&free) {
-            let t = trial(&p.candidate, gpu);
+            let t = measure(&p.candidate, gpu);
             a.observe(&t);
             trials.push(t);
         }
@@ -203,7 +220,19 @@ fn it_finds_the_best_within_three_percent_in_four_rounds_of_eight_gpus() {
     let mut trials = Vec::new();
     let (rounds, stop) = play(&mut a, &mut state, &mut trials, 8, usize::MAX);
     assert_eq!(stop, Some(Stop::Trials));
-    assert_eq!((rounds, trials.len()), (4, 32));
+    // Four rounds explore; a fifth runs the close leaders again, each once.
+    assert_eq!(rounds, 5);
+    let (explored, again): (Vec<&Trial>, Vec<&Trial>) =
+        trials.iter().partition(|t| t.candidate.repeat == 0);
+    assert_eq!(explored.len(), 32);
+    assert!((2..=8).contains(&again.len()), "{}", again.len());
+    for t in &again {
+        let first = explored
+            .iter()
+            .find(|e| e.candidate.settings == t.candidate.settings)
+            .expect("a second window of an explored config");
+        assert!(matches!(first.outcome, Outcome::Ok(_)));
+    }
     let (found, t) = best_kept(&trials, &Slo::default());
     let top = optimum(None).tok_s;
     assert!(found >= 0.97 * top, "found {found:.1} of {top:.1}");
@@ -211,6 +240,9 @@ fn it_finds_the_best_within_three_percent_in_four_rounds_of_eight_gpus() {
         objective(&t.candidate).is_some(),
         "an OOM is never the best"
     );
+    let crowned = crate::sweep::rank::rank(&trials, None);
+    let winner = crowned.iter().find(|r| r.winner).unwrap();
+    assert_eq!(winner.windows, 2, "the winner was confirmed");
     let ooms = trials
         .iter()
         .filter(|t| matches!(t.outcome, Outcome::Failed { .. }))
@@ -435,9 +467,89 @@ fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
         }
         if let Some(stop) = next.stop {
             assert_eq!(stop, Stop::Exhausted, "round {round}");
-            assert_eq!(state.proposed.len(), 2);
+            // Both points, then both again: 100 and 101 are too close for one window each.
+            assert_eq!(state.proposed.len(), 4);
+            assert_eq!(next.run.len(), 2);
+            assert!(next.run.iter().all(|p| p.candidate.repeat == 1));
             return;
         }
     }
     panic!("a space of two points never stopped");
+}
+
+/// A window's figure with relative noise: a seeded normal draw (Box–Muller over a 64-bit
+/// linear congruential generator), so that every play is the same.
+struct Noise {
+    state: u64,
+    sigma: f64,
+}
+
+impl Noise {
+    fn uniform(&mut self) -> f64 {
+        self.state = self
+            .state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn factor(&mut self) -> f64 {
+        let (a, b) = (self.uniform(), self.uniform());
+        1.0 + self.sigma * (-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()
+    }
+}
+
+/// The benchmark's search (24 trials on 8 GPUs) on the sim with `params`, each window off by
+/// `noise`: the crowned config's distance to the space's best (`top` tok/s), by the model.
+fn noisy_search(params: &Params, top: f64, noise: &mut Noise) -> f64 {
+    let mut state = SearchState::new(Model::Adaptive { step: 0.25 });
+    let mut a = search(24, &state, &[]);
+    let mut trials = Vec::new();
+    play_with(&mut a, &mut state, &mut trials, 8, usize::MAX, |c, gpu| {
+        let mut t = trial(c, gpu);
+        t.outcome = match point_with(params, c) {
+            Some(p) => Outcome::Ok(measured(p.tok_s * noise.factor())),
+            None => t.outcome,
+        };
+        t
+    });
+    let ranked = crate::sweep::rank::rank(&trials, None);
+    let winner = ranked.iter().find(|r| r.winner).expect("a winner");
+    let found = point_with(params, &winner.trial.candidate).expect("an OOM is never crowned");
+    1.0 - found.tok_s / top
+}
+
+#[test]
+fn under_a_window_s_noise_it_still_crowns_within_three_percent() {
+    // Eight copies of one config, measured side by side on the sim, differ by about 0.8%;
+    // 1% is taken here. Near the edge, configs 1-2% apart then measure in either order: the
+    // confirmation windows keep such a lead from being crowned on one window's luck.
+    for output in [988, 40] {
+        let params = Params {
+            mean_output_tokens: output,
+            ..Params::default()
+        };
+        let top = best::best(&params, &base(), &best::Space::issue(), None)
+            .unwrap()
+            .tok_s;
+        let mut distances: Vec<f64> = (0..100)
+            .map(|seed| {
+                noisy_search(
+                    &params,
+                    top,
+                    &mut Noise {
+                        state: seed,
+                        sigma: 0.01,
+                    },
+                )
+            })
+            .collect();
+        distances.sort_by(f64::total_cmp);
+        let over = distances.iter().filter(|&&d| d > 0.03).count();
+        assert!(
+            over <= 1 && distances[50] < 0.015,
+            "{output}-token answers: {over} of 100 beyond 3%, median {:.2}%",
+            distances[50] * 100.0
+        );
+    }
 }

@@ -48,6 +48,54 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// One config's windows as one measurement: the mean of each rate and latency percentile
+    /// (percentiles of equal windows, averaged), the counts summed, the lowest cap and KV pool,
+    /// and the interval of the mean of the windows' means. `None` for no window.
+    pub fn pool(windows: &[&Measured]) -> Option<Measured> {
+        let (first, n) = (*windows.first()?, windows.len() as f64);
+        let mean = |f: &dyn Fn(&Measured) -> f64| windows.iter().map(|m| f(m)).sum::<f64>() / n;
+        let percentiles = |f: &dyn Fn(&Measured) -> Option<Percentiles>| {
+            let all: Option<Vec<Percentiles>> = windows.iter().map(|m| f(m)).collect();
+            all.map(|p| Percentiles {
+                p50: p.iter().map(|x| x.p50).sum::<f64>() / n,
+                p99: p.iter().map(|x| x.p99).sum::<f64>() / n,
+            })
+        };
+        let completed: u64 = windows.iter().map(|m| m.completed).sum();
+        let estimates: Option<Vec<Estimate>> = windows.iter().map(|m| m.estimate).collect();
+        Some(Measured {
+            gpus: first.gpus,
+            output_tok_s: mean(&|m| m.output_tok_s),
+            output_tok_s_per_gpu: mean(&|m| m.output_tok_s_per_gpu),
+            req_s: mean(&|m| m.req_s),
+            completed,
+            errors: windows.iter().map(|m| m.errors).sum(),
+            mean_output_tokens: if completed == 0 {
+                mean(&|m| m.mean_output_tokens)
+            } else {
+                windows
+                    .iter()
+                    .map(|m| m.mean_output_tokens * m.completed as f64)
+                    .sum::<f64>()
+                    / completed as f64
+            },
+            ttft_s: percentiles(&|m| m.ttft_s),
+            itl_s: percentiles(&|m| m.itl_s),
+            cap: windows.iter().map(|m| m.cap).min().unwrap_or(first.cap),
+            in_flight: first.in_flight,
+            kv_tokens: windows.iter().map(|m| m.kv_tokens).min().unwrap_or(0),
+            strategy: first.strategy.clone(),
+            startup_s: first.startup_s,
+            completed_output_tok_s: mean(&|m| m.completed_output_tok_s),
+            metrics_output_tok_s: windows
+                .iter()
+                .map(|m| m.metrics_output_tok_s)
+                .sum::<Option<f64>>()
+                .map(|s| s / n),
+            estimate: estimates.and_then(|e| Estimate::of_mean(&e)),
+        })
+    }
+
     /// The servers' own count disagrees with the client's by more than 5%.
     pub fn metrics_disagree(&self) -> bool {
         match self.metrics_output_tok_s {

@@ -133,10 +133,19 @@ pub struct Ranked {
     pub ratio: Option<f64>,
     /// Projected hours for the whole dataset on all the sweep's GPUs running this candidate.
     pub eta_hours: Option<f64>,
+    /// Its figures: with several windows (a search's confirmation), the first trial with
+    /// their pooled measurement.
     pub trial: Trial,
+    /// The full windows the figures pool; shown when more than one.
+    #[serde(skip_serializing_if = "is_one")]
+    pub windows: usize,
     /// The `--slo` limits it broke: shown, never crowned.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub breaches: Vec<Breach>,
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 /// The dataset a projection is for.
@@ -158,6 +167,14 @@ pub fn rank(trials: &[Trial], dataset: Option<Dataset>) -> Vec<Ranked> {
 /// failed ones in input order. Only a fully measured candidate that keeps the SLO can win;
 /// ratios (to the winner, or without one to the fastest) and ETAs are given for every figure.
 pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec<Ranked> {
+    let pooled = pooled(trials);
+    let windows = |t: &Trial| {
+        pooled
+            .iter()
+            .find(|(p, _)| p.candidate.id == t.candidate.id)
+            .map_or(1, |(_, n)| *n)
+    };
+    let trials: Vec<Trial> = pooled.iter().map(|(t, _)| t.clone()).collect();
     let by_figure = |pruned: bool, keeps: bool| {
         let mut v: Vec<(&Trial, &Measured)> = trials
             .iter()
@@ -194,6 +211,7 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             ratio: best.map(|b| m.output_tok_s_per_gpu / b),
             eta_hours: dataset.and_then(|d| eta_hours(d, m.output_tok_s_per_gpu)),
             trial: (*t).clone(),
+            windows: windows(t),
             breaches: slo.breaches(m),
         })
         .collect();
@@ -208,10 +226,40 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             ratio: None,
             eta_hours: None,
             trial: t.clone(),
+            windows: 1,
             breaches: Vec::new(),
         });
     }
     rows
+}
+
+/// The trials with each config's full windows pooled into its first trial (a search runs a
+/// close leader again to confirm it), in order, with how many windows each stands for.
+fn pooled(trials: &[Trial]) -> Vec<(Trial, usize)> {
+    fn full(t: &Trial) -> Option<&Measured> {
+        match &t.outcome {
+            Outcome::Ok(m) => Some(m),
+            _ => None,
+        }
+    }
+    let mut out = Vec::new();
+    for (i, t) in trials.iter().enumerate() {
+        let same = |o: &&Trial| o.candidate.settings == t.candidate.settings;
+        if full(t).is_none() {
+            out.push((t.clone(), 1));
+            continue;
+        }
+        if trials[..i].iter().filter(same).any(|o| full(o).is_some()) {
+            continue;
+        }
+        let windows: Vec<&Measured> = trials[i..].iter().filter(same).filter_map(full).collect();
+        let mut first = t.clone();
+        if let Some(m) = Measured::pool(&windows) {
+            first.outcome = Outcome::Ok(m);
+        }
+        out.push((first, windows.len()));
+    }
+    out
 }
 
 pub fn eta_hours(d: Dataset, tok_s_per_gpu: f64) -> Option<f64> {
@@ -307,10 +355,10 @@ mod tests {
 
     fn trial(strategy: &str, tok_s_per_gpu: f64, cap: u32, itl: f64) -> Trial {
         Trial {
-            candidate: Candidate {
-                id: format!("server.mamba_strategy={strategy}"),
-                settings: vec![("server.mamba_strategy".into(), strategy.into())],
-            },
+            candidate: Candidate::new(
+                format!("server.mamba_strategy={strategy}"),
+                vec![("server.mamba_strategy".into(), strategy.into())],
+            ),
             gpus: vec![],
             outcome: Outcome::Ok(Measured {
                 gpus: 4,

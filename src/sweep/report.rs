@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::assign::{Mode, Slot};
 use super::file::SweepSpec;
 use super::load::{Repeated, Unfit, WorkloadSpec};
+use super::measured::Measured;
 use super::rank::{self, Dataset, Outcome, Percentiles, Ranked, Trial};
 use super::slo::Slo;
 use super::space::Candidate;
@@ -94,6 +95,18 @@ fn latency(p: Option<Percentiles>) -> String {
     })
 }
 
+/// `1180.3 ±30.1`: a measured figure with its 95% interval, where the window gave one.
+fn throughput(m: &Measured) -> String {
+    match &m.estimate {
+        Some(e) => format!(
+            "{:.1} ±{:.1}",
+            m.output_tok_s_per_gpu,
+            (e.high - e.low) / 2.0
+        ),
+        None => format!("{:.1}", m.output_tok_s_per_gpu),
+    }
+}
+
 /// `1180.3 [1150.2, 1210.4]`.
 fn interval(e: &Estimate) -> String {
     format!("{:.1} [{:.1}, {:.1}]", e.mean, e.low, e.high)
@@ -172,7 +185,8 @@ pub fn text(r: &Report) -> String {
         header.push("ETA");
     }
     let pruning = r.first_window_s.is_some();
-    if pruning {
+    let pooled = r.rows.iter().any(|row| row.windows > 1);
+    if pruning || pooled {
         header.push("window");
     }
     let rows = r.rows.iter().map(|row| {
@@ -188,7 +202,7 @@ pub fn text(r: &Report) -> String {
             Some(m) => {
                 cells.extend([
                     m.strategy.clone().unwrap_or_else(|| "-".into()),
-                    format!("{:.1}", m.output_tok_s_per_gpu),
+                    throughput(m),
                     row.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
                     format!("{:.2}", m.req_s),
                     latency(m.ttft_s),
@@ -204,10 +218,13 @@ pub fn text(r: &Report) -> String {
                 if r.dataset.is_some() {
                     cells.push(row.eta_hours.map_or("-".into(), hours));
                 }
-                if pruning {
+                if pruning || pooled {
                     cells.push(match &row.trial.outcome {
                         Outcome::Pruned(_) => {
                             format!("{}, pruned", seconds(r.first_window_s.unwrap_or_default()))
+                        }
+                        _ if row.windows > 1 => {
+                            format!("{} x {}", row.windows, seconds(r.duration_s))
                         }
                         _ => seconds(r.duration_s),
                     });
@@ -442,10 +459,10 @@ mod tests {
     }
 
     fn cand(s: &str) -> Candidate {
-        Candidate {
-            id: format!("server.mamba_strategy={s}"),
-            settings: vec![("server.mamba_strategy".into(), s.into())],
-        }
+        Candidate::new(
+            format!("server.mamba_strategy={s}"),
+            vec![("server.mamba_strategy".into(), s.into())],
+        )
     }
 
     fn ok(s: &str, tok: f64, cap: u32, metrics: f64) -> Trial {

@@ -19,9 +19,38 @@ pub struct Candidate {
     pub id: String,
     /// `(key, value)` per axis, in axis order.
     pub settings: Vec<(String, String)>,
+    /// 0 for a config's first trial; 1 for the second window a search runs to confirm a close
+    /// lead (the ranking pools a config's windows).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeat: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Candidate {
+    /// A point of the space, measured for the first time.
+    pub fn new(id: String, settings: Vec<(String, String)>) -> Candidate {
+        Candidate {
+            id,
+            settings,
+            repeat: 0,
+        }
+    }
+
+    /// The same config run once more: another id (so that `--resume` tells the windows apart),
+    /// the same settings.
+    pub fn again(&self) -> Candidate {
+        let repeat = self.repeat + 1;
+        let first = self.id.split('#').next().unwrap_or(&self.id);
+        Candidate {
+            id: format!("{first}#{}", repeat + 1),
+            settings: self.settings.clone(),
+            repeat,
+        }
+    }
+
     /// Short human label: the values joined, e.g. `no_buffer` or `no_buffer mfs=0.85`.
     pub fn label(&self) -> String {
         if self.settings.is_empty() {
@@ -240,7 +269,7 @@ pub fn candidates(axes: &[Axis]) -> Vec<Candidate> {
                     .collect::<Vec<_>>()
                     .join(";")
             };
-            Candidate { id, settings }
+            Candidate::new(id, settings)
         })
         .collect()
 }

@@ -28,6 +28,27 @@ impl Estimate {
         }
     }
 
+    /// The mean of independent estimates, with the interval of that mean: its half-width is
+    /// the root of the halves' squares over their count. `None` for none.
+    pub fn of_mean(estimates: &[Estimate]) -> Option<Estimate> {
+        let n = estimates.len() as f64;
+        let first = estimates.first()?;
+        let mean = estimates.iter().map(|e| e.mean).sum::<f64>() / n;
+        let half = estimates
+            .iter()
+            .map(|e| ((e.high - e.low) / 2.0).powi(2))
+            .sum::<f64>()
+            .sqrt()
+            / n;
+        Some(Estimate {
+            mean,
+            low: mean - half,
+            high: mean + half,
+            samples: estimates.iter().map(|e| e.samples).sum(),
+            sample_s: first.sample_s,
+        })
+    }
+
     /// This interval lies wholly below `other`'s.
     pub fn clearly_below(&self, other: &Estimate) -> bool {
         self.high < other.low
