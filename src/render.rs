@@ -33,6 +33,25 @@ pub trait Model: Serialize {
     }
 }
 
+/// A server log's last lines for a terminal, each indented under its finding. A line longer
+/// than a screen is cut: SGLang's first line (`server_args={...}`) runs to 20,000 characters,
+/// and a search whose candidates run out of memory would print it for each of them. The whole
+/// line stays in the log and in the JSON.
+pub fn log_tail<'a>(lines: impl IntoIterator<Item = &'a str>) -> String {
+    const WIDTH: usize = 240;
+    lines
+        .into_iter()
+        .map(|l| match l.char_indices().nth(WIDTH) {
+            Some((cut, _)) => format!(
+                "    | {} ... ({} more characters)\n",
+                &l[..cut],
+                l[cut..].chars().count()
+            ),
+            None => format!("    | {l}\n"),
+        })
+        .collect()
+}
+
 /// A model that cannot be written as JSON: a map whose keys are not strings. A bug of the model.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot render the result: {0}")]
@@ -83,6 +102,26 @@ mod tests {
                 .map(|h| format!("{} {}\n", h.name, h.gpus))
                 .collect()
         }
+    }
+
+    #[test]
+    fn a_log_line_longer_than_a_screen_is_cut_and_says_how_much_is_left() {
+        let long = format!("server_args={{{}}}", "'x': 1, ".repeat(1000));
+        let tail = log_tail([long.as_str(), "CUDA out of memory."]);
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(
+            lines[0].starts_with("    | server_args={'x': 1,"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[0].ends_with(" ... (7774 more characters)"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].len() < 300);
+        assert_eq!(lines[1], "    | CUDA out of memory.");
     }
 
     fn hosts() -> Hosts {

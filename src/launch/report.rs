@@ -113,7 +113,7 @@ pub fn up_failures(outcomes: &[UpOutcome]) -> String {
 
 fn indented_tail(tail: Option<&str>) -> String {
     match tail.map(str::trim_end).filter(|t| !t.is_empty()) {
-        Some(t) => t.lines().map(|l| format!("    | {l}\n")).collect(),
+        Some(t) => crate::render::log_tail(t.lines()),
         None => "    (the log is empty)\n".to_string(),
     }
 }

@@ -339,9 +339,9 @@ pub fn text(r: &Report) -> String {
         } = &row.trial.outcome
         {
             out.push_str(&format!("failed: {}: {reason}\n", row.label));
-            for line in log_tail {
-                out.push_str(&format!("    | {line}\n"));
-            }
+            out.push_str(&crate::render::log_tail(
+                log_tail.iter().map(String::as_str),
+            ));
         }
     }
     if !r.pending.is_empty() {
