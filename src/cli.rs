@@ -292,7 +292,8 @@ pub struct SweepArgs {
     /// --set is a range, KEY=LO..HI or LO..HI:log).
     #[arg(long, value_enum)]
     pub search: Option<SearchMethod>,
-    /// The adaptive search runs this many trials at most.
+    /// The adaptive search explores this many candidates at most, then runs its close leaders
+    /// once more to confirm them.
     #[arg(long, default_value_t = 32)]
     pub trials: usize,
     /// The adaptive search proposes nothing more after this long (over every --resume).

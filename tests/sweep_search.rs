@@ -1,10 +1,11 @@
-//! `fleet sweep` searching ranges end to end on `sglang-sim`: the adaptive search over two
-//! strategies × the static fraction × the decode graph bound finds a config within 3% of the
-//! space's best (by the sim's own model, `fleet::sim::best`) without crowning an OOM, and
-//! `fleet report` charts it; under `--slo` it crowns the fastest config that keeps the limit;
-//! an interrupted search resumes without running a finished trial again; a bad `--slo` and a
-//! flag axis the host's SGLang does not know by that exact name are refused before anything
-//! starts.
+//! `fleet sweep` searching ranges end to end on `sglang-sim`, 8 GPUs: the adaptive search over
+//! two strategies × the static fraction × the decode graph bound finds a config within 3% of
+//! the space's best (by the sim's own model, `fleet::sim::best`) without crowning an OOM,
+//! confirms its close leaders with a second window and crowns on the pooled figures, and
+//! `fleet report` charts it; under `--slo ttft_p99<=1.6s,itl_p99<=250ms` it crowns the fastest
+//! config that keeps both; an interrupted search resumes without running a finished trial
+//! again; a bad `--slo` and a flag axis the host's SGLang does not know by that exact name are
+//! refused before anything starts.
 
 mod common;
 mod sweep_common;
