@@ -1,8 +1,9 @@
 //! The adaptive search over ranges: a space-filling sample led by the profile's own values,
 //! screened by successive halving, then coordinate refinement around the best measured point
 //! on a shrinking step, never near a failed point nor past a memory edge it taught; it stops at
-//! `--trials`, `--budget`, or when the best has stopped improving. Pure: everything it decides
-//! on comes through the [`Strategy`] calls.
+//! `--trials`, `--budget`, or when the best has stopped improving, and then measures its close
+//! leaders once more, so that one lucky window is not crowned. Pure: everything it decides on
+//! comes through the [`Strategy`] calls.
 
 use super::assign::Need;
 use super::prune::{self, Contender};
@@ -532,8 +533,8 @@ impl Strategy for Adaptive {
     }
 
     /// Successive halving, as the grid does it: a candidate clearly behind the leader on the
-    /// same hosts after its first window stops there.
-    /// A confirmation window is never pruned: it is there to be measured in full.
+    /// same hosts after its first window stops there. A confirmation window is never pruned:
+    /// it is there to be measured in full.
     fn judge(&mut self, screens: &[Screen]) -> Vec<Verdict> {
         let numbers: Vec<Option<usize>> = screens
             .iter()

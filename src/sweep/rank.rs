@@ -528,6 +528,38 @@ mod tests {
     }
 
     #[test]
+    fn a_config_measured_twice_is_one_row_of_its_pooled_windows() {
+        let window = |tok: f64, half: f64| {
+            let mut t = trial("no_buffer", tok, 72, 0.06);
+            if let Outcome::Ok(m) = &mut t.outcome {
+                m.estimate = Some(Estimate::around(tok, half));
+            }
+            t
+        };
+        let first = window(1200.0, 30.0);
+        let mut again = window(1160.0, 40.0);
+        again.candidate = first.candidate.again();
+        assert_eq!(again.candidate.id, "server.mamba_strategy=no_buffer#2");
+        // Without its second window the lucky first would win; pooled, the other does.
+        let rows = rank(
+            &[first, trial("extra_buffer", 1190.0, 37, 0.3), again],
+            None,
+        );
+        assert_eq!(rows.len(), 2);
+        let (won, pooled) = (&rows[0], &rows[1]);
+        assert_eq!(won.label, "extra_buffer");
+        assert_eq!((pooled.label.as_str(), pooled.windows), ("no_buffer", 2));
+        let m = pooled.trial.outcome.measured().unwrap();
+        assert_eq!(m.output_tok_s_per_gpu, 1180.0);
+        assert_eq!(m.completed, 20);
+        let e = m.estimate.unwrap();
+        assert!((e.high - e.mean - 25.0).abs() < 1e-9, "{e:?}");
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json[1]["windows"], 2);
+        assert!(json[0].get("windows").is_none());
+    }
+
+    #[test]
     fn all_failed_has_no_winner() {
         let rows = rank(&[failed("a"), failed("b")], None);
         assert!(rows.iter().all(|r| !r.winner));
