@@ -40,16 +40,21 @@ fn drain(batch: &mut Batch<u32>) -> (Vec<(u32, u64)>, u64) {
     (done, retracted)
 }
 
-#[test]
-fn a_prompt_longer_than_the_chunk_is_prefilled_over_several_steps_before_its_first_token() {
-    let mut batch = Batch::new(limits(100_000, Some(128), 1.0));
-    batch.push(lengths(300, 3, 3), 0);
-    let chunk = |tokens, ids: Vec<u64>, chunks| Step::Prefill {
+/// A prefill step of `tokens` new tokens, nothing cached: `ids` finish their prompts, `chunks`
+/// more are cut.
+fn chunk(tokens: u64, ids: Vec<u64>, chunks: u64) -> Step {
+    Step::Prefill {
         ids,
         tokens,
         cached: 0,
         chunks,
-    };
+    }
+}
+
+#[test]
+fn a_prompt_longer_than_the_chunk_is_prefilled_over_several_steps_before_its_first_token() {
+    let mut batch = Batch::new(limits(100_000, Some(128), 1.0));
+    batch.push(lengths(300, 3, 3), 0);
     assert_eq!(batch.next(), Some(chunk(128, vec![], 1)));
     assert_eq!(
         (batch.running(), batch.queued(), batch.kv_used()),
@@ -74,34 +79,10 @@ fn the_chunk_budget_is_shared_and_the_request_that_overflows_it_is_cut() {
     for i in 0..3 {
         batch.push(lengths(100, 5, 5), i);
     }
-    assert_eq!(
-        batch.next(),
-        Some(Step::Prefill {
-            ids: vec![0],
-            tokens: 128,
-            cached: 0,
-            chunks: 1
-        })
-    );
+    assert_eq!(batch.next(), Some(chunk(128, vec![0], 1)));
     // The cut request's last 72 tokens come first; the third is cut at the 56 left.
-    assert_eq!(
-        batch.next(),
-        Some(Step::Prefill {
-            ids: vec![1],
-            tokens: 128,
-            cached: 0,
-            chunks: 1
-        })
-    );
-    assert_eq!(
-        batch.next(),
-        Some(Step::Prefill {
-            ids: vec![2],
-            tokens: 44,
-            cached: 0,
-            chunks: 0
-        })
-    );
+    assert_eq!(batch.next(), Some(chunk(128, vec![1], 1)));
+    assert_eq!(batch.next(), Some(chunk(44, vec![2], 0)));
     let (done, _) = drain(&mut batch);
     assert_eq!(done.len(), 3);
 }
