@@ -348,6 +348,19 @@ fn differences(case: &str, real: &Seen, sim: &Seen) -> Vec<String> {
     diffs
 }
 
+/// `POST /generate` of `body` on `port`, with the key: the status and the body.
+fn generate_on(port: u16, body: &Value) -> (u16, String) {
+    let (status, _, text) = client()
+        .send(
+            "POST",
+            &format!("http://127.0.0.1:{port}/generate"),
+            Some(&body.to_string()),
+            Some(KEY),
+        )
+        .unwrap();
+    (status, text)
+}
+
 /// A text of exactly `tokens` prompt tokens on `port`, measured with the server's own
 /// tokenizer: `word` repeated, its count solved from two probes (the count is linear in it).
 fn prompt_of(port: u16, tokens: u64) -> String {
@@ -356,14 +369,7 @@ fn prompt_of(port: u16, tokens: u64) -> String {
     let count = |k: usize| -> u64 {
         let body =
             json!({"text": "word ".repeat(k).trim_end(), "sampling_params": {"max_new_tokens": 1}});
-        let (status, _, text) = client()
-            .send(
-                "POST",
-                &format!("http://127.0.0.1:{port}/generate"),
-                Some(&body.to_string()),
-                Some(KEY),
-            )
-            .unwrap();
+        let (status, text) = generate_on(port, &body);
         let v: Value = serde_json::from_str(&text).unwrap();
         if status == 200 {
             return v["meta_info"]["prompt_tokens"].as_u64().unwrap();
@@ -679,14 +685,7 @@ fn the_sim_answers_as_the_real_server_does() {
             (sim_port, long(120))
         };
         let before = prefill_tokens(&s.log).len();
-        let (status, _, text) = client()
-            .send(
-                "POST",
-                &format!("http://127.0.0.1:{port}/generate"),
-                Some(&long.to_string()),
-                Some(KEY),
-            )
-            .unwrap();
+        let (status, text) = generate_on(port, &long);
         assert_eq!(status, 200, "{}: {text}", s.name);
         let meta = serde_json::from_str::<Value>(&text).unwrap()["meta_info"].clone();
         let new = meta["prompt_tokens"].as_u64().unwrap() - meta["cached_tokens"].as_u64().unwrap();

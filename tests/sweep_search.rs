@@ -357,6 +357,19 @@ fn under_an_slo_the_search_crowns_the_best_config_that_keeps_it() {
         out.contains("breaks --slo: ") && out.contains("ttft_p99 "),
         "{out}"
     );
+    // A failed candidate's log tail is shown under it, SGLang's 20,000-character server_args
+    // line cut to a screen's width.
+    let failed = trials.iter().any(|t| t["outcome"]["state"] == "failed");
+    let tail: Vec<&str> = out.lines().filter(|l| l.starts_with("    | ")).collect();
+    assert_eq!(failed, !tail.is_empty(), "{out}");
+    assert!(tail.iter().all(|l| l.len() < 300), "{out}");
+    if failed {
+        assert!(
+            tail.iter()
+                .any(|l| l.contains("server_args=") && l.ends_with(" more characters)")),
+            "{out}"
+        );
+    }
     assert!(f.records().is_empty(), "nothing left running");
 }
 

@@ -501,7 +501,8 @@ fn resolve(
         mamba_full_memory_ratio: num(parsed, "mamba_full_memory_ratio").unwrap_or(0.9),
         context_length: num(parsed, "context_length"),
         max_total_tokens: num(parsed, "max_total_tokens"),
-        // Unset, 0.5.23 picks 8192 for a GPU of this size (memory_hook.py); -1 turns it off.
+        // Unset, 0.5.23 picks 8192 for a GPU of this size (memory_hook.py); -1 (any value
+        // <= 0, managers/scheduler.py) turns it off.
         chunked_prefill_size: match num::<i64>(parsed, "chunked_prefill_size") {
             Some(n) if n <= 0 => None,
             Some(n) => Some(n as u64),

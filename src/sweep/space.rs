@@ -40,12 +40,11 @@ impl Candidate {
     }
 
     /// The same config run once more: another id (so that `--resume` tells the windows apart),
-    /// the same settings.
+    /// the same settings. Its id is this one's with `#2` (the second window) added.
     pub fn again(&self) -> Candidate {
         let repeat = self.repeat + 1;
-        let first = self.id.split('#').next().unwrap_or(&self.id);
         Candidate {
-            id: format!("{first}#{}", repeat + 1),
+            id: format!("{}#{}", self.id, repeat + 1),
             settings: self.settings.clone(),
             repeat,
         }
