@@ -235,6 +235,7 @@ mod tests {
                 completed_output_tok_s: tok * 4.0,
                 metrics_output_tok_s: None,
                 estimate: None,
+                lengths: Default::default(),
             })
         };
         let outcomes = [

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod demo;
+pub mod eta;
 pub mod generate;
 pub mod gpu;
 pub mod jobs;

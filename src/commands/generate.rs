@@ -126,7 +126,15 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     // over the fleet's connections, which outlive it.
     let (fleet, targets, serving) = match args.url.is_empty() {
         true => {
-            let (fleet, targets, serving) = fleet_targets(ctx).await?;
+            let (fleet, targets, serving, profiles) = fleet_targets(ctx).await?;
+            // The profile `up` started the servers from carries the sweep's numbers: the
+            // watchdog's expectation and the ETA's prior.
+            if profile.is_none()
+                && let [name] = profiles.as_slice()
+                && let Ok(p) = config::load_profile(name, &ctx.global.profiles_dir)
+            {
+                config.expected = p.expected.clone();
+            }
             (Some(fleet), targets, serving)
         }
         false => (
@@ -262,7 +270,10 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
 
 /// The running servers of every host of the inventory, each behind a port forward; none is a
 /// usage error.
-async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets, BTreeSet<String>)> {
+/// The fleet's servers, how to reach them, the hosts serving, and the profiles they run.
+async fn fleet_targets(
+    ctx: &Ctx,
+) -> anyhow::Result<(Fleet, Targets, BTreeSet<String>, Vec<String>)> {
     let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
     fleet.log_unreachable();
     let registry = fleet.servers().await;
@@ -281,7 +292,11 @@ async fn fleet_targets(ctx: &Ctx) -> anyhow::Result<(Fleet, Targets, BTreeSet<St
         .running()
         .map(|s| s.record.host().to_string())
         .collect();
-    Ok((fleet, targets, serving))
+    let profiles: BTreeSet<String> = registry
+        .running()
+        .map(|s| s.record.profile.clone())
+        .collect();
+    Ok((fleet, targets, serving, profiles.into_iter().collect()))
 }
 
 /// The prompts must be a regular file: the job reads it twice (the id pre-pass, then the run)
@@ -429,9 +444,7 @@ impl Model for Planned {
 }
 
 fn summary_line(p: &Progress) -> String {
-    let eta = p
-        .eta_hours
-        .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    let eta = p.eta_text().unwrap_or_else(|| "unknown".into());
     let saved = if p.cached_tokens > 0 {
         format!(", {} prefill tokens saved by the cache", p.cached_tokens)
     } else {
@@ -602,8 +615,8 @@ impl View {
     }
 
     fn progress(&mut self, p: &Progress) {
-        let tok_s: f64 = p.instances.iter().map(|i| i.output_tok_s).sum();
-        let eta = p.eta_hours.map_or("?".to_string(), |h| format!("{h:.2} h"));
+        let tok_s = p.output_tok_s;
+        let eta = p.eta_text().unwrap_or_else(|| "?".into());
         match &self.bar {
             Some(bar) => {
                 bar.set_position(p.completed + p.failed);

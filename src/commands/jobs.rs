@@ -69,8 +69,7 @@ impl Model for Jobs {
                     format!("{}/{}", p.completed + p.failed, p.total)
                 }),
                 p.map_or("-".into(), |p| format!("{:.2}", p.rate_per_sec)),
-                p.and_then(|p| p.eta_hours)
-                    .map_or("-".into(), |h| format!("{h:.2} h")),
+                p.and_then(|p| p.eta_text()).unwrap_or_else(|| "-".into()),
                 ago(v.record.started_unix),
                 v.record.out.clone(),
             ]

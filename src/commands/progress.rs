@@ -96,9 +96,7 @@ fn summary(p: &progress::Progress, findings: &[Finding]) -> String {
     } else {
         100.0
     };
-    let eta = p
-        .eta_hours
-        .map_or("unknown".to_string(), |h| format!("{h:.2} h"));
+    let eta = p.eta_text().unwrap_or_else(|| "unknown".into());
     let _ = writeln!(out, "status      {}", p.status.as_str());
     let _ = writeln!(
         out,
@@ -114,6 +112,23 @@ fn summary(p: &progress::Progress, findings: &[Finding]) -> String {
         p.rate_per_sec
     );
     let _ = writeln!(out, "eta         {eta}");
+    if let (Some(tokens), Some(e)) = (p.expected_output_tokens, &p.length_estimate) {
+        let _ = writeln!(
+            out,
+            "length      {tokens:.0} output tokens per prompt expected ({:.0}–{:.0}, from the {}; \
+             {} finished, {} streaming)",
+            e.low,
+            e.high,
+            e.source.as_str(),
+            e.finished,
+            e.running
+        );
+    }
+    let _ = writeln!(
+        out,
+        "speed       {:.0} output tok/s as they stream",
+        p.output_tok_s
+    );
     let _ = writeln!(
         out,
         "tokens      {} in, {} out (avg {} out per completion)",

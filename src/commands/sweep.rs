@@ -229,15 +229,12 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let dataset = args
         .total
         .or(workload.total_lines)
-        .zip(rank::output_tokens_per_prompt(
+        .zip(rank::output_tokens(
             trials,
             args.expected_output_tokens,
+            planned.spec.workload.max_output_tokens(),
         ))
-        .map(|(prompts, tokens)| Dataset {
-            prompts,
-            output_tokens_per_prompt: tokens,
-            gpus: setup.slots.len(),
-        });
+        .map(|(prompts, length)| Dataset::new(prompts, length, setup.slots.len()));
     let mut r = report::build(&planned.spec, &store.search().proposed, trials, dataset);
     r.unfit = workload.unfit();
     r.repeated = workload.repeated();
@@ -265,7 +262,10 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let winner = r.winning().filter(|_| !ended.interrupted);
     if let (Some(path), Some(w)) = (&args.write_profile, winner) {
         let profile = setup.profiles.of(&w.trial.candidate)?;
-        profiles::write_winner(path, &setup.profiles, &base, &w.trial, &profile)?;
+        // The output lengths depend on the model, the prompts and the sampling, not on the
+        // config: every trial's requests tell, and a job from this profile starts from them.
+        let lengths = rank::length_prior(store.trials(), planned.spec.workload.max_output_tokens());
+        profiles::write_winner(path, &setup.profiles, &base, &w.trial, &profile, lengths)?;
         eoutln!("wrote {}", path.display());
     } else if args.write_profile.is_some() {
         tracing::warn!("no winner: no profile written");

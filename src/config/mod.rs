@@ -183,6 +183,9 @@ pub struct HealthSettings {
 pub struct Expected {
     pub output_tok_s_per_gpu: f64,
     pub max_running_requests: u32,
+    /// The output-length distribution the sweep measured: a job's prior for its ETA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<crate::eta::LengthPrior>,
 }
 
 /// A problem in a profile or inventory, with its place in the file.

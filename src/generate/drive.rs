@@ -4,6 +4,9 @@
 //! what becomes of journal lines, events and progress is the caller's `sink`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::FxHashMap;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
@@ -21,8 +24,14 @@ use crate::sglang::client::{CompletionRequest, Health, SglangClient};
 
 /// How the shell reaches the servers.
 pub trait Driver {
-    /// Sends `req` to instance `inst`.
-    fn send(&self, inst: usize, req: Arc<CompletionRequest>) -> BoxFuture<'static, Attempt>;
+    /// Sends `req` to instance `inst`, keeping `streamed` at the output tokens received so far
+    /// (a driver that does not stream leaves it at 0).
+    fn send(
+        &self,
+        inst: usize,
+        req: Arc<CompletionRequest>,
+        streamed: Arc<AtomicU64>,
+    ) -> BoxFuture<'static, Attempt>;
     /// Asks instance `inst`.
     fn probe(&self, inst: usize, kind: ProbeKind) -> BoxFuture<'static, ProbeResult>;
 }
@@ -64,6 +73,7 @@ pub async fn drive<D: Driver>(
         requests: JoinSet::new(),
         probes: JoinSet::new(),
         aborts: (0..instances).map(|_| CancellationToken::new()).collect(),
+        streams: FxHashMap::default(),
     };
     let result = async {
         let mut cancel_seen = false;
@@ -89,7 +99,10 @@ pub async fn drive<D: Driver>(
                     Input::Cancel
                 }
                 Some(joined) = run.requests.join_next() => match joined {
-                    Ok(Some((id, attempt))) => Input::Done { id, attempt },
+                    Ok(Some((id, attempt))) => {
+                        run.streams.remove(&id);
+                        Input::Done { id, attempt }
+                    }
                     // Dropped with its instance: the core took its job back already.
                     Ok(None) => continue,
                     Err(e) => return Err(GenerateError::Task(e)),
@@ -100,7 +113,9 @@ pub async fn drive<D: Driver>(
                 },
                 next = feed.next(), if core.wants_input() => next.unwrap_or(Input::InputEnd),
                 Some(e) = events.next() => e,
-                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => Input::Tick,
+                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                    Input::Streamed(run.streamed())
+                }
             };
             pending = core.on(clock.now(), input);
         }
@@ -115,6 +130,8 @@ struct Tasks {
     probes: JoinSet<(usize, ProbeResult)>,
     /// Per instance: cancelled (and replaced) when the core takes its requests back.
     aborts: Vec<CancellationToken>,
+    /// What each request in flight has streamed so far, and its instance.
+    streams: FxHashMap<ReqId, (usize, Arc<AtomicU64>)>,
 }
 
 impl Tasks {
@@ -128,7 +145,9 @@ impl Tasks {
         match action {
             Action::Send { id, inst, req } => {
                 let abort = self.aborts[inst].clone();
-                let sent = driver.send(inst, req);
+                let streamed = Arc::new(AtomicU64::new(0));
+                self.streams.insert(id, (inst, streamed.clone()));
+                let sent = driver.send(inst, req, streamed);
                 self.requests.spawn(async move {
                     tokio::select! {
                         _ = abort.cancelled() => None,
@@ -137,6 +156,7 @@ impl Tasks {
                 });
             }
             Action::Abort(inst) => {
+                self.streams.retain(|_, (i, _)| *i != inst);
                 self.aborts[inst].cancel();
                 self.aborts[inst] = CancellationToken::new();
             }
@@ -150,6 +170,15 @@ impl Tasks {
             Action::Finish(end) => return Ok(Some(end)),
         }
         Ok(None)
+    }
+
+    /// The output tokens each request in flight has streamed so far.
+    fn streamed(&self) -> Vec<(ReqId, u64)> {
+        self.streams
+            .iter()
+            .map(|(id, (_, n))| (*id, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// Drops what is still in flight (unwritten: a resume sends it again) and joins every task.

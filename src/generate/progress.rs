@@ -59,8 +59,23 @@ pub struct Progress {
     pub waiting_retry: u64,
     /// Completions per second over the recent window (not the lifetime average).
     pub rate_per_sec: f64,
-    /// `null` until a rate is known.
+    /// Remaining work ÷ live output tok/s (`crate::eta`); `null` until both are known.
     pub eta_hours: Option<f64>,
+    /// The ETA's 90% interval: wide while the long requests' tail is unseen.
+    #[serde(default)]
+    pub eta_low_hours: Option<f64>,
+    #[serde(default)]
+    pub eta_high_hours: Option<f64>,
+    /// Expected output tokens of a prompt (capped by `max_tokens`), counting the requests
+    /// still streaming as at least what they have streamed.
+    #[serde(default)]
+    pub expected_output_tokens: Option<f64>,
+    /// Where that expectation comes from and how sure it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_estimate: Option<LengthEstimate>,
+    /// Output tokens per second of the whole fleet as they stream, over the recent window.
+    #[serde(default)]
+    pub output_tok_s: f64,
     pub total_input_tokens: u64,
     pub total_output_tokens: u64,
     /// Prompt tokens this run's answers say the radix cache served: the prefill saved.
@@ -78,6 +93,21 @@ pub struct Progress {
     pub warnings: Vec<String>,
 }
 
+/// What the expected output length rests on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LengthEstimate {
+    /// `sweep` (the profile's measured distribution), `job`, `sweep+job` or `given`.
+    pub source: crate::eta::Source,
+    /// The 90% interval of the expected output tokens.
+    pub low: f64,
+    pub high: f64,
+    /// Requests that ended this run, and those streaming (counted as at least what they have).
+    pub finished: u64,
+    pub running: u64,
+    /// The unseen tail still widens the interval.
+    pub tail_unseen: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceProgress {
     pub name: ServerId,
@@ -90,7 +120,12 @@ pub struct InstanceProgress {
     pub server_cap: Option<u64>,
     pub completed: u64,
     pub rate_per_sec: f64,
+    /// Output tokens per second as they stream, over the recent window.
     pub output_tok_s: f64,
+    /// The server's own `sglang:gen_throughput` of the last reading, to hold the streamed
+    /// count against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_tok_s: Option<f64>,
     /// The share of its answers' prompt tokens the radix cache served (`meta_info.cached_tokens`);
     /// `null` until an answer says.
     #[serde(default)]
@@ -118,6 +153,11 @@ impl Progress {
             waiting_retry: 0,
             rate_per_sec: 0.0,
             eta_hours: None,
+            eta_low_hours: None,
+            eta_high_hours: None,
+            expected_output_tokens: None,
+            length_estimate: None,
+            output_tok_s: 0.0,
             total_input_tokens: b.input_tokens,
             total_output_tokens: b.output_tokens,
             cached_tokens: 0,
@@ -129,6 +169,29 @@ impl Progress {
             instances: vec![],
             warnings: vec![],
         }
+    }
+}
+
+impl Progress {
+    /// The ETA as a person reads it, with its interval: `5.2 h (4.9–6.0)`, or in minutes
+    /// under an hour; `None` while unknown.
+    pub fn eta_text(&self) -> Option<String> {
+        let h = self.eta_hours?;
+        let (k, unit) = if h < 1.0 { (60.0, "min") } else { (1.0, "h") };
+        let v = |x: f64| {
+            let x = x * k;
+            if x < 10.0 {
+                format!("{x:.1}")
+            } else {
+                format!("{x:.0}")
+            }
+        };
+        Some(match (self.eta_low_hours, self.eta_high_hours) {
+            (Some(lo), Some(hi)) if hi > lo => {
+                format!("{} {unit} ({}–{})", v(h), v(lo), v(hi))
+            }
+            _ => format!("{} {unit}", v(h)),
+        })
     }
 }
 
@@ -163,18 +226,46 @@ impl RateWindow {
         }
     }
 
-    /// (completions/s, output tokens/s) over the window; zero until two samples exist.
+    /// (completions/s, output tokens/s) over the window; zero until two samples exist. While
+    /// the run is younger than twice the window, the window is its recent half, so the start
+    /// (servers filling their batches) weighs on the rate for no longer than it lasted.
     pub fn rates(&self) -> (f64, f64) {
-        let (Some(first), Some(last)) = (self.samples.front(), self.samples.back()) else {
+        let Some(last) = self.samples.back() else {
             return (0.0, 0.0);
         };
-        let dt = last.0.saturating_sub(first.0).as_secs_f64();
+        let span = self.window.min(last.0 / 2);
+        self.between(last.0.saturating_sub(span), last.0)
+    }
+
+    /// Output tokens/s over each half of the span [`Self::rates`] uses: how steady it is.
+    pub fn token_halves(&self) -> (f64, f64) {
+        let Some(last) = self.samples.back() else {
+            return (0.0, 0.0);
+        };
+        let span = self.window.min(last.0 / 2);
+        let mid = last.0.saturating_sub(span / 2);
+        (
+            self.between(last.0.saturating_sub(span), mid).1,
+            self.between(mid, last.0).1,
+        )
+    }
+
+    /// Rates from the last sample at or before `from` to the last at or before `to`.
+    fn between(&self, from: Duration, to: Duration) -> (f64, f64) {
+        let at = |t: Duration| {
+            let i = self.samples.partition_point(|s| s.0 <= t);
+            self.samples.get(i.saturating_sub(1))
+        };
+        let (Some(a), Some(b)) = (at(from), at(to)) else {
+            return (0.0, 0.0);
+        };
+        let dt = b.0.saturating_sub(a.0).as_secs_f64();
         if dt <= 0.0 {
             return (0.0, 0.0);
         }
         (
-            last.1.saturating_sub(first.1) as f64 / dt,
-            last.2.saturating_sub(first.2) as f64 / dt,
+            b.1.saturating_sub(a.1) as f64 / dt,
+            b.2.saturating_sub(a.2) as f64 / dt,
         )
     }
 
@@ -184,17 +275,6 @@ impl RateWindow {
             (Some(a), Some(b)) => b.0 > a.0,
             _ => false,
         }
-    }
-}
-
-/// Hours left at `rate` completions/s, or `None` when nothing is moving.
-pub fn eta_hours(remaining: u64, rate: f64) -> Option<f64> {
-    if remaining == 0 {
-        Some(0.0)
-    } else if rate > 0.0 {
-        Some(round(remaining as f64 / rate / 3600.0, 2))
-    } else {
-        None
     }
 }
 
@@ -263,14 +343,38 @@ mod tests {
     }
 
     #[test]
-    fn eta_from_rate() {
-        assert_eq!(eta_hours(654_603, 0.87), Some(209.0));
-        assert_eq!(eta_hours(5, 0.0), None);
-        assert_eq!(eta_hours(0, 0.0), Some(0.0));
+    fn the_eta_reads_with_its_interval() {
+        let mut p = Progress::before_start(&Baseline::default(), Status::Running);
+        assert_eq!(p.eta_text(), None);
+        p.eta_hours = Some(5.2);
+        p.eta_low_hours = Some(4.9);
+        p.eta_high_hours = Some(6.0);
+        assert_eq!(p.eta_text().unwrap(), "5.2 h (4.9–6.0)");
+        p.eta_hours = Some(0.12);
+        p.eta_low_hours = Some(0.1);
+        p.eta_high_hours = Some(0.15);
+        assert_eq!(p.eta_text().unwrap(), "7.2 min (6.0–9.0)");
+        p.eta_low_hours = None;
+        assert_eq!(p.eta_text().unwrap(), "7.2 min");
     }
 
     #[test]
-    fn has_exactly_the_seed_fields_plus_instances_and_waiting_retry() {
+    fn a_young_run_s_rate_is_its_recent_half() {
+        let mut w = RateWindow::new(Duration::from_secs(60));
+        // Two seconds of filling batches, then 1,000 tok/s.
+        let mut tok = 0;
+        for s in 0..=12u64 {
+            if s > 2 {
+                tok += 1000;
+            }
+            w.record(Duration::from_secs(s), 0, tok);
+        }
+        assert!((w.rates().1 - 1000.0).abs() < 1e-9, "{:?}", w.rates());
+        assert_eq!(w.token_halves(), (1000.0, 1000.0));
+    }
+
+    #[test]
+    fn has_the_seed_fields_plus_instances_waiting_retry_and_the_eta_s_interval() {
         let p = Progress {
             waiting_retry: 0,
             total: 654_676,
@@ -278,6 +382,11 @@ mod tests {
             failed: 0,
             rate_per_sec: 0.87,
             eta_hours: Some(208.61),
+            eta_low_hours: None,
+            eta_high_hours: None,
+            expected_output_tokens: None,
+            length_estimate: None,
+            output_tok_s: 0.0,
             total_input_tokens: 7033,
             total_output_tokens: 72126,
             cached_tokens: 0,
@@ -298,9 +407,13 @@ mod tests {
                 "avg_output_tokens",
                 "completed",
                 "elapsed_hours",
+                "eta_high_hours",
                 "eta_hours",
+                "eta_low_hours",
+                "expected_output_tokens",
                 "failed",
                 "instances",
+                "output_tok_s",
                 "rate_per_sec",
                 "s3_bytes",
                 "s3_uploaded",

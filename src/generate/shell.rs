@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant as StdInstant;
 
 use futures::future::BoxFuture;
@@ -97,6 +98,15 @@ async fn run_on(
             .collect();
         return Err(GenerateError::NoInstances(lines.join("\n")));
     }
+    // A server that streams only the new text of each chunk says so in its args.
+    let incremental: Vec<bool> = infos
+        .iter()
+        .map(|i| {
+            i.as_ref().is_ok_and(|i| {
+                i.raw.get("incremental_streaming_output") == Some(&serde_json::Value::Bool(true))
+            })
+        })
+        .collect();
     let servers = clients
         .iter()
         .zip(infos)
@@ -193,7 +203,13 @@ async fn run_on(
         None => futures::stream::pending().right_stream(),
     };
     let events = futures::stream::select(uploads, link_events(links));
-    let driver = HttpDriver { clients };
+    let driver = HttpDriver {
+        clients,
+        incremental,
+        // The Batch API's output keeps the server's own answer, byte for byte, which only an
+        // unstreamed request gives.
+        stream: format != journal::OutputFormat::OpenaiBatch,
+    };
     let loop_result = drive::drive(
         &mut core,
         clock,
@@ -294,17 +310,35 @@ async fn run_on(
     })
 }
 
-/// Sends plain (non-streamed) completions and probes over HTTP.
+/// Sends completions, streamed so that their tokens count as they arrive (for the live rate and
+/// the ETA), and probes, over HTTP.
 struct HttpDriver {
     clients: Vec<SglangClient>,
+    /// Per server: it runs `--incremental-streaming-output`.
+    incremental: Vec<bool>,
+    stream: bool,
 }
 
 impl Driver for HttpDriver {
-    fn send(&self, inst: usize, req: Arc<CompletionRequest>) -> BoxFuture<'static, Attempt> {
+    fn send(
+        &self,
+        inst: usize,
+        req: Arc<CompletionRequest>,
+        streamed: Arc<AtomicU64>,
+    ) -> BoxFuture<'static, Attempt> {
         let client = self.clients[inst].clone();
+        let (stream, incremental) = (self.stream, self.incremental[inst]);
         async move {
             let t0 = StdInstant::now();
-            match client.complete(&req).await {
+            let answer = if stream {
+                let on_tokens = |n: u64| streamed.store(n, Ordering::Relaxed);
+                client
+                    .complete_streaming(&req, incremental, on_tokens)
+                    .await
+            } else {
+                client.complete(&req).await
+            };
+            match answer {
                 Ok(completion) => Attempt::Finished {
                     completion,
                     latency: t0.elapsed(),

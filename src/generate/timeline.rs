@@ -361,6 +361,7 @@ mod tests {
             completed,
             rate_per_sec: 1.0,
             output_tok_s: 100.0,
+            server_tok_s: None,
             cached_fraction: None,
             running: Some(3.0),
             queued: None,

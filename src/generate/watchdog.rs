@@ -341,6 +341,7 @@ mod tests {
         Expected {
             output_tok_s_per_gpu: tok,
             max_running_requests: cap,
+            output_tokens: None,
         }
     }
 

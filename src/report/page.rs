@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::generate::progress::Progress;
 use crate::generate::timeline::{Mark, Point, Timeline};
 use crate::sweep::file::SweepFile;
-use crate::sweep::rank::output_tokens_per_prompt;
+use crate::sweep::rank::output_tokens;
 use crate::sweep::rank::{self, Dataset, FirstWindow, Outcome, Percentiles};
 use crate::sweep::stats::Estimate;
 
@@ -192,12 +192,12 @@ fn sweep_view(
     slots.sort();
     slots.dedup();
     let dataset = total
-        .zip(output_tokens_per_prompt(&trials, None))
-        .map(|(prompts, tokens)| Dataset {
-            prompts,
-            output_tokens_per_prompt: tokens,
-            gpus: slots.len().max(1),
-        });
+        .zip(output_tokens(
+            &trials,
+            None,
+            file.spec.workload.max_output_tokens(),
+        ))
+        .map(|(prompts, length)| Dataset::new(prompts, length, slots.len().max(1)));
     let ranked = rank::rank_within(&trials, dataset, &file.spec.slo);
     let rows = ranked
         .iter()

@@ -7,8 +7,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::client::{
-    Api, BodyError, ClientError, CompletionRequest, SglangClient, completion_error,
+    Api, BodyError, ClientError, Completion, CompletionRequest, SglangClient, completion_error,
 };
+use super::response::Assembler;
 
 /// How a streamed request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,7 +257,39 @@ impl SglangClient {
             url: url.clone(),
             reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
         })?;
-        read_stream(url, rb.json(&body), req.api, on_tokens).await
+        read_stream(url, rb.json(&body), req.api, on_tokens, None).await
+    }
+
+    /// Sends one generation request streamed, reporting its cumulative output tokens as they
+    /// arrive, and answers with the completion the unstreamed request would have given
+    /// (`incremental`: the server runs `--incremental-streaming-output`). The answer's body is
+    /// not kept: output that needs the server's own bytes asks with [`Self::complete`].
+    pub async fn complete_streaming(
+        &self,
+        req: &CompletionRequest,
+        incremental: bool,
+        on_tokens: impl FnMut(u64),
+    ) -> Result<Completion, ClientError> {
+        let (url, rb) = self.request(reqwest::Method::POST, req.api.path());
+        let body = stream_body(req, false).ok_or_else(|| ClientError::Decode {
+            url: url.clone(),
+            reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
+        })?;
+        let mut assembler = Assembler::new(req.api, incremental);
+        let streamed = read_stream(
+            url.clone(),
+            rb.json(&body),
+            req.api,
+            on_tokens,
+            Some(&mut assembler),
+        )
+        .await?;
+        assembler
+            .finish(streamed.completion_tokens)
+            .map_err(|e| ClientError::Decode {
+                url,
+                reason: e.to_string(),
+            })
     }
 }
 
@@ -278,6 +311,7 @@ async fn read_stream(
     rb: reqwest::RequestBuilder,
     api: Api,
     mut on_tokens: impl FnMut(u64),
+    mut keep: Option<&mut Assembler>,
 ) -> Result<Streamed, ClientError> {
     let resp = rb
         .send()
@@ -307,10 +341,16 @@ async fn read_stream(
         buf.push_str(std::str::from_utf8(&pending[..valid]).expect("checked above"));
         pending.drain(..valid);
         for data in drain_events(&mut buf) {
-            let event = parse_event(api, &data).map_err(|e| ClientError::Decode {
+            let decode = |e: BodyError| ClientError::Decode {
                 url: url.clone(),
                 reason: e.to_string(),
-            })?;
+            };
+            let event = parse_event(api, &data).map_err(decode)?;
+            if let Some(a) = keep.as_deref_mut()
+                && !matches!(event, Event::Done | Event::Failed { .. })
+            {
+                a.chunk(&data).map_err(decode)?;
+            }
             match event {
                 Event::Done => {
                     return Ok(Streamed {

@@ -7,6 +7,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::sim::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
 use crate::sim::config_file;
+use crate::sim::lengths::{self, OutputDist};
 use crate::sim::model::{Params, Settings, Strategy};
 use crate::sim::server_args::{self, Refusal};
 
@@ -156,6 +157,18 @@ const SIM_OPTS: &[SimOpt] = &[
         Kind::Int,
         "988",
         "Mean natural output length (before max tokens and context caps).",
+    ),
+    knob(
+        "--sim-output-dist",
+        Kind::Str,
+        "uniform",
+        "Distribution of natural output lengths: uniform ([0.5, 1.5] x --sim-mean-output-tokens), uniform:LO:HI, lognormal:MEDIAN:SIGMA or bimodal:SHORT:LONG:SHARE (SHARE of [0.8, 1.2] x LONG, else [0.5, 1.5] x SHORT).",
+    ),
+    knob(
+        "--sim-output-seed",
+        Kind::Int,
+        "0",
+        "Seed mixed into each prompt's output length draw; 0 keeps the historical draws.",
     ),
     knob(
         "--sim-mean-prompt-tokens",
@@ -358,6 +371,14 @@ fn sim_u64(parsed: &Parsed, name: &str) -> Result<Option<u64>, String> {
     }
 }
 
+fn sim_output_dist(parsed: &Parsed) -> Result<OutputDist, String> {
+    match sim_raw(parsed, "--sim-output-dist")? {
+        Some((src, v)) => OutputDist::parse(&v)
+            .ok_or_else(|| format!("{src}: invalid value '{v}': {}", lengths::EXPECTED)),
+        None => Ok(OutputDist::Uniform),
+    }
+}
+
 fn sim_bool(parsed: &Parsed, name: &str) -> Result<bool, String> {
     match sim_raw(parsed, name)? {
         Some((src, v)) => match v.trim().to_ascii_lowercase().as_str() {
@@ -489,6 +510,8 @@ fn resolve(
         prefill_per_token_ms: sim_f64(parsed, "--sim-prefill-per-token-ms")?,
         mean_output_tokens: sim_u64(parsed, "--sim-mean-output-tokens")?.unwrap_or(988),
         mean_prompt_tokens: sim_u64(parsed, "--sim-mean-prompt-tokens")?.unwrap_or(96),
+        output_dist: sim_output_dist(parsed)?,
+        output_seed: sim_u64(parsed, "--sim-output-seed")?.unwrap_or(0),
         dense: sim_bool(parsed, "--sim-dense")?,
     };
     let settings = Settings {
@@ -708,6 +731,26 @@ mod tests {
             "argument --sim-fail-rate: must be between 0 and 1, got 2"
         );
         assert!(err("--model /m --sim-version banana").contains("invalid version"));
+        assert_eq!(
+            err("--model /m --sim-output-dist nope"),
+            "argument --sim-output-dist: invalid value 'nope': expected uniform, uniform:LO:HI, \
+             lognormal:MEDIAN:SIGMA or bimodal:SHORT:LONG:SHARE"
+        );
+        assert_eq!(
+            err("--model /m --sim-output-seed x"),
+            "argument --sim-output-seed: invalid int value: 'x'"
+        );
+        assert_eq!(
+            err("--model /m --sim-output-seed -1"),
+            "argument --sim-output-seed: invalid non-negative int value: '-1'"
+        );
+        let c = ok("--model /m --sim-output-dist lognormal:600:1.2 --sim-output-seed 9");
+        assert_eq!(
+            c.params.output_dist,
+            OutputDist::parse("lognormal:600:1.2").unwrap()
+        );
+        assert_eq!(c.params.output_seed, 9);
+        assert_eq!(ok("--model /m").params.output_dist, OutputDist::Uniform);
         // After argparse, SGLang's own validation refuses no_buffer with overlap on.
         match parse(&args("--model /m --mamba-radix-cache-strategy no_buffer")) {
             Err(Refused::Startup(r)) => assert!(r.error.contains("overlap schedule")),

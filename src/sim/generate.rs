@@ -190,7 +190,7 @@ pub(super) fn prepare(
              ({max_input} tokens). Use a shorter input or enable --allow-auto-truncate."
         )));
     }
-    let natural = text::natural_output_len(prompt_hash, plan.params.mean_output_tokens);
+    let natural = plan.params.natural_output_len(prompt_hash);
     let think = thought_tokens(app, natural);
     let natural = natural + think;
     let limit = max_new.unwrap_or(u64::MAX).min(ctx - prompt_tokens);

@@ -13,6 +13,7 @@ mod config_file;
 mod generate;
 mod gpu_state;
 mod http;
+mod lengths;
 mod log;
 mod model;
 mod openai;

@@ -47,6 +47,8 @@
 
 use std::fmt;
 
+use crate::sim::lengths::OutputDist;
+
 /// The mamba state strategy after `auto` has been resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -100,8 +102,27 @@ pub struct Params {
     pub prefill_per_token_ms: f64,
     pub mean_output_tokens: u64,
     pub mean_prompt_tokens: u64,
+    /// How natural output lengths are distributed (`uniform` scales `mean_output_tokens`).
+    pub output_dist: OutputDist,
+    /// Mixed into each prompt's hash for its length draw; 0 keeps the historical draws.
+    pub output_seed: u64,
     /// A dense model: no mamba state, every layer full attention.
     pub dense: bool,
+}
+
+impl Params {
+    /// The natural output length (before the max-tokens and context caps) of a prompt.
+    pub fn natural_output_len(&self, prompt_hash: u64) -> u64 {
+        self.output_dist
+            .draw(prompt_hash, self.output_seed, self.mean_output_tokens)
+    }
+
+    /// The mean output length of the default workload behind `ideal_output_tok_s`: the
+    /// distribution's analytic mean, deliberately without the max-tokens and context caps
+    /// (a heavy tail meant to hit max tokens overstates it; kept simple on purpose).
+    pub fn mean_output_len(&self) -> f64 {
+        self.output_dist.mean(self.mean_output_tokens)
+    }
 }
 
 impl Default for Params {
@@ -124,6 +145,8 @@ impl Default for Params {
             prefill_per_token_ms: 0.05,
             mean_output_tokens: 988,
             mean_prompt_tokens: 96,
+            output_dist: OutputDist::Uniform,
+            output_seed: 0,
             dense: false,
         }
     }
@@ -385,7 +408,7 @@ impl Plan {
 
     /// The batch size the default workload sustains: the cap, unless KV tokens bind first.
     pub fn saturated_batch(&self) -> u64 {
-        let per_req = self.params.mean_prompt_tokens + self.params.mean_output_tokens;
+        let per_req = self.params.mean_prompt_tokens + self.params.mean_output_len().round() as u64;
         self.cap
             .min(self.max_total_num_tokens / per_req.max(1))
             .max(1)
@@ -396,7 +419,7 @@ impl Plan {
     /// (which yields its first token), and the other L−1 tokens come from decode steps.
     pub fn ideal_output_tok_s(&self) -> f64 {
         let b = self.saturated_batch() as f64;
-        let l = self.params.mean_output_tokens.max(2) as f64;
+        let l = self.params.mean_output_len().max(2.0);
         let step = self.decode_step_secs(self.saturated_batch());
         let prefill = self.prefill_secs(self.params.mean_prompt_tokens);
         b * l / ((l - 1.0) * step + b * prefill)

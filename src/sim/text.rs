@@ -4,7 +4,8 @@
 //! - A chat prompt costs its messages' tokens plus 4 per message (role header and end marker)
 //!   plus 3 for the assistant prefix the template appends.
 //! - The output length a prompt would produce on its own ("natural" length, ended by EOS) comes
-//!   from a hash of the prompt: uniform over [mean/2, 3·mean/2], so the mean is `mean`.
+//!   from a hash of the prompt: uniform over [mean/2, 3·mean/2], so the mean is `mean`. This is
+//!   `--sim-output-dist uniform`; the other distributions are in `lengths.rs`.
 //! - Output text is pseudo-words of 3 letters joined by spaces: token 0 is one word, every other
 //!   token is a space plus a word, so N tokens are 4N−1 characters and re-tokenize to N tokens.
 

@@ -89,6 +89,7 @@ fn measured(v: f64) -> Measured {
         completed_output_tok_s: v,
         metrics_output_tok_s: None,
         estimate: None,
+        lengths: Default::default(),
     }
 }
 

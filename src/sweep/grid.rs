@@ -151,6 +151,7 @@ mod tests {
             completed_output_tok_s: mean,
             metrics_output_tok_s: None,
             estimate: Some(e(mean)),
+            lengths: Default::default(),
         }
     }
 

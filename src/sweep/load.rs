@@ -35,6 +35,14 @@ pub enum WorkloadSpec {
 }
 
 impl WorkloadSpec {
+    /// The most output tokens one of its requests asks for.
+    pub fn max_output_tokens(&self) -> u32 {
+        match self {
+            WorkloadSpec::Prompts { max_tokens, .. } => *max_tokens,
+            WorkloadSpec::Synthetic { output_len, .. } => *output_len,
+        }
+    }
+
     /// The workload this spec describes: the sample read from the prompt file, or synthetic
     /// prompts; requests for `endpoint` (default as `fleet generate` picks it) and `model`.
     pub fn load(&self, endpoint: Option<Api>, model: Option<&str>) -> Result<Workload, LoadError> {

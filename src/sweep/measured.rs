@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::stats::Estimate;
+use crate::eta::Lengths;
 
 /// Latency percentiles in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -45,6 +46,10 @@ pub struct Measured {
     /// window is too short or empty to tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<Estimate>,
+    /// The output lengths of the trial's requests, warm-up included: ended ones, and those
+    /// still streaming (or stopped by `max_tokens`) as at least what they had.
+    #[serde(default, skip_serializing_if = "Lengths::is_empty")]
+    pub lengths: Lengths,
 }
 
 impl Measured {
@@ -93,6 +98,13 @@ impl Measured {
                 .sum::<Option<f64>>()
                 .map(|s| s / n),
             estimate: estimates.and_then(|e| Estimate::of_mean(&e)),
+            lengths: {
+                let mut l = Lengths::default();
+                for m in windows {
+                    l.merge(&m.lengths);
+                }
+                l
+            },
         })
     }
 

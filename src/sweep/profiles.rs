@@ -147,6 +147,7 @@ pub fn write_winner(
     base: &Profile,
     trial: &Trial,
     profile: &Profile,
+    lengths: Option<crate::eta::LengthPrior>,
 ) -> Result<(), ProfileError> {
     let Outcome::Ok(m) = &trial.outcome else {
         unreachable!("a winner is always measured")
@@ -154,6 +155,7 @@ pub fn write_winner(
     let expected = Expected {
         output_tok_s_per_gpu: (m.output_tok_s_per_gpu * 10.0).round() / 10.0,
         max_running_requests: m.cap,
+        output_tokens: lengths,
     };
     let comment = format!(
         "Written by `fleet sweep` from {}: the winner {} ({:.1} output tok/s per GPU, cap {}).",

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::eta::{Expectation, Interval, LengthModel, LengthPrior, Lengths, Source};
+
 use super::assign::Slot;
 pub use super::measured::{Measured, Percentiles};
 use super::slo::{Breach, Slo};
@@ -133,6 +135,11 @@ pub struct Ranked {
     pub ratio: Option<f64>,
     /// Projected hours for the whole dataset on all the sweep's GPUs running this candidate.
     pub eta_hours: Option<f64>,
+    /// Its 90% interval, from the expected output length's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta_low_hours: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta_high_hours: Option<f64>,
     /// Its figures: with several windows (a search's confirmation), the first trial with
     /// their pooled measurement.
     pub trial: Trial,
@@ -153,6 +160,12 @@ fn is_one(n: &usize) -> bool {
 pub struct Dataset {
     pub prompts: u64,
     pub output_tokens_per_prompt: f64,
+    /// The 90% interval of the expected output tokens per prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_interval: Option<(f64, f64)>,
+    /// Where the expected output length comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_source: Option<crate::eta::Source>,
     /// GPUs the real job will use.
     pub gpus: usize,
 }
@@ -210,6 +223,14 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             winner: i == 0 && crowned && best.is_some(),
             ratio: best.map(|b| m.output_tok_s_per_gpu / b),
             eta_hours: dataset.and_then(|d| eta_hours(d, m.output_tok_s_per_gpu)),
+            eta_low_hours: dataset.and_then(|d| {
+                let (lo, _) = d.output_tokens_interval?;
+                eta_hours(d.with_tokens(lo), m.output_tok_s_per_gpu)
+            }),
+            eta_high_hours: dataset.and_then(|d| {
+                let (_, hi) = d.output_tokens_interval?;
+                eta_hours(d.with_tokens(hi), m.output_tok_s_per_gpu)
+            }),
             trial: (*t).clone(),
             windows: windows(t),
             breaches: slo.breaches(m),
@@ -225,6 +246,8 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             winner: false,
             ratio: None,
             eta_hours: None,
+            eta_low_hours: None,
+            eta_high_hours: None,
             trial: t.clone(),
             windows: 1,
             breaches: Vec::new(),
@@ -262,6 +285,27 @@ fn pooled(trials: &[Trial]) -> Vec<(Trial, usize)> {
     out
 }
 
+impl Dataset {
+    /// The projection for `prompts` prompts of the expected length on `gpus` GPUs.
+    pub fn new(prompts: u64, length: Expectation, gpus: usize) -> Dataset {
+        Dataset {
+            prompts,
+            output_tokens_per_prompt: length.tokens.point,
+            output_tokens_interval: Some((length.tokens.low, length.tokens.high))
+                .filter(|(lo, hi)| hi > lo),
+            output_tokens_source: Some(length.source),
+            gpus,
+        }
+    }
+
+    fn with_tokens(self, tokens: f64) -> Dataset {
+        Dataset {
+            output_tokens_per_prompt: tokens,
+            ..self
+        }
+    }
+}
+
 pub fn eta_hours(d: Dataset, tok_s_per_gpu: f64) -> Option<f64> {
     let fleet_tok_s = tok_s_per_gpu * d.gpus as f64;
     (fleet_tok_s > 0.0)
@@ -294,20 +338,59 @@ pub fn deciding_factor(rows: &[Ranked]) -> Option<String> {
     None
 }
 
-/// The mean output tokens per request to project with: `--expected-output-tokens`, else the mean
-/// the trials measured (weighted by finished requests).
-pub fn output_tokens_per_prompt(trials: &[Trial], given: Option<f64>) -> Option<f64> {
-    if given.is_some() {
-        return given;
+/// Every trial's output lengths pooled, each trial weighing 1/T: the trials draw the same
+/// prompts in the same order, so their requests are one sample seen T times (with other
+/// cut-offs), not T samples.
+pub fn pooled_lengths(trials: &[Trial]) -> Lengths {
+    let seen: Vec<&Lengths> = trials
+        .iter()
+        .filter_map(|t| t.outcome.measured())
+        .map(|m| &m.lengths)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut all = Lengths::default();
+    for l in &seen {
+        all.merge_weighted(l, 1.0 / seen.len() as f64);
     }
-    let (mut tokens, mut n) = (0.0, 0u64);
-    for t in trials {
-        if let Some(m) = t.outcome.measured() {
-            tokens += m.mean_output_tokens * m.completed as f64;
-            n += m.completed;
+    all
+}
+
+/// The expected output tokens per prompt (capped at `cap`) to project with:
+/// `--expected-output-tokens`, else the pooled lengths of every trial, requests cut off
+/// counted as at least what they had streamed (a product-limit estimate: `crate::eta`); a
+/// sweep.json without lengths falls back to the mean of the finished requests.
+pub fn output_tokens(trials: &[Trial], given: Option<f64>, cap: u32) -> Option<Expectation> {
+    let model = LengthModel::new(None, given);
+    let pooled = pooled_lengths(trials);
+    if given.is_none() && pooled.is_empty() {
+        let (mut tokens, mut n) = (0.0, 0u64);
+        for t in trials {
+            if let Some(m) = t.outcome.measured() {
+                tokens += m.mean_output_tokens * m.completed as f64;
+                n += m.completed;
+            }
         }
+        return (n > 0).then(|| Expectation {
+            tokens: Interval::exact(tokens / n as f64),
+            source: Source::Sweep,
+            tail_unseen: false,
+        });
     }
-    (n > 0).then(|| tokens / n as f64)
+    let survival = pooled.survival(&[]);
+    model.expect(&survival, &[], cap).map(|e| Expectation {
+        source: match e.source {
+            Source::Job => Source::Sweep,
+            s => s,
+        },
+        ..e
+    })
+}
+
+/// The length distribution the trials measured, as `sweep.json` and `--write-profile`
+/// record it.
+pub fn length_prior(trials: &[Trial], cap: u32) -> Option<LengthPrior> {
+    let pooled = pooled_lengths(trials);
+    (!pooled.is_empty()).then(|| pooled.survival(&[]).prior(cap))
 }
 
 #[cfg(test)]
@@ -381,6 +464,7 @@ mod tests {
                 completed_output_tok_s: tok_s_per_gpu * 4.0,
                 metrics_output_tok_s: Some(tok_s_per_gpu * 4.0 * 1.01),
                 estimate: None,
+                lengths: Default::default(),
             }),
             first_window: None,
             cache: None,
@@ -424,6 +508,8 @@ mod tests {
             Some(Dataset {
                 prompts: 1000,
                 output_tokens_per_prompt: 100.0,
+                output_tokens_interval: None,
+                output_tokens_source: None,
                 gpus: 1,
             }),
         );
@@ -462,6 +548,8 @@ mod tests {
         let d = Dataset {
             prompts: 654_676,
             output_tokens_per_prompt: 988.0,
+            output_tokens_interval: None,
+            output_tokens_source: None,
             gpus: 8,
         };
         let rows = rank(

@@ -116,6 +116,15 @@ fn seconds(s: f64) -> String {
     humantime::format_duration(std::time::Duration::from_secs_f64(s)).to_string()
 }
 
+/// A row's ETA with its interval where the length estimate has one: `19 h (17–22 h)`.
+fn eta_cell(row: &Ranked) -> String {
+    match (row.eta_hours, row.eta_low_hours, row.eta_high_hours) {
+        (Some(h), Some(lo), Some(hi)) => format!("{} ({}–{})", hours(h), hours(lo), hours(hi)),
+        (Some(h), ..) => hours(h),
+        _ => "-".into(),
+    }
+}
+
 fn hours(h: f64) -> String {
     if h >= 10.0 {
         format!("{h:.0} h")
@@ -216,7 +225,7 @@ pub fn text(r: &Report) -> String {
                     m.gpus.to_string(),
                 ]);
                 if r.dataset.is_some() {
-                    cells.push(row.eta_hours.map_or("-".into(), hours));
+                    cells.push(eta_cell(row));
                 }
                 if pruning || pooled {
                     cells.push(match &row.trial.outcome {
@@ -279,15 +288,18 @@ pub fn text(r: &Report) -> String {
             .iter()
             .filter_map(|row| {
                 let pruned = matches!(row.trial.outcome, Outcome::Pruned(_));
-                row.eta_hours.map(|h| {
+                row.eta_hours.map(|_| {
                     let note = if pruned { " (pruned)" } else { "" };
-                    format!("{}: {}{note}", row.label, hours(h))
+                    format!("{}: {}{note}", row.label, eta_cell(row))
                 })
             })
             .collect();
         if !etas.is_empty() {
+            let interval = d
+                .output_tokens_interval
+                .map_or(String::new(), |(lo, hi)| format!(" ({lo:.0}–{hi:.0})"));
             out.push_str(&format!(
-                "ETA for {} prompts x {:.0} output tokens on {} GPUs: {}\n",
+                "ETA for {} prompts x {:.0}{interval} output tokens on {} GPUs: {}\n",
                 d.prompts,
                 d.output_tokens_per_prompt,
                 d.gpus,
@@ -449,7 +461,7 @@ pub fn plan_text(p: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::rank::{Measured, output_tokens_per_prompt};
+    use crate::sweep::rank::{Measured, output_tokens};
 
     fn slot(gpu: u32) -> Slot {
         Slot {
@@ -490,6 +502,7 @@ mod tests {
                 completed_output_tok_s: 1000.0,
                 metrics_output_tok_s: Some(metrics),
                 estimate: None,
+                lengths: Default::default(),
             }),
             first_window: None,
             cache: None,
@@ -539,13 +552,9 @@ mod tests {
             cand("extra_buffer_lazy"),
             cand("auto"),
         ];
-        let tokens = output_tokens_per_prompt(&trials, None).unwrap();
-        assert_eq!(tokens, 988.0);
-        let d = Dataset {
-            prompts: 654_676,
-            output_tokens_per_prompt: tokens,
-            gpus: 8,
-        };
+        let tokens = output_tokens(&trials, None, 4096).unwrap();
+        assert_eq!(tokens.tokens.point, 988.0);
+        let d = Dataset::new(654_676, tokens, 8);
         let r = build(&spec(Mode::Parallel, None), &all, &trials, Some(d));
         assert_eq!(r.winner.as_deref(), Some("no_buffer"));
         assert_eq!(r.pending, vec!["auto".to_string()]);
@@ -648,6 +657,8 @@ mod tests {
         let d = Dataset {
             prompts: 654_676,
             output_tokens_per_prompt: 988.0,
+            output_tokens_interval: None,
+            output_tokens_source: None,
             gpus: 8,
         };
         let trials = [ok("no_buffer", 1180.0, 72, 2360.0), eb];

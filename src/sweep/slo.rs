@@ -247,6 +247,7 @@ mod tests {
             completed_output_tok_s: 100.0,
             metrics_output_tok_s: None,
             estimate: None,
+            lengths: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::rank::{Measured, Percentiles};
 use super::stats;
+use crate::eta::Lengths;
 use crate::generate::concurrency::saturating;
 use crate::sglang::client::{ClientError, Endpoint, ServerInfo};
 use crate::sglang::overflow::Remedy;
@@ -129,6 +130,8 @@ pub struct Stats {
     pub itl: Vec<(f64, u64)>,
     /// Output tokens per bin of the window, from its start.
     pub bins: Vec<u64>,
+    /// The output lengths of every request sent, warm-up included.
+    pub lengths: Lengths,
 }
 
 impl Stats {
@@ -150,6 +153,7 @@ impl Stats {
         for (a, b) in self.bins.iter_mut().zip(o.bins) {
             *a += b;
         }
+        self.lengths.merge(&o.lengths);
     }
 
     pub(super) fn add_to_bin(&mut self, bin: usize, tokens: u64) {
@@ -327,6 +331,7 @@ fn figures(
         completed_output_tok_s: all.completed_tokens as f64 / secs,
         metrics_output_tok_s: metrics_deltas.map(|d| d / secs),
         estimate: stats::estimate(&samples, bin.as_secs_f64()),
+        lengths: all.lengths,
     })
 }
 

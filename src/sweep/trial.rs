@@ -4,6 +4,7 @@
 //! become each candidate's [`Measured`], or the reason it failed; optionally a first window
 //! after which some candidates stop.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use super::prune;
 use super::rank::Measured;
 pub use super::summary::{Group, Server, TrialFailure};
 use super::summary::{ServerReading, Stats, summarize, summarize_first};
+use crate::eta::Seen;
 use crate::generate::concurrency::ConcurrencyMode;
 use crate::generate::core::{
     self, Attempt, Baseline, Core, CoreConfig, Input, ProbeKind, ProbeResult,
@@ -42,13 +44,23 @@ struct StreamDriver {
 }
 
 impl Driver for StreamDriver {
-    fn send(&self, inst: usize, req: Arc<CompletionRequest>) -> BoxFuture<'static, Attempt> {
+    fn send(
+        &self,
+        inst: usize,
+        req: Arc<CompletionRequest>,
+        streamed: Arc<AtomicU64>,
+    ) -> BoxFuture<'static, Attempt> {
         let client = self.clients[inst].clone();
         let stats = self.stats[inst].clone();
         let (w0, w1) = self.window;
         let bin = self.bin.as_nanos().max(1);
         let ignore_eos = self.ignore_eos;
         async move {
+            let mut unfinished = Unfinished {
+                stats: stats.clone(),
+                streamed: streamed.clone(),
+                ended: false,
+            };
             let in_window = |t: Instant| t >= w0 && t < w1;
             let sent = Instant::now();
             let mut last: Option<(Instant, u64)> = None;
@@ -65,11 +77,18 @@ impl Driver for StreamDriver {
                     }
                 }
                 last = Some((now, cumulative));
+                streamed.store(cumulative, Ordering::Relaxed);
             };
             let result = client.stream(&req, ignore_eos, on_tokens).await;
             let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
             match result {
                 Ok(done) => {
+                    unfinished.ended = true;
+                    let n = u32::try_from(done.completion_tokens).unwrap_or(u32::MAX);
+                    s.lengths.add(match done.finish_reason.as_deref() {
+                        Some("length") => Seen::Capped(n),
+                        _ => Seen::Finished(n),
+                    });
                     if in_window(Instant::now()) {
                         s.completed += 1;
                         s.completed_tokens += done.completion_tokens;
@@ -104,6 +123,25 @@ impl Driver for StreamDriver {
 
     fn probe(&self, inst: usize, kind: ProbeKind) -> BoxFuture<'static, ProbeResult> {
         drive::probe(self.clients[inst].clone(), kind)
+    }
+}
+
+/// A request that never ended (cut off when its trial stopped, or failed): its length is at
+/// least what it streamed, which is what the sweep's length estimate needs of it.
+struct Unfinished {
+    stats: Arc<Mutex<Stats>>,
+    streamed: Arc<AtomicU64>,
+    ended: bool,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let n = self.streamed.load(Ordering::Relaxed);
+        if !self.ended && n > 0 {
+            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.lengths
+                .add(Seen::Running(u32::try_from(n).unwrap_or(u32::MAX)));
+        }
     }
 }
 

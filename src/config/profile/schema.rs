@@ -258,12 +258,33 @@ pub(super) static SCHEMA: &[Item] = &[
                 },
                 write: |p| opt_int(p.expected.as_ref().map(|e| e.max_running_requests)),
             },
+            Field {
+                key: "output_tokens",
+                required: false,
+                flags: &[],
+                read: |c, n, f, p| {
+                    if let (Some(v), Some(e)) =
+                        (n.and_then(|n| length_prior(c, n, f)), &mut p.expected)
+                    {
+                        e.output_tokens = Some(v);
+                    }
+                },
+                write: |p| {
+                    p.expected
+                        .as_ref()
+                        .and_then(|e| e.output_tokens.as_ref())
+                        .and_then(|d| serde_json::to_value(d).ok())
+                        .and_then(|j| serde_json::from_value::<Value>(j).ok())
+                        .unwrap_or(Value::Null)
+                },
+            },
         ],
         optional: Some(Optional {
             open: |p| {
                 p.expected = Some(Expected {
                     output_tok_s_per_gpu: 0.0,
                     max_running_requests: 0,
+                    output_tokens: None,
                 })
             },
             is_set: |p| p.expected.is_some(),
@@ -486,6 +507,16 @@ pub(super) fn expected_value(e: &Expected) -> Value {
             Item::Section(s) if s.key == "expected" => Some(section_value(s, &p)),
             _ => None,
         })
+        .map(|v| match v {
+            // A measurement the sweep did not make is left out, not written as null.
+            Value::Map(entries) => Value::Map(
+                entries
+                    .into_iter()
+                    .filter(|(_, n)| n.value != Value::Null)
+                    .collect(),
+            ),
+            v => v,
+        })
         .unwrap_or(Value::Null)
 }
 
@@ -531,6 +562,28 @@ fn fraction(c: &mut Checker, node: &Node, field: &str) -> Option<f64> {
         Some("must be between 0 and 1 (exclusive), e.g. 0.85".into()),
     );
     None
+}
+
+/// `expected.output_tokens`: the length distribution `fleet sweep --write-profile` recorded.
+fn length_prior(c: &mut Checker, node: &Node, field: &str) -> Option<crate::eta::LengthPrior> {
+    let parsed = serde_json::to_value(&node.value)
+        .and_then(serde_json::from_value::<crate::eta::LengthPrior>);
+    match parsed {
+        Ok(p) => Some(p),
+        Err(e) => {
+            c.report(
+                node.loc,
+                field,
+                format!("not a length distribution: {e}"),
+                Some(
+                    "written by `fleet sweep --write-profile` as {max_tokens, sample, seen_to, \
+                     mean, survival: [[tokens, share], ...]}; delete it to go without"
+                        .into(),
+                ),
+            );
+            None
+        }
+    }
 }
 
 fn positive(c: &mut Checker, node: &Node, field: &str) -> Option<f64> {

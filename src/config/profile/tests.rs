@@ -154,6 +154,7 @@ fn a_derived_profile_loads_with_its_overrides_and_measurements() {
     let expected = Expected {
         output_tok_s_per_gpu: 1180.5,
         max_running_requests: 72,
+        output_tokens: None,
     };
     let text = derived_profile_yaml(
         "base",
@@ -173,8 +174,33 @@ fn a_derived_profile_loads_with_its_overrides_and_measurements() {
     fs::write(dir.path().join("won.yaml"), &text).unwrap();
     let p = load_profile("won", dir.path()).unwrap();
     assert_eq!(p.server.mamba_strategy, Some(MambaStrategy::ExtraBuffer));
-    assert_eq!(p.expected, Some(expected));
+    assert_eq!(p.expected, Some(expected.clone()));
     assert_eq!(p.model, "/models/Qwen3.6-27B");
+
+    // With the length distribution the sweep measured: written, and read back the same.
+    let with_lengths = Expected {
+        output_tokens: Some(crate::eta::LengthPrior {
+            max_tokens: 4096,
+            sample: 412,
+            seen_to: 1776,
+            mean: Some(988.0),
+            survival: vec![(200, 0.998), (279, 0.95), (1776, 0.0)],
+        }),
+        ..expected
+    };
+    let text = derived_profile_yaml("base", &[], Some(&with_lengths), "measured");
+    assert!(text.contains("output_tokens:"), "{text}");
+    fs::write(dir.path().join("won2.yaml"), &text).unwrap();
+    let p = load_profile("won2", dir.path()).unwrap();
+    assert_eq!(p.expected, Some(with_lengths), "{text}");
+    // A broken one is named with its place and a hint.
+    fs::write(
+        dir.path().join("bad.yaml"),
+        text.replace("sample: 412", "sample: many"),
+    )
+    .unwrap();
+    let err = load_profile("bad", dir.path()).unwrap_err().to_string();
+    assert!(err.contains("expected.output_tokens"), "{err}");
 }
 
 #[test]

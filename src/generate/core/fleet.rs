@@ -24,6 +24,8 @@ pub(super) struct Inst {
     pub in_flight: u32,
     pub cap: Option<u64>,
     pub kv_tokens: Option<u64>,
+    /// A hybrid (mamba) model: its `/server_info` names a mamba strategy.
+    pub hybrid: bool,
     /// The context length in effect (`/v1/models` `max_model_len`).
     pub context_len: Option<u64>,
     /// Consecutive failed liveness probes.
@@ -32,13 +34,12 @@ pub(super) struct Inst {
     pub metrics_available: bool,
     pub completed: u64,
     pub out_tokens: u64,
+    /// Output tokens as they streamed (see the core's counts).
+    pub live_tokens: u64,
     /// Prompt tokens of its answers that said how many the cache served, and those served.
     pub reported_prompt_tokens: u64,
     pub cached_tokens: u64,
     pub window: RateWindow,
-    /// The server's own `generation_tokens_total`: output tok/s as it happens, not only when
-    /// long requests complete.
-    pub server_tokens: RateWindow,
     pub last: Option<Metrics>,
     pub acc: SignalAcc,
     /// Its share of the open-file budget.
@@ -72,16 +73,17 @@ impl Inst {
             in_flight: 0,
             cap: None,
             kv_tokens: None,
+            hybrid: false,
             context_len: None,
             failures: 0,
             probing: false,
             metrics_available: true,
             completed: 0,
             out_tokens: 0,
+            live_tokens: 0,
             reported_prompt_tokens: 0,
             cached_tokens: 0,
             window,
-            server_tokens: RateWindow::new(cfg.timing.rate_window),
             last: None,
             acc: SignalAcc::default(),
             ceiling,
@@ -100,6 +102,7 @@ impl Inst {
         self.failures = 0;
         self.cap = info.effective_max_running_requests;
         self.kv_tokens = info.max_total_num_tokens;
+        self.hybrid = info.mamba_strategy.is_some();
         self.context_len = info.context_length;
         self.version = info.version.clone();
         let capacity = Capacity {
@@ -108,8 +111,6 @@ impl Inst {
         };
         self.ctl = Controller::new(cfg.concurrency, capacity, request_tokens, self.ceiling);
         self.metrics_available = true;
-        // A restarted server counts from zero again.
-        self.server_tokens = RateWindow::new(cfg.timing.rate_window);
     }
 
     pub fn info(&self) -> InstanceInfo {
@@ -158,9 +159,6 @@ impl Core {
         let failure = match result {
             ProbeResult::Metrics(Ok(m)) if inst.up => {
                 inst.failures = 0;
-                if let Some(total) = m.generation_tokens_total {
-                    inst.server_tokens.record(now, 0, total as u64);
-                }
                 if let (Some(running), Some(queued)) = (m.num_running_reqs, m.num_queue_reqs) {
                     let gauges = Gauges {
                         running,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::placement::{Outcome, Request, Ticket};
 use super::{Action, Attempt, Core, DownReason, InFlight, ReqId, Time};
+use crate::eta::Seen;
 use crate::generate::Event;
 use crate::generate::input::{Id, Line};
 use crate::generate::journal::batch::{self, Answer};
@@ -231,7 +232,12 @@ impl Core {
     pub(super) fn done(&mut self, now: Time, id: ReqId, attempt: Attempt, out: &mut Vec<Action>) {
         // An answer to a request taken back (its instance went out) is dropped: the job is
         // already queued again, so it is written once.
-        let Some(InFlight { inst: i, mut job }) = self.in_flight.remove(&id) else {
+        let Some(InFlight {
+            inst: i,
+            mut job,
+            streamed,
+        }) = self.in_flight.remove(&id)
+        else {
             return;
         };
         self.insts[i].in_flight -= 1;
@@ -266,6 +272,15 @@ impl Core {
                 out.push(Action::Write(Entry::Completion(record)));
                 inst.completed += 1;
                 inst.out_tokens += c.completion_tokens;
+                // What had not streamed yet arrives with the answer.
+                let rest = c.completion_tokens.saturating_sub(streamed);
+                inst.live_tokens += rest;
+                self.counts.live_tokens += rest;
+                let n = u32::try_from(c.completion_tokens).unwrap_or(u32::MAX);
+                self.lengths.observe(match c.finish_reason.as_deref() {
+                    Some("length") => Seen::Capped(n),
+                    _ => Seen::Finished(n),
+                });
                 if let Some(cached) = c.cached_tokens {
                     inst.reported_prompt_tokens += c.prompt_tokens;
                     inst.cached_tokens += cached.min(c.prompt_tokens);

@@ -36,6 +36,7 @@ use super::upload::UploadEvent;
 use super::watchdog::{Cause, Finding};
 use super::{Event, GenerateConfig, InstanceInfo, Timing};
 use crate::config::Expected;
+use crate::eta::LengthModel;
 use crate::server::ServerId;
 use crate::sglang::client::{Api, ClientError, Completion, CompletionRequest, ServerInfo};
 use crate::sglang::metrics::Metrics;
@@ -141,6 +142,9 @@ pub enum Input {
     },
     /// The time [`Core::next_wake`] asked for has come (or any later time).
     Tick,
+    /// As [`Input::Tick`], with the output tokens each request in flight has streamed so far
+    /// (those that streamed none may be left out).
+    Streamed(Vec<(ReqId, u64)>),
     /// Ctrl-C, SIGTERM or SIGHUP: stop dispatching and wind down within the grace period.
     Cancel,
     Upload(UploadEvent),
@@ -240,6 +244,8 @@ impl End {
 struct InFlight {
     inst: usize,
     job: Job,
+    /// Output tokens it has streamed so far.
+    streamed: u64,
 }
 
 /// The wind-down after a stop: requests in flight may finish until `deadline`.
@@ -264,6 +270,9 @@ struct Counts {
     waiting_retry: u64,
     in_tokens: u64,
     out_tokens: u64,
+    /// Output tokens as they streamed: finished requests' and those still going (and those
+    /// of requests that failed after streaming, work the GPUs did all the same).
+    live_tokens: u64,
     /// Prompt tokens the servers' radix caches served: prefill saved.
     cached_tokens: u64,
     s3_uploaded: u64,
@@ -290,6 +299,8 @@ pub struct Core {
     rng: SmallRng,
     counts: Counts,
     window: RateWindow,
+    /// The output lengths seen, and the sweep's prior: the ETA's expected work per prompt.
+    lengths: LengthModel,
     input_open: bool,
     paused_since: Option<Time>,
     stop: Option<Stopping>,
@@ -344,6 +355,10 @@ impl Core {
             .collect();
         let mut window = RateWindow::new(cfg.timing.rate_window);
         window.record(Time::ZERO, 0, 0);
+        let lengths = LengthModel::new(
+            cfg.expected.as_ref().and_then(|e| e.output_tokens.as_ref()),
+            None,
+        );
         let mut core = Core {
             rng: SmallRng::seed_from_u64(cfg.seed),
             timers: Timers {
@@ -364,6 +379,7 @@ impl Core {
             next_id: 0,
             seq: 0,
             counts: Counts::default(),
+            lengths,
             window,
             input_open: true,
             paused_since: None,
@@ -410,6 +426,7 @@ impl Core {
             Input::Done { id, attempt } => self.done(now, id, attempt, &mut out),
             Input::Probe { inst, result } => self.probed(now, inst, result, &mut out),
             Input::Tick => {}
+            Input::Streamed(counts) => self.streamed(counts),
             Input::Cancel => self.cancel(now, &mut out),
             Input::Upload(e) => {
                 self.count_upload(&e);
@@ -630,7 +647,14 @@ impl Core {
                 inst: i,
                 req: job.req.clone(),
             });
-            self.in_flight.insert(id, InFlight { inst: i, job });
+            self.in_flight.insert(
+                id,
+                InFlight {
+                    inst: i,
+                    job,
+                    streamed: 0,
+                },
+            );
         }
     }
 

@@ -2,22 +2,47 @@
 //! signals and verdict after the warm-up, and the progress.json snapshot.
 
 use super::fleet::Inst;
-use super::{Action, Core, Time};
+use super::{Action, Core, ReqId, Time};
+use crate::eta::{Eta, Interval, Rate, Work};
 use crate::generate::Event;
 use crate::generate::concurrency::ConcurrencyMode;
-use crate::generate::progress::{self, InstanceProgress, Progress, Status};
+use crate::generate::journal::OutputFormat;
+use crate::generate::progress::{self, InstanceProgress, LengthEstimate, Progress, Status};
 use crate::generate::watchdog::{self, CacheSignals, Finding, Signals};
 
 /// `/metrics` readings after warm-up before the watchdog judges an instance.
 const MIN_READINGS: u64 = 3;
 
 impl Core {
+    /// Output tokens counted as they stream: the rates see the GPUs' work as it happens, not
+    /// when long requests end.
     pub(super) fn record_rates(&mut self, now: Time) {
         self.window
-            .record(now, self.counts.completed, self.counts.out_tokens);
+            .record(now, self.counts.completed, self.counts.live_tokens);
         for inst in &mut self.insts {
-            inst.window.record(now, inst.completed, inst.out_tokens);
+            inst.window.record(now, inst.completed, inst.live_tokens);
         }
+    }
+
+    /// Takes what each request in flight has streamed so far.
+    pub(super) fn streamed(&mut self, counts: Vec<(ReqId, u64)>) {
+        for (id, n) in counts {
+            let Some(f) = self.in_flight.get_mut(&id) else {
+                continue;
+            };
+            let delta = n.saturating_sub(f.streamed);
+            f.streamed = f.streamed.max(n);
+            self.insts[f.inst].live_tokens += delta;
+            self.counts.live_tokens += delta;
+        }
+    }
+
+    /// Tokens streamed so far by each request in flight.
+    pub(super) fn running_lengths(&self) -> Vec<u32> {
+        self.in_flight
+            .values()
+            .map(|f| u32::try_from(f.streamed).unwrap_or(u32::MAX))
+            .collect()
     }
 
     /// Runs the watchdog after warm-up: announces a new finding, and returns it when
@@ -42,26 +67,42 @@ impl Core {
             .filter_map(|i| i.kv_tokens)
             .map(|k| k as f64)
             .collect();
+        // A request holds its prompt and its whole answer: the answer's expected length, not
+        // the mean of the short ones that finished first.
         let c = &self.counts;
-        let avg_seq =
-            (c.completed > 0).then(|| (c.in_tokens + c.out_tokens) as f64 / c.completed as f64);
+        let running = self.running_lengths();
+        let expected_out = self
+            .lengths
+            .expect(
+                &self.lengths.survival(&running),
+                &running,
+                self.cfg.max_tokens,
+            )
+            .map(|e| e.tokens.point);
+        let avg_seq = (c.completed > 0)
+            .then(|| c.in_tokens as f64 / c.completed as f64)
+            .zip(expected_out)
+            .map(|(p, o)| p + o);
+        // On a hybrid model the mamba state pool, not the KV pool, bounds the running
+        // requests: room in the KV pool is no room to gain.
+        let hybrid = up.iter().any(|i| i.hybrid);
         let signals = Signals {
             running: mean(&|i| i.acc.running / i.acc.readings as f64),
             queue_empty_share: mean(&|i| i.acc.queue_empty as f64 / i.acc.readings as f64),
             cap: (!caps.is_empty()).then(|| caps.iter().sum::<f64>() / caps.len() as f64),
             client_limit: mean(&|i| f64::from(i.ctl.limit())),
             kv_fit: avg_seq
-                .filter(|s| *s > 0.0 && !kv.is_empty())
+                .filter(|s| *s > 0.0 && !kv.is_empty() && !hybrid)
                 .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
             auto: self.cfg.concurrency == ConcurrencyMode::Auto,
             held_by_files: up.iter().any(|i| i.ctl.held_by_budget()),
         };
-        // Output is counted when requests finish, so in the first minutes of long completions
-        // counters lag far behind the GPUs; the servers' decode rate does not.
-        let live = if up.iter().all(|i| i.acc.gen_readings > 0) {
+        // Tokens as they stream; a job whose answers are not streamed (the Batch API's output
+        // keeps the server's bytes) reads the servers' own decode rate instead.
+        let live = if self.cfg.format != OutputFormat::OpenaiBatch && self.window.is_measured() {
+            self.window.rates().1 / n
+        } else if up.iter().all(|i| i.acc.gen_readings > 0) {
             mean(&|i| i.acc.gen_tok_s / i.acc.gen_readings as f64)
-        } else if up.iter().all(|i| i.server_tokens.is_measured()) {
-            mean(&|i| i.server_tokens.rates().1)
         } else {
             self.window.rates().1 / n
         };
@@ -130,8 +171,8 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
             (0.0, 0.0)
         }
     };
-    let (rate, _) = if ended {
-        whole(core.counts.completed, core.counts.out_tokens)
+    let (rate, tok_s) = if ended {
+        whole(core.counts.completed, core.counts.live_tokens)
     } else {
         core.window.rates()
     };
@@ -139,14 +180,38 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
     let completed = b.completed + c.completed;
     let failed = b.failed + c.failed;
     let out = b.output_tokens + c.out_tokens;
-    let remaining = b.total.saturating_sub(completed + failed);
+    let remaining = b.total.saturating_sub(completed + failed + c.waiting_retry);
+    let running = core.running_lengths();
+    let estimate = core.eta(remaining, &running, tok_s);
+    let hours = |secs: f64| progress::round(secs / 3600.0, 3);
+    let eta = if remaining == 0 {
+        Some(Interval::exact(0.0))
+    } else if ended {
+        None
+    } else {
+        estimate.as_ref().and_then(|e| e.secs)
+    };
     Progress {
         total: b.total,
         completed,
         failed,
         waiting_retry: c.waiting_retry,
         rate_per_sec: progress::round(rate, 2),
-        eta_hours: progress::eta_hours(remaining, rate),
+        eta_hours: eta.map(|e| hours(e.point)),
+        eta_low_hours: eta.map(|e| hours(e.low)),
+        eta_high_hours: eta.map(|e| hours(e.high)),
+        expected_output_tokens: estimate
+            .as_ref()
+            .map(|e| progress::round(e.length.tokens.point, 1)),
+        length_estimate: estimate.as_ref().map(|e| LengthEstimate {
+            source: e.length.source,
+            low: progress::round(e.length.tokens.low, 1),
+            high: progress::round(e.length.tokens.high, 1),
+            finished: c.completed,
+            running: running.len() as u64,
+            tail_unseen: e.length.tail_unseen,
+        }),
+        output_tok_s: progress::round(tok_s, 1),
         total_input_tokens: b.input_tokens + c.in_tokens,
         total_output_tokens: out,
         cached_tokens: c.cached_tokens,
@@ -160,7 +225,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
             .iter()
             .map(|i| {
                 let (rate, tok) = if ended {
-                    whole(i.completed, i.out_tokens)
+                    whole(i.completed, i.live_tokens)
                 } else {
                     i.window.rates()
                 };
@@ -174,6 +239,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
                     completed: i.completed,
                     rate_per_sec: progress::round(rate, 2),
                     output_tok_s: progress::round(tok, 1),
+                    server_tok_s: i.last.as_ref().and_then(|m| m.gen_throughput),
                     cached_fraction: (i.reported_prompt_tokens > 0).then(|| {
                         progress::round(i.cached_tokens as f64 / i.reported_prompt_tokens as f64, 3)
                     }),
@@ -184,5 +250,35 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
             })
             .collect(),
         warnings: core.warnings.clone(),
+    }
+}
+
+impl Core {
+    /// Remaining work ÷ live rate (`crate::eta`), for `remaining` prompts of which `running`
+    /// are streaming.
+    fn eta(&self, remaining: u64, running: &[u32], tok_s: f64) -> Option<Eta> {
+        let (a, b) = self.window.token_halves();
+        let servers_running: f64 = self
+            .insts
+            .iter()
+            .filter(|i| i.up)
+            .filter_map(|i| i.last.as_ref().and_then(|m| m.num_running_reqs))
+            .sum();
+        let rate = Rate {
+            tok_s,
+            low: a.min(b),
+            high: a.max(b),
+            running: if servers_running > 0.0 {
+                servers_running
+            } else {
+                running.len() as f64
+            },
+        };
+        let work = Work {
+            waiting: remaining.saturating_sub(running.len() as u64),
+            running,
+            cap: self.cfg.max_tokens,
+        };
+        crate::eta::eta(&self.lengths, work, rate)
     }
 }

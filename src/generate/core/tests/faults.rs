@@ -321,6 +321,7 @@ fn slow_run(abort_below: Option<f64>) -> Harness {
     c.expected = Some(Expected {
         output_tok_s_per_gpu: 1180.0,
         max_running_requests: 72,
+        output_tokens: None,
     });
     let mut h = Harness::with(c, Baseline::default(), vec![server("a", 37)]);
     let mut next = 0;
@@ -360,6 +361,7 @@ fn nothing_is_judged_during_the_warm_up() {
     c.expected = Some(Expected {
         output_tok_s_per_gpu: 1180.0,
         max_running_requests: 72,
+        output_tokens: None,
     });
     let mut h = Harness::with(c, Baseline::default(), vec![server("a", 37)]);
     for s in 0..30 {

@@ -1,0 +1,291 @@
+//! The one estimator behind every ETA fleet shows (the job's progress, `fleet progress`, the
+//! sweep's projection and the report): remaining work ÷ live token throughput, where the work
+//! is each waiting prompt's expected output (the [`lengths`] estimate, capped by `max_tokens`)
+//! plus what the running requests still have to stream, with a 90% interval. Pure: its callers
+//! bring the counts and the clock.
+
+pub mod lengths;
+
+use serde::{Deserialize, Serialize};
+
+pub use lengths::{Interval, LengthPrior, Lengths, Seen, Survival};
+
+/// Where the expected output length comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// A sweep's measured distribution (the profile's `expected.output_tokens`), nothing of
+    /// the job's own yet.
+    Sweep,
+    /// The job's own requests.
+    Job,
+    /// The sweep's distribution pooled with the job's requests.
+    SweepAndJob,
+    /// `--expected-output-tokens`.
+    Given,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Sweep => "sweep",
+            Source::Job => "job",
+            Source::SweepAndJob => "sweep+job",
+            Source::Given => "given",
+        }
+    }
+}
+
+/// The expected output tokens of one prompt (capped by `max_tokens`), and what it rests on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Expectation {
+    pub tokens: Interval,
+    pub source: Source,
+    /// The unseen tail is still part of the interval: no request has been followed to the cap
+    /// nor has every one of a cohort ended.
+    pub tail_unseen: bool,
+}
+
+/// What is known of the output lengths: a prior (a sweep's), the job's own requests, or a
+/// number the user gave.
+#[derive(Debug, Clone, Default)]
+pub struct LengthModel {
+    prior: Option<Lengths>,
+    own: Lengths,
+    given: Option<f64>,
+}
+
+impl LengthModel {
+    pub fn new(prior: Option<&LengthPrior>, given: Option<f64>) -> LengthModel {
+        LengthModel {
+            prior: prior.map(Lengths::from_prior),
+            own: Lengths::default(),
+            given,
+        }
+    }
+
+    pub fn observe(&mut self, s: Seen) {
+        self.own.add(s);
+    }
+
+    /// The curve from everything known, with requests still streaming at `running` tokens.
+    pub fn survival(&self, running: &[u32]) -> Survival {
+        match &self.prior {
+            Some(p) => {
+                let mut all = p.clone();
+                all.merge(&self.own);
+                all.survival(running)
+            }
+            None => self.own.survival(running),
+        }
+    }
+
+    fn source(&self, running: &[u32]) -> Source {
+        let own = !self.own.is_empty() || !running.is_empty();
+        match (&self.prior, own) {
+            (Some(_), true) => Source::SweepAndJob,
+            (Some(_), false) => Source::Sweep,
+            (None, _) => Source::Job,
+        }
+    }
+
+    /// The expected output tokens of a prompt capped at `cap`.
+    pub fn expect(&self, s: &Survival, running: &[u32], cap: u32) -> Option<Expectation> {
+        if let Some(g) = self.given {
+            return Some(Expectation {
+                tokens: Interval::exact(g.min(f64::from(cap))),
+                source: Source::Given,
+                tail_unseen: false,
+            });
+        }
+        let tokens = s.mean(cap)?;
+        Some(Expectation {
+            tokens,
+            source: self.source(running),
+            tail_unseen: tokens.high > tokens.low * 1.2,
+        })
+    }
+
+    /// The part of the model learnt from requests, as a profile records it.
+    pub fn measured(&self, running: &[u32], cap: u32) -> Option<LengthPrior> {
+        (!self.own.is_empty() || !running.is_empty()).then(|| self.own.survival(running).prior(cap))
+    }
+}
+
+/// The work left, as the estimator needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Work<'a> {
+    /// Prompts not sent yet (nor finished, nor failed).
+    pub waiting: u64,
+    /// Tokens streamed so far by each request in flight.
+    pub running: &'a [u32],
+    /// The most output tokens one request may have (`max_tokens`, within the context).
+    pub cap: u32,
+}
+
+/// Output tokens per second, as a recent window measured it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub tok_s: f64,
+    /// The lowest and highest rate of the window's halves: how steady it is.
+    pub low: f64,
+    pub high: f64,
+    /// Requests running while it was measured (to know how fast one request goes).
+    pub running: f64,
+}
+
+/// The ETA, in seconds (`None` while nothing streams), with the expected length it used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Eta {
+    pub secs: Option<Interval>,
+    pub remaining_tokens: Interval,
+    pub length: Expectation,
+}
+
+/// Remaining work ÷ live rate. The upper bound also allows for the end, where the last
+/// requests run in batches that are no longer full: at most the longest request the curve
+/// allows, at the speed one request runs.
+pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
+    let survival = model.survival(work.running);
+    let length = model.expect(&survival, work.running, work.cap)?;
+    let mut tokens = length.tokens.scale(work.waiting as f64);
+    for &so_far in work.running {
+        tokens = tokens.plus(match model.given {
+            Some(g) => Interval::exact((g - f64::from(so_far)).max(0.0)),
+            None => survival.rest(so_far, work.cap),
+        });
+    }
+    if tokens.high <= 0.0 {
+        return Some(Eta {
+            secs: Some(Interval::exact(0.0)),
+            remaining_tokens: tokens,
+            length,
+        });
+    }
+    if rate.tok_s <= 0.0 {
+        return Some(Eta {
+            secs: None,
+            remaining_tokens: tokens,
+            length,
+        });
+    }
+    let (fast, slow) = (
+        rate.high.max(rate.tok_s),
+        rate.low.min(rate.tok_s).max(1e-9),
+    );
+    let longest = survival
+        .quantile(0.95)
+        .map_or(f64::from(work.cap), f64::from)
+        .min(f64::from(work.cap));
+    let per_request = rate.tok_s / rate.running.max(1.0);
+    let drain = ((longest - length.tokens.point).max(0.0)) / per_request;
+    let secs = Interval {
+        point: tokens.point / rate.tok_s,
+        low: tokens.low / fast,
+        high: tokens.high / slow + drain,
+    };
+    Some(Eta {
+        secs: Some(secs),
+        remaining_tokens: tokens,
+        length,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(tok_s: f64) -> Rate {
+        Rate {
+            tok_s,
+            low: tok_s * 0.98,
+            high: tok_s * 1.02,
+            running: 144.0,
+        }
+    }
+
+    #[test]
+    fn the_seed_at_72_s_would_have_read_about_51_hours_not_208() {
+        // 73 of 654,676 finished at 988 tokens on average; 256 in flight. The fleet ran
+        // ≥ 3,500 tok/s: every request decoded at ≥ 13.7 tok/s for 72 s.
+        let mut m = LengthModel::new(None, Some(988.0));
+        m.observe(Seen::Finished(988));
+        let running = vec![988u32; 256 - 73];
+        let e = eta(
+            &m,
+            Work {
+                waiting: 654_676 - 256,
+                running: &running,
+                cap: 4096,
+            },
+            rate(3_500.0),
+        )
+        .unwrap();
+        let hours = e.secs.unwrap().point / 3600.0;
+        assert!((50.0..52.5).contains(&hours), "{hours}");
+    }
+
+    #[test]
+    fn with_nothing_running_and_nothing_waiting_it_is_over() {
+        let m = LengthModel::new(None, None);
+        let e = eta(
+            &m,
+            Work {
+                waiting: 0,
+                running: &[],
+                cap: 100,
+            },
+            rate(0.0),
+        );
+        assert_eq!(e, None, "no length known yet, nothing to say");
+        let mut m = LengthModel::new(None, None);
+        m.observe(Seen::Finished(50));
+        let e = eta(
+            &m,
+            Work {
+                waiting: 0,
+                running: &[],
+                cap: 100,
+            },
+            rate(0.0),
+        )
+        .unwrap();
+        assert_eq!(e.secs, Some(Interval::exact(0.0)));
+    }
+
+    #[test]
+    fn a_prior_answers_before_the_job_has_seen_anything_and_says_so() {
+        let mut sweep = Lengths::default();
+        for t in (200..=1776).step_by(4) {
+            sweep.add(Seen::Finished(t));
+        }
+        let prior = sweep.survival(&[]).prior(4096);
+        let m = LengthModel::new(Some(&prior), None);
+        let e = eta(
+            &m,
+            Work {
+                waiting: 1000,
+                running: &[],
+                cap: 4096,
+            },
+            rate(2_361.0),
+        )
+        .unwrap();
+        assert_eq!(e.length.source, Source::Sweep);
+        assert!((e.length.tokens.point - 988.0).abs() < 30.0, "{e:?}");
+        assert!((e.secs.unwrap().point - 418.0).abs() < 15.0, "{e:?}");
+        let mut m = m;
+        m.observe(Seen::Finished(500));
+        let e = eta(
+            &m,
+            Work {
+                waiting: 999,
+                running: &[10],
+                cap: 4096,
+            },
+            rate(2_361.0),
+        )
+        .unwrap();
+        assert_eq!(e.length.source, Source::SweepAndJob);
+    }
+}
