@@ -21,6 +21,19 @@ pub enum Seen {
     Running(u32),
 }
 
+impl Seen {
+    /// What an answer of `tokens` says: stopped by the `max_tokens` it asked for, its length
+    /// is at least that; stopped anywhere else (EOS, a stop string, the context), it ended.
+    pub fn of_answer(tokens: u64, finish_reason: Option<&str>, max_tokens: u32) -> Seen {
+        let n = u32::try_from(tokens).unwrap_or(u32::MAX);
+        if finish_reason == Some("length") && n >= max_tokens {
+            Seen::Capped(n)
+        } else {
+            Seen::Finished(n)
+        }
+    }
+}
+
 /// Observations by length: weights, so that a prior's curve can stand as pseudo-observations.
 /// Serialized as `[[length, ended, censored], ...]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

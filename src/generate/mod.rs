@@ -180,6 +180,21 @@ pub struct Timing {
     pub health_failures_to_down: u32,
 }
 
+impl Timing {
+    /// The cadences `k` times shorter: for a sim run `k` times faster than real time, so that
+    /// its first minute is watched as a user watches a real one (`FLEET_TIME_SCALE`).
+    pub fn scaled(self, k: f64) -> Timing {
+        let s = |d: Duration| d.div_f64(k);
+        Timing {
+            progress_every: s(self.progress_every),
+            metrics_every: s(self.metrics_every),
+            health_every: s(self.health_every),
+            rate_window: s(self.rate_window),
+            ..self
+        }
+    }
+}
+
 impl Default for Timing {
     fn default() -> Self {
         Timing {

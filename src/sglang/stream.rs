@@ -353,6 +353,9 @@ async fn read_stream(
             }
             match event {
                 Event::Done => {
+                    // Read to the body's end, so that the connection goes back to the pool
+                    // instead of being dropped with its descriptor still held.
+                    while let Some(Ok(_)) = bytes.next().await {}
                     return Ok(Streamed {
                         completion_tokens: tokens,
                         finish_reason: finish,
@@ -382,7 +385,9 @@ async fn read_stream(
             }
         }
     }
-    Err(ClientError::Decode {
+    // Cut off mid-answer: the server or the connection went away, an outage, not the prompt's
+    // fault.
+    Err(ClientError::Transport {
         url,
         reason: "the stream ended without [DONE] (the server went away?)".into(),
     })

@@ -84,11 +84,11 @@ impl Driver for StreamDriver {
             match result {
                 Ok(done) => {
                     unfinished.ended = true;
-                    let n = u32::try_from(done.completion_tokens).unwrap_or(u32::MAX);
-                    s.lengths.add(match done.finish_reason.as_deref() {
-                        Some("length") => Seen::Capped(n),
-                        _ => Seen::Finished(n),
-                    });
+                    s.lengths.add(Seen::of_answer(
+                        done.completion_tokens,
+                        done.finish_reason.as_deref(),
+                        req.max_tokens,
+                    ));
                     if in_window(Instant::now()) {
                         s.completed += 1;
                         s.completed_tokens += done.completion_tokens;

@@ -105,6 +105,26 @@ async fn admit(s: &StubState, p: u64, m: u64) -> Result<u64, Response> {
     Ok(m.min(7))
 }
 
+/// A streamed answer as SGLang sends it: each chunk a `data:` event, then `[DONE]`.
+fn sse(chunks: &[Value]) -> Response {
+    let mut body = String::new();
+    for c in chunks {
+        body.push_str("data: ");
+        body.push_str(&c.to_string());
+        body.push_str("\n\n");
+    }
+    body.push_str("data: [DONE]\n\n");
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+        body,
+    )
+        .into_response()
+}
+
+fn streamed(body: &Value) -> bool {
+    body["stream"] == json!(true)
+}
+
 async fn generate_route(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Response {
     let text = body["text"].as_str().unwrap_or_default().to_string();
     let p = prompt_tokens(&text);
@@ -112,10 +132,17 @@ async fn generate_route(State(s): State<Arc<StubState>>, Json(body): Json<Value>
         .as_u64()
         .unwrap_or(128);
     match admit(&s, p, m).await {
-        Ok(c) => Json(json!({"text": format!("echo:{text}"), "meta_info": {
-            "prompt_tokens": p, "completion_tokens": c,
-            "finish_reason": {"type": "length", "length": c}, "e2e_latency": 0.01}}))
-        .into_response(),
+        Ok(c) => {
+            let answer = json!({"text": format!("echo:{text}"), "meta_info": {
+                "prompt_tokens": p, "completion_tokens": c,
+                "finish_reason": {"type": "length", "length": c}, "e2e_latency": 0.01}});
+            // Streamed, the last chunk is the whole answer (srt/entrypoints/http_server.py).
+            if streamed(&body) {
+                sse(&[answer])
+            } else {
+                Json(answer).into_response()
+            }
+        }
         Err(r) => r,
     }
 }
@@ -128,6 +155,15 @@ async fn chat(State(s): State<Arc<StubState>>, Json(body): Json<Value>) -> Respo
     let p = prompt_tokens(&text);
     let m = body["max_tokens"].as_u64().unwrap_or(128);
     match admit(&s, p, m).await {
+        Ok(c) if streamed(&body) => {
+            let usage = json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c});
+            sse(&[
+                json!({"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0,
+                    "delta": {"role": "assistant", "content": format!("chat:{text}")},
+                    "finish_reason": "stop"}], "usage": usage}),
+                json!({"id": "x", "object": "chat.completion.chunk", "choices": [], "usage": usage}),
+            ])
+        }
         Ok(c) => Json(json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
             "message": {"role": "assistant", "content": format!("chat:{text}")}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}))

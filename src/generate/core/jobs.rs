@@ -276,11 +276,11 @@ impl Core {
                 let rest = c.completion_tokens.saturating_sub(streamed);
                 inst.live_tokens += rest;
                 self.counts.live_tokens += rest;
-                let n = u32::try_from(c.completion_tokens).unwrap_or(u32::MAX);
-                self.lengths.observe(match c.finish_reason.as_deref() {
-                    Some("length") => Seen::Capped(n),
-                    _ => Seen::Finished(n),
-                });
+                self.lengths.observe(Seen::of_answer(
+                    c.completion_tokens,
+                    c.finish_reason.as_deref(),
+                    job.req.max_tokens,
+                ));
                 if let Some(cached) = c.cached_tokens {
                     inst.reported_prompt_tokens += c.prompt_tokens;
                     inst.cached_tokens += cached.min(c.prompt_tokens);
