@@ -117,7 +117,15 @@ pub async fn drive<D: Driver>(
                     Input::Streamed(run.streamed())
                 }
             };
-            pending = core.on(clock.now(), input);
+            let now = clock.now();
+            // Periodic work (rates, progress) that falls due while answers keep coming is done
+            // on whichever input comes first: it must see what has streamed by now.
+            if !matches!(input, Input::Streamed(_)) && core.next_wake().is_some_and(|w| w <= now) {
+                pending = core.on(now, Input::Streamed(run.streamed()));
+                pending.extend(core.on(now, input));
+            } else {
+                pending = core.on(now, input);
+            }
         }
     }
     .await;

@@ -183,7 +183,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
     let remaining = b.total.saturating_sub(completed + failed + c.waiting_retry);
     let running = core.running_lengths();
     let estimate = core.eta(remaining, &running, tok_s);
-    let hours = |secs: f64| progress::round(secs / 3600.0, 3);
+    let hours = |secs: f64| progress::round(secs / 3600.0, 5);
     let eta = if remaining == 0 {
         Some(Interval::exact(0.0))
     } else if ended {
@@ -216,7 +216,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
         total_output_tokens: out,
         cached_tokens: c.cached_tokens,
         avg_output_tokens: out.checked_div(completed).unwrap_or(0),
-        elapsed_hours: progress::round(now.as_secs_f64() / 3600.0, 4),
+        elapsed_hours: progress::round(now.as_secs_f64() / 3600.0, 5),
         s3_uploaded: c.s3_uploaded,
         s3_bytes: c.s3_bytes,
         status,
