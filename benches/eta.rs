@@ -15,12 +15,11 @@ mod generate_common;
 mod headline;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use generate_common::{Sim, write_prompts};
+use generate_common::{SEED_SPEED_SCALE, Sim, watch_progress, write_prompts};
 use serde_json::Value;
 
-const SCALE: f64 = 20.0;
 const PROMPTS: usize = 700;
 
 /// (name, `--sim-output-dist`): uniform like the job, a heavy log-normal tail, and a
@@ -45,21 +44,10 @@ fn fleet_bin() -> std::path::PathBuf {
 }
 
 fn run(dist: &str, seed: u64) -> Run {
-    let seed = seed.to_string();
-    let args = [
-        "--mamba-radix-cache-strategy",
-        "no_buffer",
-        "--disable-overlap-schedule",
-        "--sim-time-scale",
-        "20",
-        "--sim-output-dist",
-        dist,
-        "--sim-output-seed",
-        &seed,
-        "--stream-interval",
-        "8",
-    ];
-    let (a, b) = (Sim::start(&args), Sim::start(&args));
+    let (a, b) = (
+        Sim::at_seed_speed(dist, seed),
+        Sim::at_seed_speed(dist, seed),
+    );
     let tmp = tempfile::tempdir().unwrap();
     let prompts = tmp.path().join("prompts.jsonl");
     write_prompts(&prompts, PROMPTS);
@@ -71,25 +59,14 @@ fn run(dist: &str, seed: u64) -> Run {
         .arg("--out")
         .arg(&out)
         .args(["--url", &a.url, "--url", &b.url])
-        .env("FLEET_TIME_SCALE", SCALE.to_string())
+        .env("FLEET_TIME_SCALE", SEED_SPEED_SCALE.to_string())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut seen: Vec<(f64, Value)> = Vec::new();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(600), "the job hangs");
-        if let Some(p) = read(&out) {
-            let at = p["elapsed_hours"].as_f64().unwrap_or(0.0) * 3600.0 * SCALE;
-            if seen.last().is_none_or(|l| l.0 < at) {
-                seen.push((at, p));
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_, seen) = watch_progress(&mut child, &out, Duration::from_secs(600));
     let end = read(&out).expect("the job's last progress.json");
     Run {
-        total: end["elapsed_hours"].as_f64().unwrap() * 3600.0 * SCALE,
+        total: end["elapsed_hours"].as_f64().unwrap() * 3600.0 * SEED_SPEED_SCALE,
         warned: !end["warnings"].is_null(),
         seen,
     }
@@ -104,7 +81,7 @@ fn read(dir: &Path) -> Option<Value> {
 fn at(r: &Run, t: f64) -> (f64, bool, f64) {
     let (s, p) = r.seen.iter().find(|(s, _)| *s >= t).expect("a reading");
     let left = r.total - s;
-    let h = |k: &str| p[k].as_f64().unwrap_or(f64::NAN) * 3600.0 * SCALE;
+    let h = |k: &str| p[k].as_f64().unwrap_or(f64::NAN) * 3600.0 * SEED_SPEED_SCALE;
     let live = p["output_tok_s"].as_f64().unwrap_or(0.0);
     let servers: f64 = p["instances"]
         .as_array()

@@ -88,6 +88,37 @@ fn seed_scenario_no_buffer_wins_by_far_and_the_winner_round_trips_as_a_profile()
     );
     let written = std::fs::read_to_string(f.path().join("profiles/winner.yaml")).unwrap();
     assert!(written.contains("extends: base"), "{written}");
+
+    // The output lengths every trial saw, pooled, are the projection's and the winner's prior:
+    // a job on a fleet started from that profile begins from them, and says so.
+    assert_eq!(
+        r["dataset"]["output_tokens_source"], "sweep",
+        "{:#}",
+        r["dataset"]
+    );
+    assert!(written.contains("output_tokens:"), "{written}");
+    let (code, _, err) = f.fleet(&["up", "--profile", "winner"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = f.fleet(&[
+        "generate",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out",
+        "--limit",
+        "60",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let progress: Value =
+        serde_json::from_slice(&std::fs::read(f.path().join("out/progress.json")).unwrap())
+            .unwrap();
+    assert_eq!(progress["completed"], 60);
+    assert_eq!(
+        progress["length_estimate"]["source"], "sweep+job",
+        "{progress:#}"
+    );
+    let (code, _, err) = f.fleet(&["down", "--grace", "2s"]);
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]

@@ -131,9 +131,14 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             // watchdog's expectation and the ETA's prior.
             if profile.is_none()
                 && let [name] = profiles.as_slice()
-                && let Ok(p) = config::load_profile(name, &ctx.global.profiles_dir)
             {
-                config.expected = p.expected.clone();
+                match config::load_profile(name, &ctx.global.profiles_dir) {
+                    Ok(p) => config.expected = p.expected,
+                    Err(e) => tracing::warn!(
+                        "the fleet runs profile {name}, which cannot be read here ({e}): the \
+                         watchdog and the ETA go without its sweep's numbers"
+                    ),
+                }
             }
             (Some(fleet), targets, serving)
         }
@@ -268,9 +273,8 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
 }
 
-/// The running servers of every host of the inventory, each behind a port forward; none is a
-/// usage error.
-/// The fleet's servers, how to reach them, the hosts serving, and the profiles they run.
+/// The running servers of every host of the inventory, each behind a port forward (none is a
+/// usage error), the hosts serving, and the profiles the servers run.
 async fn fleet_targets(
     ctx: &Ctx,
 ) -> anyhow::Result<(Fleet, Targets, BTreeSet<String>, Vec<String>)> {

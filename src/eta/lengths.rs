@@ -41,7 +41,6 @@ impl Seen {
 pub struct Lengths {
     /// length → (ended there, censored there).
     at: BTreeMap<u32, (f64, f64)>,
-    finished: f64,
 }
 
 impl From<Vec<(u32, f64, f64)>> for Lengths {
@@ -51,7 +50,6 @@ impl From<Vec<(u32, f64, f64)>> for Lengths {
             let e = l.at.entry(t).or_default();
             e.0 += d;
             e.1 += c;
-            l.finished += d;
         }
         l
     }
@@ -76,7 +74,6 @@ impl Lengths {
         let e = self.at.entry(t).or_default();
         if ended {
             e.0 += w;
-            self.finished += w;
         } else {
             e.1 += w;
         }
@@ -94,12 +91,6 @@ impl Lengths {
             e.0 += d * w;
             e.1 += c * w;
         }
-        self.finished += other.finished * w;
-    }
-
-    /// Observations held (finished and censored).
-    pub fn len(&self) -> f64 {
-        self.at.values().map(|(d, c)| d + c).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -183,7 +174,13 @@ impl Interval {
     }
 }
 
-/// The estimated survival curve S(t) = P(length > t), known on `[0, seen]`.
+/// Requests that must still be at risk for the curve to be trusted there: past that, a
+/// request that just ended can drive it to zero while those still running, whose counts are a
+/// chunk or a metrics tick old, sit just below.
+const TRUSTED_AT_RISK: f64 = 5.0;
+
+/// The estimated survival curve S(t) = P(length > t), known on `[0, seen]` and trusted, for
+/// the interval's bounds, on `[0, trusted]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Survival {
     /// (t, S just after t) at each length where requests ended, ascending.
@@ -192,6 +189,9 @@ pub struct Survival {
     greenwood: Vec<f64>,
     /// The longest observation of any kind: past it the curve is unseen.
     seen: u32,
+    /// The longest length with [`TRUSTED_AT_RISK`] requests still at risk (all of them, when
+    /// fewer were observed).
+    trusted: u32,
     /// A Weibull curve fitted to every observation (censored ones included), for the tail's
     /// point estimate: its shape follows a hazard that rises (lengths bunched below a limit) as
     /// well as one that falls (a heavy tail).
@@ -206,8 +206,12 @@ impl Survival {
         let seen = at.keys().next_back().copied().unwrap_or(0);
         let (mut steps, mut greenwood) = (Vec::new(), Vec::new());
         let mut at_risk = n;
+        let mut trusted = 0;
         let mut s = 1.0;
         for (&t, &(d, c)) in at {
+            if at_risk >= TRUSTED_AT_RISK.min(n) {
+                trusted = t;
+            }
             if d > 0.0 && at_risk > 0.0 {
                 s *= 1.0 - d / at_risk;
                 steps.push((t, s));
@@ -223,6 +227,7 @@ impl Survival {
             steps,
             greenwood,
             seen,
+            trusted,
             weibull: Weibull::fit(at),
             n,
         }
@@ -233,9 +238,9 @@ impl Survival {
         self.n
     }
 
-    /// The longest length seen: the curve is known up to here.
-    pub fn seen_to(&self) -> u32 {
-        self.seen
+    /// Whether more than 2% of requests may run past what the curve can tell, short of `cap`.
+    pub fn tail_unseen(&self, cap: u32) -> bool {
+        self.trusted < cap && self.at(self.trusted) > 0.02
     }
 
     /// P(length > t) for t within what was seen.
@@ -244,11 +249,6 @@ impl Survival {
             0 => 1.0,
             i => self.steps[i - 1].1,
         }
-    }
-
-    /// The curve's value at the end of what was seen.
-    fn last(&self) -> f64 {
-        self.steps.last().map_or(1.0, |s| s.1)
     }
 
     /// ∫ S over `[a, b]`, within what was seen.
@@ -269,39 +269,37 @@ impl Survival {
         total + s * f64::from(b - from)
     }
 
-    /// ∫ S over `[from, cap]` past what was seen: nothing at least, the curve staying flat at
-    /// most, and in between an exponential tail at the hazard of the last half seen.
-    fn tail(&self, from: u32, cap: u32) -> Interval {
-        let start = from.max(self.seen);
-        if cap <= start {
-            return Interval::exact(0.0);
+    /// ∫ S over `[from, cap]`: the curve as seen, then, past what was seen, a Weibull tail
+    /// (half the flat bound without a fit).
+    fn integral(&self, from: u32, cap: u32) -> f64 {
+        let end = cap.min(self.seen).max(from);
+        let seen = self.area(from, end);
+        if cap <= end {
+            return seen;
         }
-        let s = if from > self.seen {
-            self.last()
-        } else {
-            self.at(start)
+        let s = self.at(end);
+        let tail = match &self.weibull {
+            Some(w) => s * w.rest(f64::from(end), f64::from(cap)),
+            None => s * f64::from(cap - end) / 2.0,
         };
-        let span = f64::from(cap - start);
-        let high = s * span;
-        let point = match &self.weibull {
-            Some(w) => s * w.rest(f64::from(start), f64::from(cap)),
-            None => high / 2.0,
-        };
-        Interval {
-            point,
-            low: 0.0,
-            high,
-        }
+        seen + tail
+    }
+
+    /// Bounds of ∫ S over `[from, cap]`: the trusted curve then nothing at least, the trusted
+    /// curve then staying flat at most.
+    fn bounds(&self, from: u32, cap: u32) -> (f64, f64) {
+        let end = cap.min(self.trusted).max(from);
+        let known = self.area(from, end);
+        (known, known + self.at(end) * f64::from(cap - end))
     }
 
     /// E[min(length, cap)], with a 90% interval: the sampling error (Greenwood) of the part
-    /// seen, and the bounds of the part unseen.
+    /// trusted, and the bounds of the rest.
     pub fn mean(&self, cap: u32) -> Option<Interval> {
         if self.n <= 0.0 {
             return None;
         }
-        let end = cap.min(self.seen);
-        let seen = self.area(0, end);
+        let end = cap.min(self.trusted);
         // Var = Σ A_j² d/(n(n−d)), A_j the area from step j to the end.
         let mut var = 0.0;
         let mut after = 0.0;
@@ -315,11 +313,12 @@ impl Survival {
             var += after * after * self.greenwood[i];
         }
         let sd = var.sqrt();
-        let tail = self.tail(end, cap);
+        let (low, high) = self.bounds(0, cap);
+        let point = self.integral(0, cap);
         Some(Interval {
-            point: seen + tail.point,
-            low: (seen - Z90 * sd).max(0.0),
-            high: seen + Z90 * sd + tail.high,
+            point,
+            low: (low - Z90 * sd).max(0.0).min(point),
+            high: (high + Z90 * sd).max(point),
         })
     }
 
@@ -334,8 +333,8 @@ impl Survival {
         } else {
             self.at(so_far - 1)
         };
-        if s0 <= 0.0 {
-            // It outlived every request seen: only the tail bounds it.
+        if s0 <= 0.0 || so_far > self.trusted {
+            // It outlived what the curve can tell: only the cap bounds it.
             let span = f64::from(cap - so_far);
             return Interval {
                 point: span / 2.0,
@@ -343,13 +342,12 @@ impl Survival {
                 high: span,
             };
         }
-        let end = cap.min(self.seen).max(so_far);
-        let seen = self.area(so_far, end);
-        let tail = self.tail(end, cap);
+        let (low, high) = self.bounds(so_far, cap);
+        let point = self.integral(so_far, cap);
         Interval {
-            point: seen + tail.point,
-            low: seen,
-            high: seen + tail.high,
+            point,
+            low: low.min(point),
+            high: high.max(point),
         }
         .scale(1.0 / s0)
     }
@@ -557,14 +555,17 @@ mod tests {
         };
         let (early, later, all) = (width_at(600), width_at(1200), width_at(2000));
         assert!(early > later && later > all, "{early} {later} {all}");
-        assert!(all < 0.1, "{all}");
+        // Seen to the end, it is the sampling error and the last five at risk, untrusted.
+        assert!(all < 0.15, "{all}");
     }
 
     #[test]
     fn the_rest_of_a_running_request_is_what_its_length_leaves() {
         let mut l = Lengths::default();
         for t in [100, 200, 300, 400] {
-            l.add(Seen::Finished(t));
+            for _ in 0..10 {
+                l.add(Seen::Finished(t));
+            }
         }
         let s = l.survival(&[]);
         // Past 250 only 300 and 400 remain: 50 or 150 to go.
@@ -574,6 +575,13 @@ mod tests {
         // Outlived everything seen: bounded by the cap.
         let r = s.rest(500, 1000);
         assert!(r.low == 0.0 && r.high == 500.0, "{r:?}");
+        // Past the last five at risk the curve is not trusted either.
+        let mut few = Lengths::default();
+        for t in [100, 200, 300, 400] {
+            few.add(Seen::Finished(t));
+        }
+        let r = few.survival(&[]).rest(251, 1000);
+        assert!(r.low == 0.0 && r.high == 749.0, "{r:?}");
     }
 
     #[test]

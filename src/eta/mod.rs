@@ -20,6 +20,7 @@ pub enum Source {
     /// The job's own requests.
     Job,
     /// The sweep's distribution pooled with the job's requests.
+    #[serde(rename = "sweep+job")]
     SweepAndJob,
     /// `--expected-output-tokens`.
     Given,
@@ -41,8 +42,8 @@ impl Source {
 pub struct Expectation {
     pub tokens: Interval,
     pub source: Source,
-    /// The unseen tail is still part of the interval: no request has been followed to the cap
-    /// nor has every one of a cohort ended.
+    /// More than 2% of requests may run past what the curve can tell: the unseen tail still
+    /// widens the interval.
     pub tail_unseen: bool,
 }
 
@@ -102,13 +103,8 @@ impl LengthModel {
         Some(Expectation {
             tokens,
             source: self.source(running),
-            tail_unseen: tokens.high > tokens.low * 1.2,
+            tail_unseen: s.tail_unseen(cap),
         })
-    }
-
-    /// The part of the model learnt from requests, as a profile records it.
-    pub fn measured(&self, running: &[u32], cap: u32) -> Option<LengthPrior> {
-        (!self.own.is_empty() || !running.is_empty()).then(|| self.own.survival(running).prior(cap))
     }
 }
 
@@ -138,7 +134,6 @@ pub struct Rate {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Eta {
     pub secs: Option<Interval>,
-    pub remaining_tokens: Interval,
     pub length: Expectation,
 }
 
@@ -158,20 +153,17 @@ pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
     if tokens.high <= 0.0 {
         return Some(Eta {
             secs: Some(Interval::exact(0.0)),
-            remaining_tokens: tokens,
             length,
         });
     }
     if rate.tok_s <= 0.0 {
-        return Some(Eta {
-            secs: None,
-            remaining_tokens: tokens,
-            length,
-        });
+        return Some(Eta { secs: None, length });
     }
+    // A half of the window that still holds the start (batches filling) says nothing of the
+    // steady rate: the bounds stay within a factor of two of the rate itself.
     let (fast, slow) = (
-        rate.high.max(rate.tok_s),
-        rate.low.min(rate.tok_s).max(1e-9),
+        rate.high.clamp(rate.tok_s, 2.0 * rate.tok_s),
+        rate.low.clamp(rate.tok_s / 2.0, rate.tok_s),
     );
     let longest = survival
         .quantile(0.95)
@@ -179,14 +171,15 @@ pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
         .min(f64::from(work.cap));
     let per_request = rate.tok_s / rate.running.max(1.0);
     let drain = ((longest - length.tokens.point).max(0.0)) / per_request;
+    // The last requests end spread between the mean and the longest, in batches that speed
+    // up as they shrink: the point takes half the drain, the upper bound all of it.
     let secs = Interval {
-        point: tokens.point / rate.tok_s,
+        point: tokens.point / rate.tok_s + drain / 2.0,
         low: tokens.low / fast,
         high: tokens.high / slow + drain,
     };
     Some(Eta {
         secs: Some(secs),
-        remaining_tokens: tokens,
         length,
     })
 }
@@ -194,6 +187,14 @@ pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn work(waiting: u64, running: &[u32], cap: u32) -> Work<'_> {
+        Work {
+            waiting,
+            running,
+            cap,
+        }
+    }
 
     fn rate(tok_s: f64) -> Rate {
         Rate {
@@ -211,16 +212,7 @@ mod tests {
         let mut m = LengthModel::new(None, Some(988.0));
         m.observe(Seen::Finished(988));
         let running = vec![988u32; 256 - 73];
-        let e = eta(
-            &m,
-            Work {
-                waiting: 654_676 - 256,
-                running: &running,
-                cap: 4096,
-            },
-            rate(3_500.0),
-        )
-        .unwrap();
+        let e = eta(&m, work(654_676 - 256, &running, 4096), rate(3_500.0)).unwrap();
         let hours = e.secs.unwrap().point / 3600.0;
         assert!((50.0..52.5).contains(&hours), "{hours}");
     }
@@ -228,28 +220,11 @@ mod tests {
     #[test]
     fn with_nothing_running_and_nothing_waiting_it_is_over() {
         let m = LengthModel::new(None, None);
-        let e = eta(
-            &m,
-            Work {
-                waiting: 0,
-                running: &[],
-                cap: 100,
-            },
-            rate(0.0),
-        );
+        let e = eta(&m, work(0, &[], 100), rate(0.0));
         assert_eq!(e, None, "no length known yet, nothing to say");
         let mut m = LengthModel::new(None, None);
         m.observe(Seen::Finished(50));
-        let e = eta(
-            &m,
-            Work {
-                waiting: 0,
-                running: &[],
-                cap: 100,
-            },
-            rate(0.0),
-        )
-        .unwrap();
+        let e = eta(&m, work(0, &[], 100), rate(0.0)).unwrap();
         assert_eq!(e.secs, Some(Interval::exact(0.0)));
     }
 
@@ -261,31 +236,19 @@ mod tests {
         }
         let prior = sweep.survival(&[]).prior(4096);
         let m = LengthModel::new(Some(&prior), None);
-        let e = eta(
-            &m,
-            Work {
-                waiting: 1000,
-                running: &[],
-                cap: 4096,
-            },
-            rate(2_361.0),
-        )
-        .unwrap();
+        let e = eta(&m, work(1000, &[], 4096), rate(2_361.0)).unwrap();
         assert_eq!(e.length.source, Source::Sweep);
         assert!((e.length.tokens.point - 988.0).abs() < 30.0, "{e:?}");
-        assert!((e.secs.unwrap().point - 418.0).abs() < 15.0, "{e:?}");
+        // 1,000 × 988 tokens at 2,361 tok/s is 418 s, and half the drain: the 95th percentile
+        // (about 1,697) less the mean, at 2,361 ÷ 144 tok/s a request, is 43 s.
+        assert!((e.secs.unwrap().point - 440.0).abs() < 15.0, "{e:?}");
         let mut m = m;
         m.observe(Seen::Finished(500));
-        let e = eta(
-            &m,
-            Work {
-                waiting: 999,
-                running: &[10],
-                cap: 4096,
-            },
-            rate(2_361.0),
-        )
-        .unwrap();
+        let e = eta(&m, work(999, &[10], 4096), rate(2_361.0)).unwrap();
         assert_eq!(e.length.source, Source::SweepAndJob);
+        assert_eq!(
+            serde_json::to_value(Source::SweepAndJob).unwrap(),
+            Source::SweepAndJob.as_str()
+        );
     }
 }

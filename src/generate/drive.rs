@@ -88,7 +88,7 @@ pub async fn drive<D: Driver>(
             if core.wants_input()
                 && let Some(next) = feed.next().now_or_never()
             {
-                pending = core.on(clock.now(), next.unwrap_or(Input::InputEnd));
+                pending = run.step(core, clock.now(), next.unwrap_or(Input::InputEnd));
                 continue;
             }
             let wake = core.next_wake().map(|t| clock.start + t);
@@ -113,19 +113,9 @@ pub async fn drive<D: Driver>(
                 },
                 next = feed.next(), if core.wants_input() => next.unwrap_or(Input::InputEnd),
                 Some(e) = events.next() => e,
-                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
-                    Input::Streamed(run.streamed())
-                }
+                _ = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => Input::Tick,
             };
-            let now = clock.now();
-            // Periodic work (rates, progress) that falls due while answers keep coming is done
-            // on whichever input comes first: it must see what has streamed by now.
-            if !matches!(input, Input::Streamed(_)) && core.next_wake().is_some_and(|w| w <= now) {
-                pending = core.on(now, Input::Streamed(run.streamed()));
-                pending.extend(core.on(now, input));
-            } else {
-                pending = core.on(now, input);
-            }
+            pending = run.step(core, clock.now(), input);
         }
     }
     .await;
@@ -178,6 +168,21 @@ impl Tasks {
             Action::Finish(end) => return Ok(Some(end)),
         }
         Ok(None)
+    }
+
+    /// Hands `input` to the core. Periodic work (rates, progress) that falls due is done on
+    /// whichever input comes first, so the core first learns what has streamed by now: a
+    /// snapshot with counts a tick old would hold a request that just ended as longer than
+    /// those still running beside it.
+    fn step(&self, core: &mut Core, now: Time, input: Input) -> Vec<Action> {
+        if core.next_wake().is_none_or(|w| w > now) {
+            return core.on(now, input);
+        }
+        let mut out = core.on(now, Input::Streamed(self.streamed()));
+        if !matches!(input, Input::Tick) {
+            out.extend(core.on(now, input));
+        }
+        out
     }
 
     /// The output tokens each request in flight has streamed so far.

@@ -403,6 +403,33 @@ pub fn assert_exactly_once(dir: &Path, n: usize) {
     assert_eq!(counts.len(), n);
 }
 
+/// Every progress.json the job writing to `out` shows while `child` runs (written atomically,
+/// a few times a second at [`SEED_SPEED_SCALE`]), each at the job's own elapsed time in
+/// real-speed seconds; returns once the child has exited, with how it did.
+pub fn watch_progress(
+    child: &mut std::process::Child,
+    out: &Path,
+    limit: Duration,
+) -> (std::process::ExitStatus, Vec<(f64, Value)>) {
+    let mut seen: Vec<(f64, Value)> = Vec::new();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, seen);
+        }
+        assert!(start.elapsed() < limit, "the job hangs");
+        if let Ok(text) = std::fs::read_to_string(out.join("progress.json"))
+            && let Ok(p) = serde_json::from_str::<Value>(&text)
+        {
+            let at = p["elapsed_hours"].as_f64().unwrap_or(0.0) * 3600.0 * SEED_SPEED_SCALE;
+            if seen.last().is_none_or(|l| l.0 < at) {
+                seen.push((at, p));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn progress(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("progress.json")).unwrap()).unwrap()
 }
@@ -456,10 +483,35 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// How much faster than real time [`Sim::at_seed_speed`] runs; fleet's cadences are shortened
+/// by as much (`FLEET_TIME_SCALE`), so that fleet sees the job as a user would at real speed.
+pub const SEED_SPEED_SCALE: f64 = 20.0;
+
 impl Sim {
     /// Starts `sglang-sim` with a short load and metrics on, plus `args`, and waits until ready.
     pub fn start(args: &[&str]) -> Sim {
         Sim::launch(None, None, args)
+    }
+
+    /// A sim at the seed's speed (no_buffer with overlap off: cap 72, about 1,180 output tok/s)
+    /// whose output lengths follow `dist` (`--sim-output-dist`) drawn with `seed`, run
+    /// [`SEED_SPEED_SCALE`] times faster than real time. It streams a chunk per 8 decode steps,
+    /// as the demo does: one per token is 20 times as many chunks at 20x, on 2 cores.
+    pub fn at_seed_speed(dist: &str, seed: u64) -> Sim {
+        let (scale, seed) = (SEED_SPEED_SCALE.to_string(), seed.to_string());
+        Sim::start(&[
+            "--mamba-radix-cache-strategy",
+            "no_buffer",
+            "--disable-overlap-schedule",
+            "--sim-time-scale",
+            &scale,
+            "--sim-output-dist",
+            dist,
+            "--sim-output-seed",
+            &seed,
+            "--stream-interval",
+            "8",
+        ])
     }
 
     /// [`Sim::start`] on GPU `gpu`, its memory recorded in `state_dir` where the fake

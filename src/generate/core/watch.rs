@@ -69,30 +69,27 @@ impl Core {
             .collect();
         // A request holds its prompt and its whole answer: the answer's expected length, not
         // the mean of the short ones that finished first.
-        let c = &self.counts;
-        let running = self.running_lengths();
-        let expected_out = self
-            .lengths
-            .expect(
-                &self.lengths.survival(&running),
-                &running,
-                self.cfg.max_tokens,
-            )
-            .map(|e| e.tokens.point);
-        let avg_seq = (c.completed > 0)
-            .then(|| c.in_tokens as f64 / c.completed as f64)
-            .zip(expected_out)
-            .map(|(p, o)| p + o);
         // On a hybrid model the mamba state pool, not the KV pool, bounds the running
         // requests: room in the KV pool is no room to gain.
         let hybrid = up.iter().any(|i| i.hybrid);
+        let c = &self.counts;
+        let avg_seq = (c.completed > 0 && !kv.is_empty() && !hybrid)
+            .then(|| {
+                let running = self.running_lengths();
+                let survival = self.lengths.survival(&running);
+                let out = self
+                    .lengths
+                    .expect(&survival, &running, self.cfg.max_tokens)?;
+                Some(c.in_tokens as f64 / c.completed as f64 + out.tokens.point)
+            })
+            .flatten();
         let signals = Signals {
             running: mean(&|i| i.acc.running / i.acc.readings as f64),
             queue_empty_share: mean(&|i| i.acc.queue_empty as f64 / i.acc.readings as f64),
             cap: (!caps.is_empty()).then(|| caps.iter().sum::<f64>() / caps.len() as f64),
             client_limit: mean(&|i| f64::from(i.ctl.limit())),
             kv_fit: avg_seq
-                .filter(|s| *s > 0.0 && !kv.is_empty() && !hybrid)
+                .filter(|s| *s > 0.0)
                 .map(|s| kv.iter().sum::<f64>() / kv.len() as f64 / s),
             auto: self.cfg.concurrency == ConcurrencyMode::Auto,
             held_by_files: up.iter().any(|i| i.ctl.held_by_budget()),

@@ -6,6 +6,7 @@ mod batch;
 mod capacity;
 mod faults;
 mod placement;
+mod streamed;
 
 use std::collections::HashMap;
 use std::sync::Arc;
