@@ -45,6 +45,9 @@ pub struct Expectation {
     /// More than 2% of requests may run past what the curve can tell: the unseen tail still
     /// widens the interval.
     pub tail_unseen: bool,
+    /// The length by which 95% of requests have ended (`max_tokens` while unseen): how long
+    /// the last requests of a job may keep the end waiting.
+    pub longest: f64,
 }
 
 /// What is known of the output lengths: a prior (a sweep's), the job's own requests, or a
@@ -93,10 +96,12 @@ impl LengthModel {
     /// The expected output tokens of a prompt capped at `cap`.
     pub fn expect(&self, s: &Survival, running: &[u32], cap: u32) -> Option<Expectation> {
         if let Some(g) = self.given {
+            let g = g.min(f64::from(cap));
             return Some(Expectation {
-                tokens: Interval::exact(g.min(f64::from(cap))),
+                tokens: Interval::exact(g),
                 source: Source::Given,
                 tail_unseen: false,
+                longest: g,
             });
         }
         let tokens = s.mean(cap)?;
@@ -104,6 +109,10 @@ impl LengthModel {
             tokens,
             source: self.source(running),
             tail_unseen: s.tail_unseen(cap),
+            longest: s
+                .quantile(0.95)
+                .map_or(f64::from(cap), f64::from)
+                .min(f64::from(cap)),
         })
     }
 }
@@ -137,9 +146,7 @@ pub struct Eta {
     pub length: Expectation,
 }
 
-/// Remaining work ÷ live rate. The upper bound also allows for the end, where the last
-/// requests run in batches that are no longer full: at most the longest request the curve
-/// allows, at the speed one request runs.
+/// Remaining work ÷ live rate, for the waiting prompts and the running requests' rest.
 pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
     let survival = model.survival(work.running);
     let length = model.expect(&survival, work.running, work.cap)?;
@@ -150,14 +157,23 @@ pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
             None => survival.rest(so_far, work.cap),
         });
     }
+    Some(Eta {
+        secs: duration(tokens, &length, rate),
+        length,
+    })
+}
+
+/// How long `tokens` of output take at `rate` (`None` while nothing streams), with a job's
+/// end: the last requests run in batches that are no longer full, for up to the longest less
+/// the mean at one request's speed. The upper bound takes all of that drain; the point takes
+/// half, since the last batch's requests end spread between the mean and the longest, and a
+/// shrinking batch decodes faster.
+pub fn duration(tokens: Interval, length: &Expectation, rate: Rate) -> Option<Interval> {
     if tokens.high <= 0.0 {
-        return Some(Eta {
-            secs: Some(Interval::exact(0.0)),
-            length,
-        });
+        return Some(Interval::exact(0.0));
     }
     if rate.tok_s <= 0.0 {
-        return Some(Eta { secs: None, length });
+        return None;
     }
     // A half of the window that still holds the start (batches filling) says nothing of the
     // steady rate: the bounds stay within a factor of two of the rate itself.
@@ -165,22 +181,12 @@ pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
         rate.high.clamp(rate.tok_s, 2.0 * rate.tok_s),
         rate.low.clamp(rate.tok_s / 2.0, rate.tok_s),
     );
-    let longest = survival
-        .quantile(0.95)
-        .map_or(f64::from(work.cap), f64::from)
-        .min(f64::from(work.cap));
     let per_request = rate.tok_s / rate.running.max(1.0);
-    let drain = ((longest - length.tokens.point).max(0.0)) / per_request;
-    // The last requests end spread between the mean and the longest, in batches that speed
-    // up as they shrink: the point takes half the drain, the upper bound all of it.
-    let secs = Interval {
+    let drain = (length.longest - length.tokens.point).max(0.0) / per_request;
+    Some(Interval {
         point: tokens.point / rate.tok_s + drain / 2.0,
         low: tokens.low / fast,
         high: tokens.high / slow + drain,
-    };
-    Some(Eta {
-        secs: Some(secs),
-        length,
     })
 }
 

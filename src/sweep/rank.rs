@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::eta::{Expectation, Interval, LengthModel, LengthPrior, Lengths, Source};
+use crate::eta::{Expectation, Interval, LengthModel, LengthPrior, Lengths, Rate, Source};
 
 use super::assign::Slot;
 pub use super::measured::{Measured, Percentiles};
@@ -166,6 +166,9 @@ pub struct Dataset {
     /// Where the expected output length comes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tokens_source: Option<crate::eta::Source>,
+    /// The length by which 95% of requests end, for the job's drain at its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_output_tokens: Option<f64>,
     /// GPUs the real job will use.
     pub gpus: usize,
 }
@@ -212,6 +215,8 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
         .map(|(_, m)| m.output_tok_s_per_gpu)
         .filter(|b| *b > 0.0);
     let crowned = !kept.is_empty();
+    let projection = |m: &Measured| dataset.and_then(|d| d.hours(m));
+    let interval = dataset.is_some_and(|d| d.output_tokens_interval.is_some());
     let mut rows: Vec<Ranked> = kept
         .iter()
         .chain(&broke)
@@ -222,15 +227,9 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             label: t.candidate.label(),
             winner: i == 0 && crowned && best.is_some(),
             ratio: best.map(|b| m.output_tok_s_per_gpu / b),
-            eta_hours: dataset.and_then(|d| eta_hours(d, m.output_tok_s_per_gpu)),
-            eta_low_hours: dataset.and_then(|d| {
-                let (lo, _) = d.output_tokens_interval?;
-                eta_hours(d.with_tokens(lo), m.output_tok_s_per_gpu)
-            }),
-            eta_high_hours: dataset.and_then(|d| {
-                let (_, hi) = d.output_tokens_interval?;
-                eta_hours(d.with_tokens(hi), m.output_tok_s_per_gpu)
-            }),
+            eta_hours: projection(m).map(|h| h.point),
+            eta_low_hours: projection(m).map(|h| h.low).filter(|_| interval),
+            eta_high_hours: projection(m).map(|h| h.high).filter(|_| interval),
             trial: (*t).clone(),
             windows: windows(t),
             breaches: slo.breaches(m),
@@ -294,22 +293,34 @@ impl Dataset {
             output_tokens_interval: Some((length.tokens.low, length.tokens.high))
                 .filter(|(lo, hi)| hi > lo),
             output_tokens_source: Some(length.source),
+            longest_output_tokens: Some(length.longest),
             gpus,
         }
     }
 
-    fn with_tokens(self, tokens: f64) -> Dataset {
-        Dataset {
-            output_tokens_per_prompt: tokens,
-            ..self
-        }
+    /// Hours for the whole dataset on all the GPUs running a candidate measured at `m`: the
+    /// job's own estimator (`crate::eta::duration`), every server full at its cap.
+    pub fn hours(&self, m: &Measured) -> Option<Interval> {
+        let gpus = self.gpus as f64;
+        let point = self.output_tokens_per_prompt;
+        let (low, high) = self.output_tokens_interval.unwrap_or((point, point));
+        let length = Expectation {
+            tokens: Interval { point, low, high },
+            source: self.output_tokens_source.unwrap_or(Source::Sweep),
+            tail_unseen: false,
+            longest: self.longest_output_tokens.unwrap_or(point),
+        };
+        let tok_s = m.output_tok_s_per_gpu * gpus;
+        let rate = Rate {
+            tok_s,
+            low: tok_s,
+            high: tok_s,
+            running: f64::from(m.cap) * gpus,
+        };
+        crate::eta::duration(length.tokens.scale(self.prompts as f64), &length, rate)
+            .filter(|_| tok_s > 0.0)
+            .map(|s| s.scale(1.0 / 3600.0))
     }
-}
-
-pub fn eta_hours(d: Dataset, tok_s_per_gpu: f64) -> Option<f64> {
-    let fleet_tok_s = tok_s_per_gpu * d.gpus as f64;
-    (fleet_tok_s > 0.0)
-        .then(|| d.prompts as f64 * d.output_tokens_per_prompt / fleet_tok_s / 3600.0)
 }
 
 /// Why the winner won, when the numbers show it: a higher server cap, or faster steps.
@@ -374,6 +385,7 @@ pub fn output_tokens(trials: &[Trial], given: Option<f64>, cap: u32) -> Option<E
             tokens: Interval::exact(tokens / n as f64),
             source: Source::Sweep,
             tail_unseen: false,
+            longest: tokens / n as f64,
         });
     }
     let survival = pooled.survival(&[]);
@@ -510,6 +522,7 @@ mod tests {
                 output_tokens_per_prompt: 100.0,
                 output_tokens_interval: None,
                 output_tokens_source: None,
+                longest_output_tokens: None,
                 gpus: 1,
             }),
         );
@@ -550,6 +563,7 @@ mod tests {
             output_tokens_per_prompt: 988.0,
             output_tokens_interval: None,
             output_tokens_source: None,
+            longest_output_tokens: None,
             gpus: 8,
         };
         let rows = rank(

@@ -659,6 +659,7 @@ mod tests {
             output_tokens_per_prompt: 988.0,
             output_tokens_interval: None,
             output_tokens_source: None,
+            longest_output_tokens: None,
             gpus: 8,
         };
         let trials = [ok("no_buffer", 1180.0, 72, 2360.0), eb];

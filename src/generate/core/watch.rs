@@ -48,7 +48,10 @@ impl Core {
     /// Runs the watchdog after warm-up: announces a new finding, and returns it when
     /// `--abort-below` says it must stop the run.
     pub(super) fn watch(&mut self, now: Time, out: &mut Vec<Action>) -> Option<Finding> {
-        if now < self.cfg.warmup {
+        // With every prompt sent, the last requests drain in batches that shrink: a falling
+        // rate is the job ending, not the servers falling short.
+        let draining = !self.input_open && self.ready.is_empty() && self.delayed.is_empty();
+        if now < self.cfg.warmup || draining {
             return None;
         }
         let up: Vec<&Inst> = self

@@ -372,6 +372,26 @@ fn nothing_is_judged_during_the_warm_up() {
 }
 
 #[test]
+fn a_job_with_every_prompt_sent_is_not_judged_as_its_batches_drain() {
+    let mut c = cfg();
+    c.warmup = 10 * SEC;
+    c.expected = Some(Expected {
+        output_tok_s_per_gpu: 1180.0,
+        max_running_requests: 72,
+        output_tokens: None,
+    });
+    let mut h = Harness::with(c, Baseline::default(), vec![server("a", 37)]);
+    // The last 20 prompts, all out: the batch shrinks and the rate falls, as at any job's end.
+    h.lines(0, 20);
+    h.on(Input::InputEnd);
+    for s in 0..=14 {
+        h.at(s * SEC);
+        h.probe(0, Harness::metrics(20.0, 0.0, 107.0));
+    }
+    assert_eq!(h.events_matching(|e| matches!(e, Event::Watchdog(_))), 0);
+}
+
+#[test]
 fn abort_below_stops_the_run_with_the_finding_and_still_hears_ctrl_c() {
     let mut h = slow_run(Some(0.5));
     assert_eq!(
