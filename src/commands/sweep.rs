@@ -226,15 +226,11 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     let ended = ended?;
 
     let trials = store.trials();
-    let dataset = args
-        .total
-        .or(workload.total_lines)
-        .zip(rank::output_tokens(
-            trials,
-            args.expected_output_tokens,
-            planned.spec.workload.max_output_tokens(),
-        ))
-        .map(|(prompts, length)| Dataset::new(prompts, length, setup.slots.len()));
+    let dataset = args.total.or(workload.total_lines).and_then(|prompts| {
+        let cap = planned.spec.workload.max_output_tokens();
+        rank::output_tokens(trials, args.expected_output_tokens, cap, prompts)
+            .map(|length| Dataset::new(prompts, length, setup.slots.len()))
+    });
     let mut r = report::build(&planned.spec, &store.search().proposed, trials, dataset);
     r.unfit = workload.unfit();
     r.repeated = workload.repeated();

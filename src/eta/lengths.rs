@@ -352,12 +352,20 @@ impl Survival {
         .scale(1.0 / s0)
     }
 
-    /// The length by which a share `q` of requests has ended, or `None` beyond what was seen.
-    pub fn quantile(&self, q: f64) -> Option<u32> {
-        self.steps
-            .iter()
-            .find(|(_, s)| *s <= 1.0 - q)
-            .map(|(t, _)| *t)
+    /// The length the longest of `n` requests may be expected to reach, at most `cap`: where
+    /// the curve falls to 1 ÷ (n + 1), past what was seen on its Weibull tail.
+    pub fn longest_of(&self, n: u64, cap: u32) -> f64 {
+        let share = 1.0 / (n as f64 + 1.0);
+        if let Some((t, _)) = self.steps.iter().find(|(_, s)| *s <= share) {
+            return f64::from((*t).min(cap));
+        }
+        let s = self.at(self.seen);
+        match &self.weibull {
+            Some(w) if s > 0.0 => w
+                .reaching(f64::from(self.seen), share / s)
+                .min(f64::from(cap)),
+            _ => f64::from(cap),
+        }
     }
 
     /// The curve as a profile records it: its first step, then where it crosses each 5% step.
@@ -430,6 +438,12 @@ impl Weibull {
 
     fn survival(&self, t: f64) -> f64 {
         (-(t / self.scale).powf(self.shape)).exp()
+    }
+
+    /// The length where, given survival to `from`, the share still going falls to `share`.
+    fn reaching(&self, from: f64, share: f64) -> f64 {
+        let base = (from / self.scale).powf(self.shape);
+        self.scale * (base - share.ln()).powf(1.0 / self.shape)
     }
 
     /// ∫ S over [from, to] given survival to `from` (Simpson's rule).
@@ -620,6 +634,31 @@ mod tests {
         let w = l.survival(&running).weibull.unwrap();
         assert!((w.shape - 2.0).abs() < 0.1, "{w:?}");
         assert!((w.scale - 1000.0).abs() < 30.0, "{w:?}");
+    }
+
+    #[test]
+    fn the_longest_of_many_is_seen_on_the_curve_or_its_tail() {
+        let lens = uniform(200, 1776, 400, 5);
+        let mut l = Lengths::default();
+        for &x in &lens {
+            l.add(Seen::Finished(x));
+        }
+        let s = l.survival(&[]);
+        let max = f64::from(*lens.iter().max().unwrap());
+        assert_eq!(s.longest_of(1000, 4096), max, "seen to its end");
+        assert_eq!(s.longest_of(1000, 1000), 1000.0, "at most the cap");
+        // Followed only to 1000 tokens: past it, the fitted tail says where it ends.
+        let mut l = Lengths::default();
+        let mut running = Vec::new();
+        for &x in &lens {
+            if x <= 1000 {
+                l.add(Seen::Finished(x));
+            } else {
+                running.push(1000);
+            }
+        }
+        let longest = l.survival(&running).longest_of(400, 4096);
+        assert!((1000.0..4096.0).contains(&longest), "{longest}");
     }
 
     #[test]

@@ -45,8 +45,8 @@ pub struct Expectation {
     /// More than 2% of requests may run past what the curve can tell: the unseen tail still
     /// widens the interval.
     pub tail_unseen: bool,
-    /// The length by which 95% of requests have ended (`max_tokens` while unseen): how long
-    /// the last requests of a job may keep the end waiting.
+    /// The length the longest of the requests still to come may reach (`max_tokens` while
+    /// unseen): how long the last of a job keeps its end waiting.
     pub longest: f64,
 }
 
@@ -93,8 +93,8 @@ impl LengthModel {
         }
     }
 
-    /// The expected output tokens of a prompt capped at `cap`.
-    pub fn expect(&self, s: &Survival, running: &[u32], cap: u32) -> Option<Expectation> {
+    /// The expected output tokens of a prompt capped at `cap`, of `n` still to come.
+    pub fn expect(&self, s: &Survival, running: &[u32], cap: u32, n: u64) -> Option<Expectation> {
         if let Some(g) = self.given {
             let g = g.min(f64::from(cap));
             return Some(Expectation {
@@ -109,10 +109,7 @@ impl LengthModel {
             tokens,
             source: self.source(running),
             tail_unseen: s.tail_unseen(cap),
-            longest: s
-                .quantile(0.95)
-                .map_or(f64::from(cap), f64::from)
-                .min(f64::from(cap)),
+            longest: s.longest_of(n, cap),
         })
     }
 }
@@ -149,7 +146,8 @@ pub struct Eta {
 /// Remaining work ÷ live rate, for the waiting prompts and the running requests' rest.
 pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
     let survival = model.survival(work.running);
-    let length = model.expect(&survival, work.running, work.cap)?;
+    let n = work.waiting + work.running.len() as u64;
+    let length = model.expect(&survival, work.running, work.cap, n)?;
     let mut tokens = length.tokens.scale(work.waiting as f64);
     for &so_far in work.running {
         tokens = tokens.plus(match model.given {
@@ -164,8 +162,8 @@ pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
 }
 
 /// How long `tokens` of output take at `rate` (`None` while nothing streams), with a job's
-/// end: the last requests run in batches that are no longer full, for up to the longest less
-/// the mean at one request's speed. The upper bound takes all of that drain; the point takes
+/// end: the last requests run in batches that are no longer full, for up to the longest of
+/// them less the mean at one request's speed. The upper bound takes all of that drain; the point takes
 /// half, since the last batch's requests end spread between the mean and the longest, and a
 /// shrinking batch decodes faster.
 pub fn duration(tokens: Interval, length: &Expectation, rate: Rate) -> Option<Interval> {

@@ -119,13 +119,13 @@ fn sweep(s: &SweepView) -> Markup {
         h2 { "Sweep" }
         p.meta { (s.source) ": profile " (s.profile) ", warm-up " (short(s.warmup_s)) " s, window " (short(s.duration_s)) " s"
             @if let Some(f) = s.first_window_s { ", first window " (short(f)) " s" }
-            @if let Some(d) = s.dataset { "; ETAs for " (d.prompts) " prompts on " (d.gpus) " GPUs at " (short(d.output_tokens_per_prompt)) " output tokens each" } }
+            @if let Some(d) = s.dataset { "; ETAs for " (d.prompts) " prompts on " (d.gpus) " GPUs at " (short(d.output_tokens_per_prompt)) @if let Some((lo, hi)) = d.output_tokens_interval { " (90%: " (short(lo)) "–" (short(hi)) ")" } " output tokens each" } }
         @if let Some(w) = &s.winner {
             p { "Winner: " strong { (w) } @if let Some(f) = &s.deciding_factor { " (" (f) ")" } }
         }
         (svg::bars("sweep-throughput", "Output tok/s per GPU, with its 95% interval", "tok/s/GPU", &bars))
         table #sweep-table {
-            thead { tr { th { "candidate" } th { "state" } th { "tok/s/GPU" } th { "95% interval" } th { "TTFT p50/p99 ms" } th { "ITL p50/p99 ms" } th { "cap" } th { "KV tokens" } th { "mamba strategy" } th { "ETA h" } th { "GPU-hours" } @if s.gpu_hour_cost.is_some() { th { "cost / 1M tok" } } } }
+            thead { tr { th { "candidate" } th { "state" } th { "tok/s/GPU" } th { "95% interval" } th { "TTFT p50/p99 ms" } th { "ITL p50/p99 ms" } th { "cap" } th { "KV tokens" } th { "mamba strategy" } th { "ETA h (90%)" } th { "GPU-hours" } @if s.gpu_hour_cost.is_some() { th { "cost / 1M tok" } } } }
             tbody {
                 @for r in &s.rows {
                     @let (t50, t99) = ms(r.ttft_s);
@@ -140,7 +140,7 @@ fn sweep(s: &SweepView) -> Markup {
                         td { @if let Some(c) = r.cap { (c) } @else { "-" } }
                         td { @if let Some(k) = r.kv_tokens { (k) } @else { "-" } }
                         td { (r.strategy.as_deref().unwrap_or("-")) }
-                        td { (opt(r.eta_hours)) }
+                        td { (opt(r.eta_hours)) @if let Some((lo, hi)) = r.eta_interval { " (" (short(lo)) "–" (short(hi)) ")" } }
                         td { (opt(r.gpu_hours)) }
                         @if s.gpu_hour_cost.is_some() { td { (opt(r.cost_per_m_tokens)) } }
                     }
@@ -315,7 +315,7 @@ fn job(j: &JobView) -> Markup {
             details open {
                 summary { "The timeline's numbers (" (rows.len()) " of " (j.points.len()) " points)" }
                 table #timeline-table {
-                    thead { tr { th { "s" } th { "completed" } th { "failed" } th { "retry" } th { "tok/s" } th { "ETA h" } } }
+                    thead { tr { th { "s" } th { "completed" } th { "failed" } th { "retry" } th { "tok/s" } th { "ETA h (90%)" } } }
                     tbody { @for pt in rows { tr { td { (short(pt.t - t0)) } td { (pt.completed) } td { (pt.failed) } td { (pt.waiting_retry) } td { (short(pt.output_tok_s())) } td { (opt(pt.eta_hours)) } } } }
                 }
             }

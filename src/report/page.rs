@@ -87,6 +87,8 @@ pub struct CandidateRow {
     pub pruned_by: Option<String>,
     pub failure: Option<String>,
     pub eta_hours: Option<f64>,
+    /// The ETA's 90% interval, from the expected output length's.
+    pub eta_interval: Option<(f64, f64)>,
     pub gpu_hours: Option<f64>,
     /// With `--gpu-hour-cost`: what 1M output tokens cost on this candidate.
     pub cost_per_m_tokens: Option<f64>,
@@ -191,13 +193,11 @@ fn sweep_view(
         .collect();
     slots.sort();
     slots.dedup();
-    let dataset = total
-        .zip(output_tokens(
-            &trials,
-            None,
-            file.spec.workload.max_output_tokens(),
-        ))
-        .map(|(prompts, length)| Dataset::new(prompts, length, slots.len().max(1)));
+    let dataset = total.and_then(|prompts| {
+        let cap = file.spec.workload.max_output_tokens();
+        output_tokens(&trials, None, cap, prompts)
+            .map(|length| Dataset::new(prompts, length, slots.len().max(1)))
+    });
     let ranked = rank::rank_within(&trials, dataset, &file.spec.slo);
     let rows = ranked
         .iter()
@@ -241,6 +241,7 @@ fn sweep_view(
                 pruned_by,
                 failure,
                 eta_hours: r.eta_hours,
+                eta_interval: r.eta_low_hours.zip(r.eta_high_hours),
                 gpu_hours,
                 cost_per_m_tokens: cost
                     .zip(tok.filter(|t| *t > 0.0))

@@ -366,11 +366,16 @@ pub fn pooled_lengths(trials: &[Trial]) -> Lengths {
     all
 }
 
-/// The expected output tokens per prompt (capped at `cap`) to project with:
+/// The expected output tokens per prompt (capped at `cap`) of `prompts` to project with:
 /// `--expected-output-tokens`, else the pooled lengths of every trial, requests cut off
 /// counted as at least what they had streamed (a product-limit estimate: `crate::eta`); a
 /// sweep.json without lengths falls back to the mean of the finished requests.
-pub fn output_tokens(trials: &[Trial], given: Option<f64>, cap: u32) -> Option<Expectation> {
+pub fn output_tokens(
+    trials: &[Trial],
+    given: Option<f64>,
+    cap: u32,
+    prompts: u64,
+) -> Option<Expectation> {
     let model = LengthModel::new(None, given);
     let pooled = pooled_lengths(trials);
     if given.is_none() && pooled.is_empty() {
@@ -389,13 +394,15 @@ pub fn output_tokens(trials: &[Trial], given: Option<f64>, cap: u32) -> Option<E
         });
     }
     let survival = pooled.survival(&[]);
-    model.expect(&survival, &[], cap).map(|e| Expectation {
-        source: match e.source {
-            Source::Job => Source::Sweep,
-            s => s,
-        },
-        ..e
-    })
+    model
+        .expect(&survival, &[], cap, prompts)
+        .map(|e| Expectation {
+            source: match e.source {
+                Source::Job => Source::Sweep,
+                s => s,
+            },
+            ..e
+        })
 }
 
 /// The length distribution the trials measured, as `sweep.json` and `--write-profile`

@@ -552,7 +552,7 @@ mod tests {
             cand("extra_buffer_lazy"),
             cand("auto"),
         ];
-        let tokens = output_tokens(&trials, None, 4096).unwrap();
+        let tokens = output_tokens(&trials, None, 4096, 654_676).unwrap();
         assert_eq!(tokens.tokens.point, 988.0);
         let d = Dataset::new(654_676, tokens, 8);
         let r = build(&spec(Mode::Parallel, None), &all, &trials, Some(d));

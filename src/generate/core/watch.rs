@@ -82,7 +82,7 @@ impl Core {
                 let survival = self.lengths.survival(&running);
                 let out = self
                     .lengths
-                    .expect(&survival, &running, self.cfg.max_tokens)?;
+                    .expect(&survival, &running, self.cfg.max_tokens, 1)?;
                 Some(c.in_tokens as f64 / c.completed as f64 + out.tokens.point)
             })
             .flatten();
