@@ -96,6 +96,8 @@ fn run(dist: &str, seed: u64, prompts: &Path) -> Run {
 struct Swept {
     /// The sweep's projection for the whole input on both GPUs, real-speed seconds.
     projected: f64,
+    /// Its 90% interval held the job's real duration.
+    projection_held: bool,
     run: Run,
     /// Real-speed seconds until the watchdog flagged the extra_buffer job run with the
     /// written profile (`None`: it never did).
@@ -149,7 +151,13 @@ fn swept(dist: &str, seed: u64, prompts: &Path) -> Swept {
         "profiles/tuned.yaml",
     ]))
     .unwrap();
-    let projected = report["rows"][0]["eta_hours"].as_f64().unwrap() * 3600.0 * SEED_SPEED_SCALE;
+    let hours =
+        |k: &str| report["rows"][0][k].as_f64().unwrap_or(f64::NAN) * 3600.0 * SEED_SPEED_SCALE;
+    let (projected, low, high) = (
+        hours("eta_hours"),
+        hours("eta_low_hours"),
+        hours("eta_high_hours"),
+    );
     fleet(&["up", "--profile", "tuned"]);
     let out = dir.join("out-swept");
     let run = job(sim_fleet::command(dir, &[]), &[], prompts, &out);
@@ -181,6 +189,7 @@ fn swept(dist: &str, seed: u64, prompts: &Path) -> Swept {
         .map(|(t, _)| *t);
     Swept {
         projected,
+        projection_held: low <= run.total * 1.02 && run.total <= high * 1.02,
         run,
         flagged,
     }
@@ -247,7 +256,7 @@ fn main() {
         let (mut e60, mut e120, mut rate) = (Vec::new(), Vec::new(), Vec::new());
         let mut at120 = Vec::new();
         let (mut projection, mut prior60) = (Vec::new(), Vec::new());
-        let mut held = 0;
+        let (mut held, mut projection_held) = (0, 0);
         for seed in 1..=seeds {
             let tmp = tempfile::tempdir().unwrap();
             let prompts = tmp.path().join("prompts.jsonl");
@@ -266,7 +275,8 @@ fn main() {
                 "{name} seed {seed}: job {:.0} s; no sweep: ETA error {:+.1}% at 60 s \
                  (interval {}), {:+.1}% at 120 s, {:+.1}% at {cohort:.0} s when the first cohort \
                  had ended (interval {}), live rate {:.3} of the \
-                 servers'; after a sweep: projection {:.0} s against {:.0} s ({:+.1}%), ETA \
+                 servers'; after a sweep: projection {:.0} s against {:.0} s ({:+.1}%, interval \
+                 {}), ETA \
                  error at 60 s {:+.1}%; extra_buffer flagged at {}",
                 r.total,
                 a * 100.0,
@@ -278,6 +288,7 @@ fn main() {
                 s.projected,
                 s.run.total,
                 projected * 100.0,
+                if s.projection_held { "held" } else { "missed" },
                 p60 * 100.0,
                 s.flagged.map_or("never".into(), |t| format!("{t:.0} s")),
             );
@@ -285,6 +296,7 @@ fn main() {
                 println!("  finding on a healthy job: {w}");
             }
             held += usize::from(h60) + usize::from(h120);
+            projection_held += usize::from(s.projection_held);
             warned += r.warnings.len() + s.run.warnings.len();
             e60.push(a.abs());
             e120.push(b.abs());
@@ -335,6 +347,12 @@ fn main() {
             &tp,
             "≤ 10%",
             Some(wp <= 0.10),
+        );
+        headline::line(
+            &format!("eta {name}: the sweep's projection interval held the job's duration"),
+            &format!("{projection_held} of {seeds}"),
+            "all",
+            Some(projection_held as u64 == seeds),
         );
         let (ts, ws) = pct(&mut prior60);
         headline::line(

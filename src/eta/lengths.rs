@@ -353,18 +353,22 @@ impl Survival {
     }
 
     /// The length the longest of `n` requests may be expected to reach, at most `cap`: where
-    /// the curve falls to 1 ÷ (n + 1), past what was seen on its Weibull tail.
-    pub fn longest_of(&self, n: u64, cap: u32) -> f64 {
+    /// the curve falls to 1 ÷ (n + 1). Past what was seen, the point is on the Weibull tail
+    /// and the upper bound is `cap`.
+    pub fn longest_of(&self, n: u64, cap: u32) -> Interval {
         let share = 1.0 / (n as f64 + 1.0);
         if let Some((t, _)) = self.steps.iter().find(|(_, s)| *s <= share) {
-            return f64::from((*t).min(cap));
+            return Interval::exact(f64::from((*t).min(cap)));
         }
-        let s = self.at(self.seen);
-        match &self.weibull {
-            Some(w) if s > 0.0 => w
-                .reaching(f64::from(self.seen), share / s)
-                .min(f64::from(cap)),
-            _ => f64::from(cap),
+        let (s, cap) = (self.at(self.seen), f64::from(cap));
+        let point = match &self.weibull {
+            Some(w) if s > 0.0 => w.reaching(f64::from(self.seen), share / s).min(cap),
+            _ => cap,
+        };
+        Interval {
+            point,
+            low: point,
+            high: cap,
         }
     }
 
@@ -645,8 +649,12 @@ mod tests {
         }
         let s = l.survival(&[]);
         let max = f64::from(*lens.iter().max().unwrap());
-        assert_eq!(s.longest_of(1000, 4096), max, "seen to its end");
-        assert_eq!(s.longest_of(1000, 1000), 1000.0, "at most the cap");
+        assert_eq!(
+            s.longest_of(1000, 4096),
+            Interval::exact(max),
+            "seen to its end"
+        );
+        assert_eq!(s.longest_of(1000, 1000).high, 1000.0, "at most the cap");
         // Followed only to 1000 tokens: past it, the fitted tail says where it ends.
         let mut l = Lengths::default();
         let mut running = Vec::new();
@@ -658,7 +666,8 @@ mod tests {
             }
         }
         let longest = l.survival(&running).longest_of(400, 4096);
-        assert!((1000.0..4096.0).contains(&longest), "{longest}");
+        assert!((1000.0..4096.0).contains(&longest.point), "{longest:?}");
+        assert_eq!(longest.high, 4096.0, "unseen, it may run to the cap");
     }
 
     #[test]

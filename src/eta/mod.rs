@@ -45,9 +45,9 @@ pub struct Expectation {
     /// More than 2% of requests may run past what the curve can tell: the unseen tail still
     /// widens the interval.
     pub tail_unseen: bool,
-    /// The length the longest of the requests still to come may reach (`max_tokens` while
-    /// unseen): how long the last of a job keeps its end waiting.
-    pub longest: f64,
+    /// The length the longest of the requests still to come may reach (up to `max_tokens`
+    /// while unseen): how long the last of a job keeps its end waiting.
+    pub longest: Interval,
 }
 
 /// What is known of the output lengths: a prior (a sweep's), the job's own requests, or a
@@ -101,7 +101,7 @@ impl LengthModel {
                 tokens: Interval::exact(g),
                 source: Source::Given,
                 tail_unseen: false,
-                longest: g,
+                longest: Interval::exact(g),
             });
         }
         let tokens = s.mean(cap)?;
@@ -180,11 +180,11 @@ pub fn duration(tokens: Interval, length: &Expectation, rate: Rate) -> Option<In
         rate.low.clamp(rate.tok_s / 2.0, rate.tok_s),
     );
     let per_request = rate.tok_s / rate.running.max(1.0);
-    let drain = (length.longest - length.tokens.point).max(0.0) / per_request;
+    let drain = |longest: f64| (longest - length.tokens.point).max(0.0) / per_request;
     Some(Interval {
-        point: tokens.point / rate.tok_s + drain / 2.0,
+        point: tokens.point / rate.tok_s + drain(length.longest.point) / 2.0,
         low: tokens.low / fast,
-        high: tokens.high / slow + drain,
+        high: tokens.high / slow + drain(length.longest.high),
     })
 }
 
@@ -243,8 +243,8 @@ mod tests {
         let e = eta(&m, work(1000, &[], 4096), rate(2_361.0)).unwrap();
         assert_eq!(e.length.source, Source::Sweep);
         assert!((e.length.tokens.point - 988.0).abs() < 30.0, "{e:?}");
-        // 1,000 × 988 tokens at 2,361 tok/s is 418 s, and half the drain: the 95th percentile
-        // (about 1,697) less the mean, at 2,361 ÷ 144 tok/s a request, is 43 s.
+        // 1,000 × 988 tokens at 2,361 tok/s is 418 s, and half the drain: the longest of the
+        // 1,000 (the curve's end, near 1,776) less the mean, at 2,361 ÷ 144 tok/s a request.
         assert!((e.secs.unwrap().point - 440.0).abs() < 15.0, "{e:?}");
         let mut m = m;
         m.observe(Seen::Finished(500));

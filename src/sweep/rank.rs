@@ -166,9 +166,10 @@ pub struct Dataset {
     /// Where the expected output length comes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tokens_source: Option<crate::eta::Source>,
-    /// The length by which 95% of requests end, for the job's drain at its end.
+    /// The length the longest request may reach (expected, at most), for the job's drain at
+    /// its end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub longest_output_tokens: Option<f64>,
+    pub longest_output_tokens: Option<(f64, f64)>,
     /// GPUs the real job will use.
     pub gpus: usize,
 }
@@ -293,7 +294,7 @@ impl Dataset {
             output_tokens_interval: Some((length.tokens.low, length.tokens.high))
                 .filter(|(lo, hi)| hi > lo),
             output_tokens_source: Some(length.source),
-            longest_output_tokens: Some(length.longest),
+            longest_output_tokens: Some((length.longest.point, length.longest.high)),
             gpus,
         }
     }
@@ -308,7 +309,13 @@ impl Dataset {
             tokens: Interval { point, low, high },
             source: self.output_tokens_source.unwrap_or(Source::Sweep),
             tail_unseen: false,
-            longest: self.longest_output_tokens.unwrap_or(point),
+            longest: self
+                .longest_output_tokens
+                .map_or(Interval::exact(point), |(p, high)| Interval {
+                    point: p,
+                    low: p,
+                    high,
+                }),
         };
         let tok_s = m.output_tok_s_per_gpu * gpus;
         let rate = Rate {
@@ -390,7 +397,7 @@ pub fn output_tokens(
             tokens: Interval::exact(tokens / n as f64),
             source: Source::Sweep,
             tail_unseen: false,
-            longest: tokens / n as f64,
+            longest: Interval::exact(tokens / n as f64),
         });
     }
     let survival = pooled.survival(&[]);
