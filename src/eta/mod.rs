@@ -143,22 +143,38 @@ pub struct Eta {
     pub length: Expectation,
 }
 
-/// Remaining work ÷ live rate, for the waiting prompts and the running requests' rest.
+/// Remaining work ÷ live rate, for the waiting prompts and the running requests' rest; and at
+/// least, once nothing waits, the longest rest at one request's speed: the job's last
+/// requests end when the slowest of them does, however few tokens the rest add up to.
 pub fn eta(model: &LengthModel, work: Work<'_>, rate: Rate) -> Option<Eta> {
     let survival = model.survival(work.running);
     let n = work.waiting + work.running.len() as u64;
     let length = model.expect(&survival, work.running, work.cap, n)?;
     let mut tokens = length.tokens.scale(work.waiting as f64);
+    let mut slowest = Interval::exact(0.0);
     for &so_far in work.running {
-        tokens = tokens.plus(match model.given {
+        let rest = match model.given {
             Some(g) => Interval::exact((g - f64::from(so_far)).max(0.0)),
             None => survival.rest(so_far, work.cap),
-        });
+        };
+        tokens = tokens.plus(rest);
+        slowest = Interval {
+            point: slowest.point.max(rest.point),
+            low: slowest.low.max(rest.low),
+            high: slowest.high.max(rest.high),
+        };
     }
-    Some(Eta {
-        secs: duration(tokens, &length, rate),
-        length,
-    })
+    let mut secs = duration(tokens, &length, rate);
+    if let Some(s) = &mut secs
+        && work.waiting == 0
+        && rate.tok_s > 0.0
+    {
+        let last = slowest.scale(rate.running.max(1.0) / rate.tok_s);
+        s.point = s.point.max(last.point);
+        s.low = s.low.max(last.low);
+        s.high = s.high.max(last.high);
+    }
+    Some(Eta { secs, length })
 }
 
 /// How long `tokens` of output take at `rate` (`None` while nothing streams), with a job's
@@ -230,6 +246,29 @@ mod tests {
         m.observe(Seen::Finished(50));
         let e = eta(&m, work(0, &[], 100), rate(0.0)).unwrap();
         assert_eq!(e.secs, Some(Interval::exact(0.0)));
+    }
+
+    #[test]
+    fn at_the_end_the_slowest_request_sets_the_time_not_the_tokens_left() {
+        let mut m = LengthModel::new(None, None);
+        for t in (100..=3000).step_by(10) {
+            m.observe(Seen::Finished(t));
+        }
+        // Three requests left, two nearly done and one at 2,500 tokens: 16 tok/s each.
+        let e = eta(&m, work(0, &[2_990, 2_990, 2_500], 4096), {
+            let mut r = rate(48.0);
+            r.running = 3.0;
+            r
+        })
+        .unwrap();
+        let secs = e.secs.unwrap();
+        // Its rest (250 tokens on average) at 16 tok/s: 15 s, not the 260 tokens left ÷ 48
+        // tok/s (5 s).
+        assert!(secs.point >= 15.0, "{secs:?}");
+        assert!(
+            secs.low <= secs.point && secs.point <= secs.high,
+            "{secs:?}"
+        );
     }
 
     #[test]
