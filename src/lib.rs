@@ -17,6 +17,7 @@ pub mod eta;
 pub mod generate;
 pub mod gpu;
 pub mod jobs;
+pub mod layout;
 pub mod launch;
 pub mod remote;
 pub mod render;

@@ -157,7 +157,7 @@ impl Phases {
 pub struct Capacity {
     pub version: Option<String>,
     pub max_total_num_tokens: Option<u64>,
-    /// `internal_states[0].effective_max_running_requests_per_dp`: the real cap.
+    /// `effective_max_running_requests_per_dp` summed over the DP ranks: the real cap.
     pub effective_max_running_requests: Option<u64>,
     pub context_length: Option<u64>,
     /// The mamba strategy the server resolved (what `auto` became).

@@ -278,7 +278,9 @@ pub struct Completion {
 pub struct ServerInfo {
     pub version: Option<String>,
     pub max_total_num_tokens: Option<u64>,
-    /// `internal_states[0].effective_max_running_requests_per_dp`: the real request cap.
+    /// The real request cap: `effective_max_running_requests_per_dp` summed over
+    /// `internal_states`, which has one entry per DP rank (a server with `--dp-size 4` admits
+    /// four times its per-rank cap).
     pub effective_max_running_requests: Option<u64>,
     /// The CLI value of `--max-running-requests` (often null).
     pub max_running_requests: Option<u64>,
@@ -301,9 +303,7 @@ impl ServerInfo {
             version: s(raw.get("version")),
             max_total_num_tokens: u(raw.get("max_total_num_tokens"))
                 .or_else(|| u(state0.and_then(|st| st.get("max_total_num_tokens")))),
-            effective_max_running_requests: u(
-                state0.and_then(|st| st.get("effective_max_running_requests_per_dp"))
-            ),
+            effective_max_running_requests: dp_sum(&raw, "effective_max_running_requests_per_dp"),
             max_running_requests: u(raw.get("max_running_requests")),
             context_length: u(raw.get("context_length"))
                 .or_else(|| u(state0.and_then(|st| st.get("context_len"))))
@@ -321,6 +321,15 @@ impl ServerInfo {
             raw,
         }
     }
+}
+
+/// `key` summed over `internal_states` (one entry per DP rank); `None` when no rank says it.
+fn dp_sum(raw: &Value, key: &str) -> Option<u64> {
+    raw.get("internal_states")?
+        .as_array()?
+        .iter()
+        .filter_map(|st| st.get(key).and_then(Value::as_u64))
+        .reduce(|a, b| a + b)
 }
 
 /// What `/health` said.
@@ -616,6 +625,22 @@ mod tests {
             json!({"mamba_radix_cache_strategy": "auto", "uses_mamba_radix_cache": false}),
         );
         assert_eq!(dense.mamba_strategy, None);
+    }
+
+    #[test]
+    fn a_data_parallel_server_admits_the_sum_of_its_ranks_caps() {
+        let dp4 = ServerInfo::from_json(json!({
+            "tp_size": 2, "dp_size": 4,
+            "internal_states": [
+                {"effective_max_running_requests_per_dp": 64},
+                {"effective_max_running_requests_per_dp": 64},
+                {"effective_max_running_requests_per_dp": 64},
+                {"effective_max_running_requests_per_dp": 60}
+            ]
+        }));
+        assert_eq!(dp4.effective_max_running_requests, Some(252));
+        let unsaid = ServerInfo::from_json(json!({"internal_states": [{}]}));
+        assert_eq!(unsaid.effective_max_running_requests, None);
     }
 
     #[test]
