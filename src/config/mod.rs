@@ -131,6 +131,8 @@ pub struct ServerSettings {
     pub attention_backend: Option<String>,
     pub mamba_strategy: Option<MambaStrategy>,
     pub max_running_requests: Option<u32>,
+    /// How many GPUs and nodes one server spans, and how it splits over them.
+    pub parallel: crate::layout::Parallel,
     /// `--enable-metrics`; on unless the profile turns it off.
     pub enable_metrics: bool,
     /// Bind address; default: 127.0.0.1 on a bare host, the container address in a container.

@@ -12,7 +12,7 @@ pub use topology::{Board, Link, TopologyError};
 
 /// A server's parallel layout, as the profile's `server.tp_size`, `dp_size`, `ep_size`,
 /// `enable_dp_attention` and `nnodes` give it. The default is one GPU per server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Parallel {
     pub tp: u32,
     pub dp: u32,

@@ -81,6 +81,21 @@ pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
     if let Some(v) = s.max_running_requests {
         push("--max-running-requests", v.to_string());
     }
+    // The layout's flags only where they differ from SGLang's defaults, so that a one-GPU
+    // server's command line (and fingerprint) is what it was before layouts.
+    let parallel = &s.parallel;
+    for (flag, n) in [
+        ("--tp-size", parallel.tp),
+        ("--dp-size", parallel.dp),
+        ("--ep-size", parallel.ep),
+    ] {
+        if n > 1 {
+            push(flag, n.to_string());
+        }
+    }
+    if parallel.dp_attention {
+        args.push("--enable-dp-attention".to_string());
+    }
     if let Some(path) = r.secrets_file {
         push(CONFIG, path.to_string());
     }
@@ -390,6 +405,7 @@ pub(crate) mod tests {
                 attention_backend: Some("flashinfer".into()),
                 mamba_strategy: Some(MambaStrategy::NoBuffer),
                 max_running_requests: None,
+                parallel: Default::default(),
                 enable_metrics: true,
                 host: None,
                 extra_args: vec!["--trust-remote-code".into()],
@@ -455,6 +471,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_layout_renders_sglangs_flags_only_where_not_default() {
+        let mut p = profile();
+        let help = HelpSpec::parse(HELP_0_5_23);
+        let single = render(&p, &help, None);
+        assert!(!single.iter().any(|a| a.contains("-size")), "{single:?}");
+        p.server.parallel = crate::layout::Parallel {
+            tp: 4,
+            dp: 2,
+            ep: 4,
+            dp_attention: true,
+            nnodes: 1,
+        };
+        let args = render(&p, &help, None);
+        let at = args.iter().position(|a| a == "--tp-size").unwrap();
+        assert_eq!(
+            args[at..at + 7],
+            s(&[
+                "--tp-size",
+                "4",
+                "--dp-size",
+                "2",
+                "--ep-size",
+                "4",
+                "--enable-dp-attention"
+            ])[..]
+        );
+    }
+
+    #[test]
     fn optional_settings_and_metrics_off() {
         let mut p = profile();
         p.served_model_name = None;
@@ -464,6 +509,7 @@ pub(crate) mod tests {
             attention_backend: None,
             mamba_strategy: None,
             max_running_requests: Some(72),
+            parallel: Default::default(),
             enable_metrics: false,
             host: None,
             extra_args: vec![],

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::super::check::{Checker, Fields, is_env_name, join, suggest};
 use super::super::yaml::{Node, Value};
 use super::super::{Expected, HealthSettings, MambaStrategy, Profile, ServerSettings};
+use crate::layout::{Parallel, ParallelError};
 use super::stem;
 
 /// SGLang's default port; GPU i listens on `port_base + i`.
@@ -159,6 +160,50 @@ pub(super) static SCHEMA: &[Item] = &[
                 write: |p| opt_int(p.server.max_running_requests),
             },
             Field {
+                key: "tp_size",
+                required: false,
+                flags: &["--tp-size", "--tensor-parallel-size"],
+                read: |c, n, f, p| p.server.parallel.tp = count(c, n, f).unwrap_or(1),
+                write: |p| size(p.server.parallel.tp),
+            },
+            Field {
+                key: "dp_size",
+                required: false,
+                flags: &["--dp-size", "--data-parallel-size"],
+                read: |c, n, f, p| p.server.parallel.dp = count(c, n, f).unwrap_or(1),
+                write: |p| size(p.server.parallel.dp),
+            },
+            Field {
+                key: "ep_size",
+                required: false,
+                flags: &["--ep-size", "--expert-parallel-size", "--ep"],
+                read: |c, n, f, p| p.server.parallel.ep = count(c, n, f).unwrap_or(1),
+                write: |p| size(p.server.parallel.ep),
+            },
+            Field {
+                key: "enable_dp_attention",
+                required: false,
+                flags: &["--enable-dp-attention"],
+                read: |c, n, f, p| {
+                    p.server.parallel.dp_attention = n.and_then(|n| c.bool(n, f)).unwrap_or(false)
+                },
+                write: |p| {
+                    if p.server.parallel.dp_attention {
+                        Value::Bool(true)
+                    } else {
+                        Value::Null
+                    }
+                },
+            },
+            Field {
+                key: "nnodes",
+                required: false,
+                // fleet renders each rank's --node-rank and the shared --dist-init-addr itself.
+                flags: &["--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"],
+                read: |c, n, f, p| p.server.parallel.nnodes = count(c, n, f).unwrap_or(1),
+                write: |p| size(p.server.parallel.nnodes),
+            },
+            Field {
                 key: "enable_metrics",
                 required: false,
                 flags: &["--enable-metrics"],
@@ -185,7 +230,7 @@ pub(super) static SCHEMA: &[Item] = &[
             },
         ],
         optional: None,
-        check: None,
+        check: Some(parallel_rules),
     }),
     Item::Map {
         key: "env",
@@ -365,6 +410,7 @@ fn blank(path: &Path) -> Profile {
             attention_backend: None,
             mamba_strategy: None,
             max_running_requests: None,
+            parallel: Parallel::default(),
             enable_metrics: true,
             host: None,
             extra_args: Vec::new(),
@@ -693,6 +739,24 @@ fn env(c: &mut Checker, node: &Node) -> BTreeMap<String, String> {
         }
     }
     env
+}
+
+/// SGLang's rules across the layout keys, each reported at the key that breaks it.
+fn parallel_rules(c: &mut Checker, f: &Fields, p: &Profile) {
+    for problem in p.server.parallel.check() {
+        let key = match problem {
+            ParallelError::DpAttentionSplit { .. } => "dp_size",
+            ParallelError::Experts { .. } => "ep_size",
+            ParallelError::Nodes { .. } => "nnodes",
+        };
+        let loc = f.get(key).map_or(f.loc, |n| n.loc);
+        c.report(loc, &f.field(key), &problem.to_string(), None);
+    }
+}
+
+/// A layout size: 1, the default, is written as unset.
+fn size(n: u32) -> Value {
+    if n == 1 { Value::Null } else { Value::Int(n.into()) }
 }
 
 fn poll_shorter_than_startup(c: &mut Checker, f: &Fields, p: &Profile) {

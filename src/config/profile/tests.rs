@@ -343,3 +343,32 @@ fn poll_must_be_shorter_than_the_startup_timeout() {
         Some("startup_timeout is 30s, poll is 1m")
     );
 }
+
+#[test]
+fn layout_keys_read_as_one_layout_and_sglangs_rules_name_the_key() {
+    let dir = dir_with(&[(
+        "tp.yaml",
+        "model: m\nlauncher: [x]\nserver:\n  tp_size: 4\n  dp_size: 2\n  ep_size: 4\n",
+    )]);
+    let p = load_profile("tp", dir.path()).unwrap();
+    assert_eq!(p.server.parallel.gpus(), 8);
+    assert_eq!(p.server.parallel.to_string(), "tp4×dp2 ep4");
+    let again = profile_from_str(&p.to_yaml(), &dir.path().join("tp.yaml"), dir.path()).unwrap();
+    assert_eq!(again, p, "{}", p.to_yaml());
+    let bad = dir_with(&[(
+        "bad.yaml",
+        "model: m\nlauncher: [x]\nserver:\n  tp_size: 4\n  dp_size: 3\n  enable_dp_attention: true\n  ep_size: 8\n  nnodes: 3\n  extra_args: [--tp-size, '2']\n",
+    )]);
+    let shown: Vec<String> = problems(load_profile("bad", bad.path()))
+        .iter()
+        .map(Problem::to_string)
+        .collect();
+    assert_eq!(shown.len(), 4, "{shown:#?}");
+    assert!(shown[0].contains("bad.yaml:9:") && shown[0].contains("--tp-size"), "{shown:#?}");
+    assert!(
+        shown[1].starts_with("bad.yaml:5:12: server.dp_size: with enable_dp_attention")
+            && shown[2].starts_with("bad.yaml:7:12: server.ep_size: ep_size 8 must divide tp_size 4")
+            && shown[3].starts_with("bad.yaml:8:11: server.nnodes: a server's 4 GPUs do not divide over nnodes 3"),
+        "{shown:#?}"
+    );
+}
