@@ -42,6 +42,7 @@ fn main() -> anyhow::Result<()> {
                         .unwrap_or_else(|| "127.0.0.1".into()),
                     gpus_present: (0..8).collect(),
                     places: Vec::new(),
+                    topology: fleet::launch::plan::Topology::NotRead,
                 };
                 (h.clone(), facts)
             })

@@ -55,8 +55,44 @@ pub enum GpuError {
          there (`fleet status` shows the GPU each server got)"
     )]
     Slurm { host: String },
+    #[error("{host}: cannot read `nvidia-smi topo -m`: {source}")]
+    Topology {
+        host: String,
+        source: crate::layout::TopologyError,
+    },
     #[error(transparent)]
     Remote(#[from] RemoteError),
+}
+
+/// Reads the host's board with `nvidia-smi topo -m` over a transport (NVML has no one call
+/// for the whole matrix, and the text is what a user would check by hand).
+pub async fn read_board(t: &dyn Transport) -> Result<crate::layout::Board, GpuError> {
+    let host = t.host().to_string();
+    let argv = [
+        "nvidia-smi".to_string(),
+        "topo".to_string(),
+        "-m".to_string(),
+    ];
+    let out = match t.run(&argv).await {
+        Err(RemoteError::Spawn { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Err(GpuError::NoNvidiaSmi { host });
+        }
+        other => other?,
+    };
+    if !out.success() {
+        let message = first_line(&out.stderr_lossy())
+            .or_else(|| first_line(&out.stdout_lossy()))
+            .unwrap_or_else(|| "no output".into());
+        return Err(GpuError::NvidiaSmiFailed {
+            host,
+            status: out
+                .status
+                .map_or("unknown (killed?)".into(), |s| s.to_string()),
+            message,
+        });
+    }
+    crate::layout::Board::parse(&out.stdout_lossy())
+        .map_err(|source| GpuError::Topology { host, source })
 }
 
 /// A source of GPU readings for one host.

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::{SearchMethod, SweepArgs};
 use crate::config::{self, Profile};
-use crate::launch::Fleet;
+use crate::launch::{Fleet, preflight};
 use crate::render::{Format, Model};
 use crate::report::page::{self as report_page, Page, Sources};
 use crate::sglang::client::Api;
@@ -159,7 +159,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
     };
     // Every host's facts (SGLang's `--help` and version, GPUs) for the base's launcher.
     if let Some(e) = fleet
-        .learn(&base.launcher, &base.env, true)
+        .learn(&preflight::Learn::for_profile(&base, true))
         .await
         .into_iter()
         .next()

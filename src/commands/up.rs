@@ -77,7 +77,8 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     tracing::debug!("phase connect: {:.2}s", began.elapsed().as_secs_f64());
     let mut partial = fleet.log_unreachable();
     let learning = std::time::Instant::now();
-    let learned = fleet.learn(&profile.launcher, &profile.env, !args.skip_preflight);
+    let learn = preflight::Learn::for_profile(&profile, !args.skip_preflight);
+    let learned = fleet.learn(&learn);
     let failed = tokio::select! {
         failed = learned => failed,
         _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
@@ -102,6 +103,11 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         fleet.run_root(),
     )
     .map_err(UsageError::new)?;
+    for (host, why) in plan::contiguous_fallbacks(&hosts, &instances) {
+        tracing::warn!(
+            "{host}: no GPU topology ({why}); each server takes contiguous GPUs in bus order"
+        );
+    }
     let versions: Versions = fleet
         .facts()
         .iter()

@@ -23,6 +23,9 @@ pub const RELEASED_MIB: u64 = 1024;
 pub struct StopOutcome {
     #[serde(flatten, with = "host_gpu")]
     pub id: ServerId,
+    /// Its GPUs and their slowest link, when it spans several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::layout::Group>,
     pub port: u16,
     pub pid: Option<u32>,
     pub profile: String,
@@ -77,6 +80,7 @@ pub async fn stop(b: &dyn Backend, record: &InstanceRecord, grace: Duration) -> 
     };
     StopOutcome {
         id: record.id.clone(),
+        group: record.group.clone(),
         port: record.port,
         pid: record.handle.pid(),
         profile: record.profile.clone(),

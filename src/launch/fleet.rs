@@ -11,7 +11,7 @@ use crate::config::{self, ConfigError, HostSpec, Inventory};
 use crate::generate::Targets;
 use crate::launch::backend::{self, Backend};
 use crate::launch::plan::HostFacts;
-use crate::launch::preflight::FactsError;
+use crate::launch::preflight::{FactsError, Learn};
 use crate::launch::registry::Registry;
 use crate::remote::{ConnectOptions, RemoteError, Transport};
 
@@ -135,14 +135,9 @@ impl Fleet {
     /// Learns what planning needs of every connected host, in parallel, as `launcher` would
     /// run there with `env` (and its `--help` when `preflight`). The hosts that could not be
     /// looked at come back with their errors; the others' facts are kept in the fleet.
-    pub async fn learn(
-        &mut self,
-        launcher: &[String],
-        env: &BTreeMap<String, String>,
-        preflight: bool,
-    ) -> Vec<FactsError> {
+    pub async fn learn(&mut self, learn: &Learn<'_>) -> Vec<FactsError> {
         let looks = self.backends.iter().map(|b| async move {
-            let facts = b.facts(launcher, env, preflight).await;
+            let facts = b.facts(learn).await;
             (b.host().to_string(), facts)
         });
         let mut failed = Vec::new();

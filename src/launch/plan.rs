@@ -1,5 +1,6 @@
 //! The pure launch plan: a profile, the inventory's hosts and what was learned about each host
-//! become one instance per GPU (port, argv, env, files on the target, config fingerprint).
+//! become one instance per GPU group of the profile's layout (port, argv, env, files on the
+//! target, config fingerprint).
 //!
 //! Files on the target live in a run directory per port: `<run root>/<port>/` holds
 //! `server.log`, `pid`, `instance.json` (the record `status`, `down` and `logs` read) and, when
@@ -12,6 +13,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use crate::config::{ConfigError, GpuSelection, HostSpec, Profile};
+use crate::layout::{self, Board, Group, PlaceError};
 use crate::server::ServerId;
 use crate::sglang::flags::{self, Render};
 use crate::sglang::help::HelpSpec;
@@ -34,6 +36,27 @@ pub struct HostFacts {
     /// On a Slurm host, where the server in each place is reached (its node's NodeAddr), by
     /// place; empty on a machine, whose servers all are at `address`.
     pub places: Vec<String>,
+    /// The board, read only when a server spans several GPUs.
+    pub topology: Topology,
+}
+
+/// What was learned of a host's board.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Topology {
+    /// Not needed: every server is one GPU (or the backend places GPUs itself).
+    NotRead,
+    Read(Board),
+    /// `nvidia-smi topo -m` could not be read: groups are contiguous. The reason, as shown.
+    Unreadable(String),
+}
+
+impl Topology {
+    pub fn board(&self) -> Option<&Board> {
+        match self {
+            Topology::Read(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 impl HostFacts {
@@ -48,8 +71,10 @@ impl HostFacts {
 /// One server to run: the planned stage of a server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Instance {
-    /// Its host and GPU.
+    /// Its host and GPU: the first of its group.
     pub id: ServerId,
+    /// Its GPUs (one, unless the profile's layout spans several).
+    pub group: Group,
     pub port: u16,
     /// Launcher followed by the server arguments: exactly what runs. Never the API key (that
     /// is in `secrets`), but a profile's own arguments may hold a secret: show it only through
@@ -90,9 +115,10 @@ impl Instance {
         &self.argv[self.launcher_len..]
     }
 
-    /// `ct200 gpu5 :30005`, the name used in progress and messages.
+    /// `ct200 gpu5 :30005`, or `ct200 gpu0+2 :30000` for a group: the name used in progress
+    /// and messages.
     pub fn label(&self) -> String {
-        self.id.label(self.port)
+        group_label(&self.id, &self.group.gpus, self.port)
     }
 
     /// The inventory host it is planned on.
@@ -137,6 +163,9 @@ pub enum PlanError {
     UnknownGpus { gpus: String, have: String },
     #[error("profile env sets CUDA_VISIBLE_DEVICES; fleet pins each server to its GPU itself")]
     EnvPinsGpu,
+    /// Every host whose selection cannot hold whole servers of the layout.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Layout(Vec<PlaceError>),
     #[error(
         "profile {profile}: server.extra_args passes --config, but fleet gives the server its \
          API key (api_key_env) in a --config file of its own and SGLang takes only one; \
@@ -182,27 +211,78 @@ pub fn plan(
         }
     }
     let mut instances: Vec<Instance> = Vec::new();
+    let mut refused = Vec::new();
     for (host, facts) in hosts {
-        for gpu in host_gpus(host, facts) {
-            if only_gpus.is_some_and(|only| !only.contains(&gpu)) {
+        let selected: Vec<u32> = host_gpus(host, facts)
+            .into_iter()
+            .filter(|g| only_gpus.is_none_or(|only| only.contains(g)))
+            .collect();
+        if selected.is_empty() {
+            continue;
+        }
+        let parallel = &profile.server.parallel;
+        let groups = match layout::place(host.name(), parallel, &selected, facts.topology.board()) {
+            Ok(groups) => groups,
+            Err(e) => {
+                refused.push(e);
                 continue;
             }
-            let port = profile.port_for_gpu(host.name(), gpu)?;
-            instances.push(instance(profile, host, facts, gpu, port, api_key, run_root));
+        };
+        for group in groups {
+            let port = profile.port_for_gpu(host.name(), group.lead())?;
+            instances.push(instance(
+                profile, host, facts, group, port, api_key, run_root,
+            ));
         }
     }
+    if !refused.is_empty() {
+        return Err(PlanError::Layout(refused));
+    }
     Ok(instances)
+}
+
+/// The hosts whose board could not be read though their servers span GPUs, with why: their
+/// groups are contiguous, which a user should hear once per host.
+pub fn contiguous_fallbacks<'a>(
+    hosts: &'a [(HostSpec, HostFacts)],
+    instances: &[Instance],
+) -> Vec<(&'a str, &'a str)> {
+    hosts
+        .iter()
+        .filter_map(|(h, f)| match &f.topology {
+            Topology::Unreadable(why)
+                if instances
+                    .iter()
+                    .any(|i| i.host() == h.name() && i.group.is_multi()) =>
+            {
+                Some((h.name(), why.as_str()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// How a server is named in messages: its id with the port, and every GPU of a group.
+pub fn group_label(id: &ServerId, gpus: &[u32], port: u16) -> String {
+    match (id.host(), gpus) {
+        (Some(host), [_, _, ..]) => {
+            let gpus = gpus.iter().map(u32::to_string).collect::<Vec<_>>();
+            format!("{host} gpu{} :{port}", gpus.join("+"))
+        }
+        _ => id.label(port),
+    }
 }
 
 fn instance(
     profile: &Profile,
     host: &HostSpec,
     facts: &HostFacts,
-    gpu: u32,
+    group: Group,
     port: u16,
     api_key: Option<&str>,
     run_root: &str,
 ) -> Instance {
+    let gpu = group.lead();
     let address = facts.address_of(gpu);
     let bind_host = profile.server.host.as_deref().unwrap_or(address);
     let files = RunFiles::new(run_root, port);
@@ -218,7 +298,7 @@ fn instance(
     // Slurm sets CUDA_VISIBLE_DEVICES in each step to the GPU it gave; fleet pins only on a
     // machine.
     if let HostSpec::Machine(_) = host {
-        env.insert("CUDA_VISIBLE_DEVICES".to_string(), gpu.to_string());
+        env.insert("CUDA_VISIBLE_DEVICES".to_string(), group.visible_devices());
         // CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi, the inventory and
         // `fleet gpus` number them by PCI bus, so pin by that order.
         env.entry("CUDA_DEVICE_ORDER".to_string())
@@ -227,6 +307,7 @@ fn instance(
     let fingerprint = fingerprint(&flags::masked(&argv), &env);
     Instance {
         id: ServerId::gpu(host.name(), gpu),
+        group,
         port,
         argv,
         launcher_len: profile.launcher.len(),
@@ -306,6 +387,7 @@ pub(crate) mod tests {
             address: address.into(),
             gpus_present: vec![0, 1, 2, 3],
             places: Vec::new(),
+            topology: Topology::NotRead,
         }
     }
 
@@ -357,6 +439,68 @@ pub(crate) mod tests {
             }
         );
         assert_ne!(plan[0].fingerprint, plan[1].fingerprint);
+    }
+
+    #[test]
+    fn a_tensor_parallel_server_takes_a_group_by_the_boards_topology() {
+        let mut p = profile();
+        p.server.parallel.tp = 2;
+        let board = Board::parse(crate::layout::topology::tests::PCIE_UNORDERED).unwrap();
+        let mut f = facts("10.1.2.50");
+        f.gpus_present = (0..8).collect();
+        f.topology = Topology::Read(board);
+        let hosts = vec![(host("ct200", GpuSelection::All), f)];
+        let plan = plan(&p, &hosts, None, None, "/tmp/fleet").unwrap();
+        let shown: Vec<(String, &str)> = plan
+            .iter()
+            .map(|i| (i.label(), i.env["CUDA_VISIBLE_DEVICES"].as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("ct200 gpu0+2 :30000".to_string(), "0,2"),
+                ("ct200 gpu1+3 :30001".to_string(), "1,3"),
+                ("ct200 gpu4+6 :30004".to_string(), "4,6"),
+                ("ct200 gpu5+7 :30005".to_string(), "5,7"),
+            ]
+        );
+        let tp = plan[0].argv.iter().position(|a| a == "--tp-size").unwrap();
+        assert_eq!(plan[0].argv[tp + 1], "2");
+        assert!(contiguous_fallbacks(&hosts, &plan).is_empty());
+
+        // Without a board the groups are contiguous, and the user hears why once per host.
+        let mut unread = hosts.clone();
+        unread[0].1.topology = Topology::Unreadable("nvidia-smi: topo not supported".into());
+        let plain = super::plan(&p, &unread, Some(&[4, 5, 6, 7]), None, "/tmp/fleet").unwrap();
+        assert_eq!(plain[0].env["CUDA_VISIBLE_DEVICES"], "4,5");
+        assert_eq!(
+            contiguous_fallbacks(&unread, &plain),
+            [("ct200", "nvidia-smi: topo not supported")]
+        );
+    }
+
+    #[test]
+    fn a_layout_no_host_can_hold_is_refused_naming_every_host() {
+        let mut p = profile();
+        p.server.parallel.tp = 16;
+        let hosts = vec![
+            (
+                host("a", GpuSelection::List((0..8).collect())),
+                facts("127.0.0.1"),
+            ),
+            (
+                host("b", GpuSelection::List(vec![0, 1])),
+                facts("127.0.0.1"),
+            ),
+        ];
+        let err = plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT).unwrap_err();
+        let lines: Vec<String> = err.to_string().lines().map(str::to_string).collect();
+        assert_eq!(lines.len(), 2, "{err}");
+        assert!(
+            lines[0].starts_with("host `a`: a tp16 server needs 16 GPUs"),
+            "{err}"
+        );
+        assert!(lines[1].contains("the selection has 2 (0,1)"), "{err}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::config::{GpuSelection, MachineSpec};
 use crate::gpu::{self, GpuError};
 use crate::launch::help_cache;
-use crate::launch::plan::{HostFacts, Instance};
+use crate::launch::plan::{HostFacts, Instance, Topology};
 use crate::remote::{RemoteError, Transport};
 use crate::sglang::flags::{self, Mismatch};
 use crate::sglang::help::{self, HelpSpec};
@@ -62,6 +62,28 @@ pub enum FactsError {
     Gpus(#[from] GpuError),
 }
 
+/// What to learn about each host: as the profile's servers would run (`launcher` and `env`),
+/// their `--help` when `preflight`, and the board when `topology` (a server spans GPUs).
+#[derive(Debug, Clone, Copy)]
+pub struct Learn<'a> {
+    pub launcher: &'a [String],
+    pub env: &'a BTreeMap<String, String>,
+    pub preflight: bool,
+    pub topology: bool,
+}
+
+impl<'a> Learn<'a> {
+    /// What a profile's servers need: the board only where one server spans several GPUs.
+    pub fn for_profile(profile: &'a crate::config::Profile, preflight: bool) -> Learn<'a> {
+        Learn {
+            launcher: &profile.launcher,
+            env: &profile.env,
+            preflight,
+            topology: profile.server.parallel.gpus_per_node() > 1,
+        }
+    }
+}
+
 /// Everything planning needs to know about one machine; `--help` is read only when `preflight`.
 /// `--help` and the version are read with the profile's `env`, as the servers will run; with
 /// `help_cache_dir`, a `--help` read before with the same launcher, env and version is taken
@@ -69,11 +91,15 @@ pub enum FactsError {
 pub async fn host_facts(
     t: &Arc<dyn Transport>,
     host: &MachineSpec,
-    launcher: &[String],
-    env: &BTreeMap<String, String>,
-    preflight: bool,
+    learn: &Learn<'_>,
     help_cache_dir: Option<&str>,
 ) -> Result<HostFacts, FactsError> {
+    let Learn {
+        launcher,
+        env,
+        preflight,
+        ..
+    } = *learn;
     // The reads are independent: they run at once, so a host costs its slowest read (on the
     // real server `--help` imports sglang, seconds) rather than the sum of all of them.
     let gpus = async {
@@ -86,10 +112,21 @@ pub async fn host_facts(
             GpuSelection::List(_) => Ok::<_, FactsError>(Vec::new()),
         }
     };
-    let (address, launched, gpus_present) = tokio::join!(
+    let topology = async {
+        match learn.topology {
+            // A board that cannot be read is no reason to refuse: groups are then contiguous.
+            true => match gpu::read_board(t.as_ref()).await {
+                Ok(board) => Topology::Read(board),
+                Err(e) => Topology::Unreadable(e.to_string()),
+            },
+            false => Topology::NotRead,
+        }
+    };
+    let (address, launched, gpus_present, topology) = tokio::join!(
         t.server_address(),
         launcher_facts_cached(t.as_ref(), &[], launcher, env, preflight, help_cache_dir),
-        gpus
+        gpus,
+        topology
     );
     let (address, (help, version), gpus_present) = (address?, launched?, gpus_present?);
     Ok(HostFacts {
@@ -98,6 +135,7 @@ pub async fn host_facts(
         address,
         gpus_present,
         places: Vec::new(),
+        topology,
     })
 }
 
@@ -360,6 +398,7 @@ mod tests {
             address: "127.0.0.1".into(),
             gpus_present: vec![],
             places: Vec::new(),
+            topology: Topology::NotRead,
         }
     }
 

@@ -9,6 +9,7 @@ use crate::launch::down::StopOutcome;
 use crate::launch::plan::Instance;
 use crate::launch::status::InstanceStatus;
 use crate::launch::up::{UpOutcome, UpState};
+use crate::layout::Group;
 use crate::report::table;
 use crate::server::ServerId;
 
@@ -21,9 +22,18 @@ fn host(id: &ServerId) -> &str {
     id.host().unwrap_or("-")
 }
 
-/// The GPU column.
-fn gpu(id: &ServerId) -> String {
-    opt(id.gpu_index())
+/// The GPU column: `5`, or a group's GPUs and its slowest link, `0+2 PIX`.
+fn gpu(id: &ServerId, group: Option<&Group>) -> String {
+    match group {
+        Some(g) => {
+            let gpus: Vec<String> = g.gpus.iter().map(u32::to_string).collect();
+            match g.slowest {
+                Some(link) => format!("{} {link}", gpus.join("+")),
+                None => gpus.join("+"),
+            }
+        }
+        None => opt(id.gpu_index()),
+    }
 }
 
 /// `fleet up --dry-run`: what would run where, with the exact (masked) command line, one block
@@ -50,10 +60,14 @@ pub fn plan_json(instances: &[Instance]) -> Value {
         instances
             .iter()
             .map(|i| {
-                json!({
+                let mut row = json!({
                     "host": i.host(), "gpu": i.id.gpu_index(), "port": i.port,
                     "argv": i.display_argv(), "env": i.env,
-                })
+                });
+                if let Some(group) = i.group.if_multi() {
+                    row["group"] = json!(group);
+                }
+                row
             })
             .collect(),
     )
@@ -69,7 +83,7 @@ pub fn up_table(outcomes: &[UpOutcome], versions: &BTreeMap<String, Option<Strin
             .or_else(|| versions.get(host(&o.id)).cloned().flatten());
         vec![
             host(&o.id).to_string(),
-            gpu(&o.id),
+            gpu(&o.id, o.group.as_ref()),
             o.port.to_string(),
             opt(o.pid),
             o.state.as_str().to_string(),
@@ -124,7 +138,7 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
         let load = s.load.as_ref();
         vec![
             host(&s.id).to_string(),
-            gpu(&s.id),
+            gpu(&s.id, s.group.as_ref()),
             s.port.to_string(),
             match &s.slurm {
                 // A Slurm step has no pid fleet can name: its step, node and GPU instead.
@@ -204,7 +218,7 @@ pub fn down_table(outcomes: &[StopOutcome]) -> String {
     let rows = outcomes.iter().map(|o| {
         vec![
             host(&o.id).to_string(),
-            gpu(&o.id),
+            gpu(&o.id, o.group.as_ref()),
             o.port.to_string(),
             opt(o.pid),
             o.profile.clone(),
@@ -233,6 +247,7 @@ mod tests {
     fn outcome(state: UpState) -> UpOutcome {
         UpOutcome {
             id: ServerId::gpu("ct200", 5),
+            group: None,
             port: 30005,
             pid: Some(4242),
             state,
@@ -292,6 +307,7 @@ mod tests {
     fn down_table_marks_ports_left_open() {
         let o = StopOutcome {
             id: ServerId::gpu("h", 0),
+            group: None,
             port: 30000,
             pid: Some(7),
             profile: "p".into(),

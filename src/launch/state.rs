@@ -36,6 +36,10 @@ pub struct InstanceRecord {
     pub log: String,
     pub pidfile: String,
     pub record: String,
+    /// The server's GPUs and their slowest link, when it spans several (its id names the
+    /// first); absent for one GPU, and in records written before layouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::layout::Group>,
 }
 
 /// How a backend finds a server it started again. The kind of backend decides the kind of
@@ -101,7 +105,16 @@ impl InstanceRecord {
 
     /// `ct200 gpu5 :30005`, as up, down and the sweep name a server in messages.
     pub fn label(&self) -> String {
-        self.id.label(self.port)
+        crate::launch::plan::group_label(&self.id, self.gpus(), self.port)
+    }
+
+    /// Every GPU of the server, its id's first.
+    pub fn gpus(&self) -> &[u32] {
+        match (&self.group, &self.id) {
+            (Some(g), _) => &g.gpus,
+            (None, ServerId::Gpu { gpu, .. }) => std::slice::from_ref(gpu),
+            (None, ServerId::Named(_)) => &[],
+        }
     }
 
     /// The server as an HTTP endpoint through a local port forwarded to it. The API key comes

@@ -16,6 +16,9 @@ use crate::sglang::metrics::Metrics;
 pub struct InstanceStatus {
     #[serde(flatten, with = "host_gpu")]
     pub id: ServerId,
+    /// Its GPUs and their slowest link, when it spans several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::layout::Group>,
     pub port: u16,
     pub pid: Option<u32>,
     /// On a Slurm host, the server's job step, its node, and the GPU Slurm gave it.
@@ -73,13 +76,27 @@ impl SlurmStep {
     }
 }
 
-/// Gives each instance of `host` the reading of its GPU.
+/// Gives each instance of `host` the reading of its GPU; a server over several GPUs gets
+/// their sum (memory) and busiest (utilization), under its first GPU's name.
 pub fn attach_gpus(statuses: &mut [InstanceStatus], host: &str, readings: &[GpuReading]) {
     for s in statuses.iter_mut().filter(|s| s.id.host() == Some(host)) {
-        s.gpu_reading = readings
+        let gpus: Vec<u32> = match &s.group {
+            Some(g) => g.gpus.clone(),
+            None => s.id.gpu_index().into_iter().collect(),
+        };
+        let mine: Vec<&GpuReading> = readings
             .iter()
-            .find(|g| Some(g.index) == s.id.gpu_index())
-            .cloned();
+            .filter(|g| gpus.contains(&g.index))
+            .collect();
+        s.gpu_reading = mine.split_first().map(|(first, rest)| {
+            rest.iter().fold((*first).clone(), |mut sum, g| {
+                sum.memory_total_mib += g.memory_total_mib;
+                sum.memory_used_mib += g.memory_used_mib;
+                sum.memory_free_mib += g.memory_free_mib;
+                sum.utilization_pct = sum.utilization_pct.max(g.utilization_pct);
+                sum
+            })
+        });
     }
 }
 
@@ -141,6 +158,7 @@ async fn instance_status(
     let liveness = *liveness;
     let mut status = InstanceStatus {
         id: r.id.clone(),
+        group: r.group.clone(),
         port: r.port,
         pid: r.handle.pid(),
         slurm: SlurmStep::of(&r.handle),

@@ -91,6 +91,9 @@ impl UpState {
 pub struct UpOutcome {
     #[serde(flatten, with = "host_gpu")]
     pub id: ServerId,
+    /// Its GPUs and their slowest link, when it spans several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::layout::Group>,
     pub port: u16,
     pub pid: Option<u32>,
     pub state: UpState,
@@ -411,6 +414,7 @@ struct Launched {
 fn outcome_of(instance: &Instance) -> UpOutcome {
     UpOutcome {
         id: instance.id.clone(),
+        group: instance.group.if_multi(),
         port: instance.port,
         pid: None,
         state: UpState::Failed,

@@ -4,10 +4,11 @@
 use super::topology::{Board, Link};
 
 /// One server's GPUs, ascending (PCI bus order: what CUDA_VISIBLE_DEVICES lists).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Group {
     pub gpus: Vec<u32>,
     /// The slowest link between two of its GPUs; `None` for one GPU, or with no board read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowest: Option<Link>,
 }
 
@@ -15,6 +16,16 @@ impl Group {
     /// The GPU that names the server (its id and port): the group's first.
     pub fn lead(&self) -> u32 {
         self.gpus[0]
+    }
+
+    /// Whether it spans several GPUs (what records, tables and JSON then show).
+    pub fn is_multi(&self) -> bool {
+        self.gpus.len() > 1
+    }
+
+    /// The group, when it spans several GPUs; `None` for one GPU, whose id says it all.
+    pub fn if_multi(&self) -> Option<Group> {
+        self.is_multi().then(|| self.clone())
     }
 
     /// `0,2` as CUDA_VISIBLE_DEVICES wants it.
@@ -138,7 +149,11 @@ fn search(
     for others in combinations(rest, size - 1) {
         let mut group = vec![first];
         group.extend(&others);
-        let remaining: Vec<u32> = rest.iter().copied().filter(|g| !others.contains(g)).collect();
+        let remaining: Vec<u32> = rest
+            .iter()
+            .copied()
+            .filter(|g| !others.contains(g))
+            .collect();
         current.push(group);
         search(board, remaining, size, current, best);
         current.pop();

@@ -71,19 +71,19 @@ impl Parallel {
     /// Every rule of SGLang's that the sizes alone can break.
     pub fn check(&self) -> Vec<ParallelError> {
         let mut out = Vec::new();
-        if self.dp_attention && self.tp % self.dp != 0 {
+        if self.dp_attention && !self.tp.is_multiple_of(self.dp) {
             out.push(ParallelError::DpAttentionSplit {
                 tp: self.tp,
                 dp: self.dp,
             });
         }
-        if self.ep > 1 && (self.ep > self.tp || self.tp % self.ep != 0) {
+        if self.ep > 1 && (self.ep > self.tp || !self.tp.is_multiple_of(self.ep)) {
             out.push(ParallelError::Experts {
                 ep: self.ep,
                 tp: self.tp,
             });
         }
-        if self.gpus() % self.nnodes.max(1) != 0 {
+        if !self.gpus().is_multiple_of(self.nnodes.max(1)) {
             out.push(ParallelError::Nodes {
                 gpus: self.gpus(),
                 nnodes: self.nnodes,
@@ -164,7 +164,7 @@ pub fn place(
             gpus: list,
         });
     }
-    if gpus.len() as u32 % need != 0 {
+    if !(gpus.len() as u32).is_multiple_of(need) {
         return Err(PlaceError::Remainder {
             host: host.into(),
             parallel: *parallel,

@@ -38,6 +38,20 @@ impl Link {
     }
 }
 
+impl serde::Serialize for Link {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Link {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Link, D::Error> {
+        let text = String::deserialize(d)?;
+        Link::parse(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("`{text}` is not a link class")))
+    }
+}
+
 impl fmt::Display for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -72,7 +86,9 @@ pub enum TopologyError {
         cells: usize,
         devices: usize,
     },
-    #[error("row `{row}`, column `{column}`: `{cell}` is not a link class (X, SYS, NODE, PHB, PXB, PIX, NV#)")]
+    #[error(
+        "row `{row}`, column `{column}`: `{cell}` is not a link class (X, SYS, NODE, PHB, PXB, PIX, NV#)"
+    )]
     BadCell {
         row: String,
         column: String,
@@ -89,7 +105,11 @@ impl Board {
         let lines: Vec<String> = text.lines().map(strip_escapes).collect();
         let header = lines
             .iter()
-            .find(|l| l.split_whitespace().next().is_some_and(|t| gpu_index(t).is_some()))
+            .find(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|t| gpu_index(t).is_some())
+            })
             .ok_or(TopologyError::NoHeader)?;
         // The device columns are every token before "CPU Affinity"; NICs are among them.
         let devices: Vec<&str> = header
@@ -133,9 +153,7 @@ impl Board {
                 links[i][j] = link;
             }
             // After the links: CPU affinity, NUMA affinity ("N/A" on single-socket boards).
-            numa[i] = cells
-                .get(devices.len() + 1)
-                .and_then(|n| n.parse().ok());
+            numa[i] = cells.get(devices.len() + 1).and_then(|n| n.parse().ok());
             seen[i] = true;
         }
         if let Some(i) = seen.iter().position(|s| !s) {

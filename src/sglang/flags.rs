@@ -93,9 +93,6 @@ pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
             push(flag, n.to_string());
         }
     }
-    if parallel.dp_attention {
-        args.push("--enable-dp-attention".to_string());
-    }
     if let Some(path) = r.secrets_file {
         push(CONFIG, path.to_string());
     }
@@ -105,6 +102,9 @@ pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
         && !listed(DISABLE_RADIX_CACHE)
     {
         args.push(DISABLE_OVERLAP_SCHEDULE.to_string());
+    }
+    if s.parallel.dp_attention {
+        args.push("--enable-dp-attention".to_string());
     }
     if s.enable_metrics {
         args.push("--enable-metrics".to_string());
@@ -486,17 +486,10 @@ pub(crate) mod tests {
         let args = render(&p, &help, None);
         let at = args.iter().position(|a| a == "--tp-size").unwrap();
         assert_eq!(
-            args[at..at + 7],
-            s(&[
-                "--tp-size",
-                "4",
-                "--dp-size",
-                "2",
-                "--ep-size",
-                "4",
-                "--enable-dp-attention"
-            ])[..]
+            args[at..at + 6],
+            s(&["--tp-size", "4", "--dp-size", "2", "--ep-size", "4"])[..]
         );
+        assert!(args.contains(&"--enable-dp-attention".to_string()));
     }
 
     #[test]

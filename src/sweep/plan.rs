@@ -367,6 +367,7 @@ mod tests {
                 address: "127.0.0.1".into(),
                 gpus_present: vec![0, 1, 2],
                 places: Vec::new(),
+                topology: crate::launch::plan::Topology::NotRead,
             },
         )];
         let p = dry_run(&planned, &profiles, &hosts, None, "/tmp/fleet");

@@ -271,6 +271,7 @@ mod tests {
                 address: "127.0.0.1".into(),
                 gpus_present: vec![0, 1],
                 places: Vec::new(),
+                topology: crate::launch::plan::Topology::NotRead,
             },
         )
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::super::check::{Checker, Fields, is_env_name, join, suggest};
 use super::super::yaml::{Node, Value};
 use super::super::{Expected, HealthSettings, MambaStrategy, Profile, ServerSettings};
-use crate::layout::{Parallel, ParallelError};
 use super::stem;
+use crate::layout::{Parallel, ParallelError};
 
 /// SGLang's default port; GPU i listens on `port_base + i`.
 const DEFAULT_PORT_BASE: u16 = 30000;
@@ -199,7 +199,12 @@ pub(super) static SCHEMA: &[Item] = &[
                 key: "nnodes",
                 required: false,
                 // fleet renders each rank's --node-rank and the shared --dist-init-addr itself.
-                flags: &["--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"],
+                flags: &[
+                    "--nnodes",
+                    "--node-rank",
+                    "--dist-init-addr",
+                    "--nccl-init-addr",
+                ],
                 read: |c, n, f, p| p.server.parallel.nnodes = count(c, n, f).unwrap_or(1),
                 write: |p| size(p.server.parallel.nnodes),
             },
@@ -750,13 +755,17 @@ fn parallel_rules(c: &mut Checker, f: &Fields, p: &Profile) {
             ParallelError::Nodes { .. } => "nnodes",
         };
         let loc = f.get(key).map_or(f.loc, |n| n.loc);
-        c.report(loc, &f.field(key), &problem.to_string(), None);
+        c.report(loc, &f.field(key), problem.to_string(), None);
     }
 }
 
 /// A layout size: 1, the default, is written as unset.
 fn size(n: u32) -> Value {
-    if n == 1 { Value::Null } else { Value::Int(n.into()) }
+    if n == 1 {
+        Value::Null
+    } else {
+        Value::Int(n.into())
+    }
 }
 
 fn poll_shorter_than_startup(c: &mut Checker, f: &Fields, p: &Profile) {

@@ -364,11 +364,17 @@ fn layout_keys_read_as_one_layout_and_sglangs_rules_name_the_key() {
         .map(Problem::to_string)
         .collect();
     assert_eq!(shown.len(), 4, "{shown:#?}");
-    assert!(shown[0].contains("bad.yaml:9:") && shown[0].contains("--tp-size"), "{shown:#?}");
+    assert!(
+        shown[0].contains("bad.yaml:9:") && shown[0].contains("--tp-size"),
+        "{shown:#?}"
+    );
     assert!(
         shown[1].starts_with("bad.yaml:5:12: server.dp_size: with enable_dp_attention")
-            && shown[2].starts_with("bad.yaml:7:12: server.ep_size: ep_size 8 must divide tp_size 4")
-            && shown[3].starts_with("bad.yaml:8:11: server.nnodes: a server's 4 GPUs do not divide over nnodes 3"),
+            && shown[2]
+                .starts_with("bad.yaml:7:12: server.ep_size: ep_size 8 must divide tp_size 4")
+            && shown[3].starts_with(
+                "bad.yaml:8:11: server.nnodes: a server's 4 GPUs do not divide over nnodes 3"
+            ),
         "{shown:#?}"
     );
 }

@@ -14,8 +14,8 @@ use axum::routing::get;
 
 use super::{Backend, Home, Seen, StopState, Stopped};
 use crate::gpu::{GpuError, GpuReading};
-use crate::launch::plan::{HostFacts, Instance, RunFiles};
-use crate::launch::preflight::FactsError;
+use crate::launch::plan::{HostFacts, Instance, RunFiles, Topology};
+use crate::launch::preflight::{FactsError, Learn};
 use crate::launch::state::{Handle, InstanceRecord, Liveness, StateError};
 use crate::remote::{LocalTransport, RemoteError, Tunnel};
 use crate::server::ServerId;
@@ -40,6 +40,7 @@ pub(crate) fn record(host: &str, gpu: u32, port: u16, fingerprint: &str) -> Inst
         log: files.log,
         pidfile: files.pidfile,
         record: files.record,
+        group: None,
     }
 }
 
@@ -47,6 +48,10 @@ pub(crate) fn record(host: &str, gpu: u32, port: u16, fingerprint: &str) -> Inst
 pub(crate) fn planned(host: &str, gpu: u32, port: u16, fingerprint: &str) -> Instance {
     Instance {
         id: ServerId::gpu(host, gpu),
+        group: crate::layout::Group {
+            gpus: vec![gpu],
+            slowest: None,
+        },
         port,
         argv: vec!["sglang-sim".into()],
         launcher_len: 1,
@@ -151,18 +156,14 @@ impl Backend for FakeBackend {
         &self.home
     }
 
-    async fn facts(
-        &self,
-        _launcher: &[String],
-        _env: &BTreeMap<String, String>,
-        _preflight: bool,
-    ) -> Result<HostFacts, FactsError> {
+    async fn facts(&self, _learn: &Learn<'_>) -> Result<HostFacts, FactsError> {
         Ok(HostFacts {
             help: None,
             version: Some("0.5.23".into()),
             address: "127.0.0.1".into(),
             gpus_present: vec![0, 1],
             places: Vec::new(),
+            topology: Topology::NotRead,
         })
     }
 

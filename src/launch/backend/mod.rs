@@ -7,7 +7,7 @@
 //! steps of a Slurm allocation. A kind is one more [`HostSpec`] variant, one more
 //! implementation of the trait, and one more arm in [`connect`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::config::HostSpec;
 use crate::gpu::{GpuError, GpuReading};
 use crate::launch::plan::{HostFacts, Instance};
-use crate::launch::preflight::FactsError;
+use crate::launch::preflight::{FactsError, Learn};
 use crate::launch::state::{InstanceRecord, Liveness, StateError};
 use crate::remote::{ConnectOptions, Link, RemoteError, Transport, Tunnel};
 
@@ -68,12 +68,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// What planning needs to know of the host, read as the profile's servers would run
     /// (`launcher` and its `env`): its `--help` when `preflight`, the SGLang version, where its
     /// servers are reached, and its GPUs when the inventory says `all`.
-    async fn facts(
-        &self,
-        launcher: &[String],
-        env: &BTreeMap<String, String>,
-        preflight: bool,
-    ) -> Result<HostFacts, FactsError>;
+    async fn facts(&self, learn: &Learn<'_>) -> Result<HostFacts, FactsError>;
 
     /// Every server recorded on the host, in GPU then port order, and what became of each.
     async fn survey(&self) -> Result<Vec<Seen>, StateError>;

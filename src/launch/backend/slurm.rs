@@ -21,8 +21,8 @@ use super::{Backend, Ending, Home, JobCommand, JobStop, Seen, StopState, Stopped
 use crate::backoff::Backoff;
 use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
-use crate::launch::plan::{HostFacts, Instance};
-use crate::launch::preflight::{self, FactsError};
+use crate::launch::plan::{HostFacts, Instance, Topology};
+use crate::launch::preflight::{self, FactsError, Learn};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
 use crate::remote::{RemoteError, Transport, Tunnel, argv};
 use crate::slurm::{
@@ -406,12 +406,13 @@ impl Backend for SlurmBackend {
         &self.home
     }
 
-    async fn facts(
-        &self,
-        launcher: &[String],
-        env: &BTreeMap<String, String>,
-        preflight: bool,
-    ) -> Result<HostFacts, FactsError> {
+    async fn facts(&self, learn: &Learn<'_>) -> Result<HostFacts, FactsError> {
+        let Learn {
+            launcher,
+            env,
+            preflight,
+            ..
+        } = *learn;
         let allocation = self.allocate().await?;
         let first = &allocation.places[0];
         // Read on a node, inside the allocation, beside whatever already runs there.
@@ -424,6 +425,8 @@ impl Backend for SlurmBackend {
             address: first.addr.clone(),
             gpus_present: (0..allocation.places.len() as u32).collect(),
             places: allocation.places.iter().map(|p| p.addr.clone()).collect(),
+            // Slurm gives each step its GPUs; which ones is the scheduler's choice.
+            topology: Topology::NotRead,
         };
         *self.allocation.lock().await = Some(allocation);
         Ok(facts)
@@ -551,6 +554,7 @@ impl Backend for SlurmBackend {
             log: planned.files.log.clone(),
             pidfile: planned.files.pidfile.clone(),
             record: planned.files.record.clone(),
+            group: planned.group.if_multi(),
         };
         if let Err(e) = state::write_record(self.t(), &record).await {
             let _ = self.slurm.cancel_step(step_id(job, number)).await;

@@ -3,7 +3,7 @@
 //! with `setsid` and found again by its leader's pid and start time in `/proc`; it is stopped by
 //! signalling its group (never by name), SIGTERM then SIGKILL, until the port is closed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -14,7 +14,7 @@ use crate::config::MachineSpec;
 use crate::gpu::{self, GpuError, GpuReading};
 use crate::launch::help_cache;
 use crate::launch::plan::{HostFacts, Instance};
-use crate::launch::preflight::{self, FactsError};
+use crate::launch::preflight::{self, FactsError, Learn};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
 use crate::remote::{Detached, RemoteError, Transport, Tunnel};
 
@@ -68,6 +68,7 @@ impl Machine {
             log: planned.files.log.clone(),
             pidfile: planned.files.pidfile.clone(),
             record: planned.files.record.clone(),
+            group: planned.group.if_multi(),
         };
         state::write_record(self.t(), &record).await?;
         Ok(record)
@@ -173,22 +174,9 @@ impl Backend for Machine {
         &self.home
     }
 
-    async fn facts(
-        &self,
-        launcher: &[String],
-        env: &BTreeMap<String, String>,
-        preflight: bool,
-    ) -> Result<HostFacts, FactsError> {
+    async fn facts(&self, learn: &Learn<'_>) -> Result<HostFacts, FactsError> {
         let cache = help_cache::dir(&self.home.run_root);
-        preflight::host_facts(
-            &self.home.shell,
-            &self.spec,
-            launcher,
-            env,
-            preflight,
-            Some(&cache),
-        )
-        .await
+        preflight::host_facts(&self.home.shell, &self.spec, learn, Some(&cache)).await
     }
 
     async fn survey(&self) -> Result<Vec<Seen>, StateError> {
