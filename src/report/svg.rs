@@ -1,13 +1,8 @@
-//! The report's charts as inline SVG (maud markup): horizontal bars with 95% intervals, bars
-//! along a window, and time series with event marks. Pure; every drawn value also has a
-//! `<title>` tooltip, and the page puts the numbers in a table next to each chart.
+//! The report's row charts as inline SVG (maud markup): horizontal bars with 95% intervals and
+//! bars along a window (the time series are [`super::timechart`]'s). Pure; every drawn value
+//! also has a `<title>` tooltip, and the page puts the numbers in a table next to each chart.
 
 use maud::{Markup, html};
-
-/// Colours of series, in order; chosen to stay apart in greyscale print too.
-pub const PALETTE: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#7f7f7f",
-];
 
 /// Every chart's width, and the room right of its plot.
 pub const W: f64 = 720.0;
@@ -92,7 +87,7 @@ pub fn short(x: f64) -> String {
 }
 
 /// An axis tick: [`short`] without trailing zeros (`0.5`, `45`, `1`), as ticks are round.
-fn tick(x: f64) -> String {
+pub(super) fn tick(x: f64) -> String {
     let s = short(x);
     if s.contains('.') {
         s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -154,95 +149,6 @@ pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
                 }
             }
             text.tick x=(W - RIGHT) y="16" text-anchor="end" { (unit) }
-        }
-    }
-}
-
-/// A line of a time series.
-pub struct Series {
-    pub name: String,
-    pub points: Vec<(f64, f64)>,
-    pub dashed: bool,
-}
-
-/// An event drawn as a vertical line across a time chart.
-pub struct Event {
-    pub t: f64,
-    pub label: String,
-    pub trouble: bool,
-}
-
-/// Seconds as `0.5s`, `42s`, `17m`, `3.5h` for time-axis ticks.
-fn since(s: f64) -> String {
-    if s < 10.0 {
-        // A short job's quarter ticks are fractions of a second apart.
-        let t = format!("{s:.1}");
-        format!("{}s", t.strip_suffix(".0").unwrap_or(&t))
-    } else if s < 120.0 {
-        format!("{s:.0}s")
-    } else if s < 7200.0 {
-        format!("{:.0}m", s / 60.0)
-    } else {
-        format!("{:.1}h", s / 3600.0)
-    }
-}
-
-/// Series over time since `t0` (Unix seconds), with the job's events as vertical lines.
-pub fn time_chart(
-    id: &str,
-    title: &str,
-    unit: &str,
-    t0: f64,
-    series: &[Series],
-    events: &[Event],
-) -> Markup {
-    // Three legend entries a row under the time axis.
-    let legend_rows = series.len().div_ceil(3);
-    let (top, bottom) = (26.0, 200.0);
-    let h = bottom + 30.0 + 14.0 * legend_rows as f64;
-    let left = 60.0;
-    let all = series.iter().flat_map(|s| s.points.iter());
-    let t_end = all
-        .clone()
-        .map(|p| p.0)
-        .chain(events.iter().map(|e| e.t))
-        .fold(t0, f64::max);
-    let span = (t_end - t0).max(1.0);
-    let max = nice_max(all.map(|p| p.1).fold(0.0, f64::max));
-    let x = |t: f64| left + (W - left - RIGHT) * ((t - t0) / span).clamp(0.0, 1.0);
-    let y = |v: f64| bottom - (bottom - top) * (v / max).clamp(0.0, 1.0);
-    html! {
-        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
-            text.title x="4" y="16" { (title) }
-            (value_grid(left, max, y))
-            @for i in 0..=4 {
-                @let t = t0 + span * i as f64 / 4.0;
-                text.tick x=(x(t)) y=(bottom + 14.0) text-anchor="middle" { (since(t - t0)) }
-            }
-            @for e in events {
-                line class=(if e.trouble { "mark trouble" } else { "mark" }) x1=(x(e.t)) x2=(x(e.t)) y1=(top) y2=(bottom) {
-                    title { (since(e.t - t0)) ": " (e.label) }
-                }
-            }
-            @for (i, s) in series.iter().enumerate() {
-                @let colour = PALETTE[i % PALETTE.len()];
-                @let pts = s.points.iter().map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v))).collect::<Vec<_>>().join(" ");
-                polyline.series points=(pts) stroke=(colour) stroke-dasharray=(if s.dashed { "6 4" } else { "none" }) {
-                    title { (s.name) }
-                }
-                // One point is no line: it is drawn as a dot.
-                @if let [(t, v)] = s.points[..] {
-                    circle cx=(x(t)) cy=(y(v)) r="3" fill=(colour) { title { (s.name) ": " (short(v)) } }
-                }
-            }
-            @for (i, s) in series.iter().enumerate() {
-                @let colour = PALETTE[i % PALETTE.len()];
-                @let lx = left + 220.0 * (i % 3) as f64;
-                @let ly = bottom + 34.0 + 14.0 * (i / 3) as f64;
-                rect x=(lx) y=(ly - 8.0) width="10" height="10" fill=(colour) {}
-                text.legend x=(lx + 14.0) y=(ly + 1.0) { (s.name) }
-            }
-            text.tick x=(W - RIGHT) y=(top - 4.0) text-anchor="end" { (unit) }
         }
     }
 }
@@ -328,12 +234,6 @@ mod tests {
     fn ticks_drop_trailing_zeros() {
         let ticks: Vec<String> = [0.0, 0.5, 0.375, 45.0, 1125.0, 1.0].map(tick).into();
         assert_eq!(ticks, ["0", "0.5", "0.375", "45", "1125", "1"]);
-    }
-
-    #[test]
-    fn short_spans_tick_in_tenths_of_a_second() {
-        let ticks: Vec<String> = [0.0, 0.455, 0.91, 1.82, 42.0].map(since).into();
-        assert_eq!(ticks, ["0s", "0.5s", "0.9s", "1.8s", "42s"]);
     }
 
     #[test]
