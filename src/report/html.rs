@@ -22,10 +22,11 @@ ul.findings li.trouble{color:#b00}
 svg.chart{display:block}
 svg.chart[viewBox]{width:100%;height:auto;max-width:900px;margin:8px 0}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,560px),1fr));gap:4px 32px}
-figure.tchart{margin:8px 0 16px;min-width:0}
-figure.tchart figcaption{display:flex;justify-content:space-between;margin-left:52px;font-size:13px;font-weight:600}
-figure.tchart figcaption .unit{font-weight:400;color:#555;font-size:11px}
-div.plot{display:flex}div.plot svg.yaxis{flex:none}div.plot svg.chart{flex:1 1 auto;min-width:0;overflow:visible}
+figure.tchart,figure.rchart{margin:8px 0 16px;min-width:0}
+figure.tchart figcaption,figure.rchart figcaption{display:flex;justify-content:space-between;font-size:13px;font-weight:600}
+figure.tchart figcaption{margin-left:52px}
+figure figcaption .unit{font-weight:400;color:#555;font-size:11px}
+div.plot{display:flex}div.plot svg.yaxis,div.plot svg.labels{flex:none}div.plot svg.chart{flex:1 1 auto;min-width:0;overflow:visible}
 ul.legend{list-style:none;margin:2px 0 0 52px;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px}
 #instance-legend{margin:4px 0 8px;font-size:13px}
 i.swatch{display:inline-block;width:16px;height:0;border-top:3px solid var(--c);vertical-align:middle;margin-right:6px}

@@ -342,7 +342,7 @@ pub fn html(j: &JobView) -> Markup {
         rate(n, k)
     };
     let ended = !matches!(p.status, Status::Running | Status::Paused);
-    let window_text = format!("{} s", short(window));
+    let window_text = format!("{} s", super::svg::tick(window));
     let rows = sample(&j.points, TABLE_ROWS);
     html! {
         h2 { "Job" }

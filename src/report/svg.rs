@@ -1,6 +1,7 @@
-//! The report's row charts as inline SVG (maud markup): horizontal bars with 95% intervals and
-//! bars along a window (the time series are [`super::timechart`]'s). Pure; every drawn value
-//! also has a `<title>` tooltip, and the page puts the numbers in a table next to each chart.
+//! The report's row charts as inline SVG (maud markup), as wide as the page: horizontal bars
+//! with 95% intervals and bars along a window (the time series are [`super::timechart`]'s),
+//! and the axes the search's fixed-size charts share. Pure; every drawn value also has a
+//! `<title>` tooltip, and the page puts the numbers in a table next to each chart.
 
 use maud::{Markup, html};
 
@@ -13,7 +14,7 @@ pub const RIGHT: f64 = 20.0;
 /// candidates (`no_buffer mem_fraction_static=0.893 flag.cuda-graph-max-bs-decode=214`) would
 /// be cut at the left edge and what tells them apart is at both ends.
 struct Rows {
-    /// Where the bars start.
+    /// Width of the labels' column left of the bars.
     left: f64,
     /// Height of one row.
     height: f64,
@@ -47,7 +48,7 @@ impl Rows {
     fn label(&self, y: f64, text: &str) -> Markup {
         html! {
             @if self.above {
-                text.label x=(self.left) y=(y + 11.0) { (text) }
+                text.label x="0" y=(y + 11.0) { (text) }
             } @else {
                 text.label x=(self.left - 6.0) y=(y + 15.0) text-anchor="end" { (text) }
             }
@@ -108,49 +109,85 @@ pub struct Bar {
     pub note: Option<String>,
 }
 
+/// Where a share of a row chart's plot falls, as an SVG length.
+fn pct(f: f64) -> String {
+    format!("{:.3}%", f * 100.0)
+}
+
+/// From the top of a row chart's plot to its first row.
+const ROWS_TOP: f64 = 6.0;
+
+/// A row chart as wide as the page: its labels in a column as wide as the longest needs (or
+/// above each row, in the plot), the plot in percentages of the rest, text at its own size.
+fn row_chart(
+    id: &str,
+    title: &str,
+    unit: &str,
+    layout: &Rows,
+    h: f64,
+    labels: Markup,
+    plot: Markup,
+) -> Markup {
+    html! {
+        figure.rchart {
+            figcaption { span.title { (title) } " " span.unit { (unit) } }
+            div.plot {
+                @if !layout.above {
+                    svg.labels width=(layout.left) height=(h) aria-hidden="true" { (labels) }
+                }
+                svg.chart id=(id) width="100%" height=(h) role="img" aria-label=(title) {
+                    @if layout.above { (labels) }
+                    (plot)
+                }
+            }
+        }
+    }
+}
+
 /// Horizontal bars on one axis from zero, labelled on the left.
 pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
     let layout = Rows::new(rows.iter().map(|r| r.label.as_str()), 26.0);
-    let (left, row_h) = (layout.left, layout.height);
-    let h = 30.0 + row_h * rows.len() as f64 + 24.0;
+    let row_h = layout.height;
+    let axis_y = ROWS_TOP + row_h * rows.len() as f64;
+    let h = axis_y + 22.0;
     let max = nice_max(
         rows.iter()
             .map(|r| r.interval.map_or(r.value, |(_, hi)| hi.max(r.value)))
             .fold(0.0, f64::max),
     );
-    let x = |v: f64| left + (W - left - RIGHT) * (v / max).clamp(0.0, 1.0);
-    let axis_y = 30.0 + row_h * rows.len() as f64;
-    html! {
-        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
-            text.title x="4" y="16" { (title) }
-            @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
-                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) }
-            }
-            @for (i, r) in rows.iter().enumerate() {
-                @let top = 30.0 + row_h * i as f64;
-                (layout.label(top, &r.label))
-                @let y = top + layout.bar_dy;
-                @let row_h = row_h - layout.bar_dy;
-                @if let Some(note) = &r.note {
-                    text.note x=(left + 4.0) y=(y + 15.0) { (note) }
-                } @else {
-                    rect class=(r.class) x=(left) y=(y + 4.0) width=(x(r.value) - left) height=(row_h - 8.0) {
-                        title { (r.label) ": " (short(r.value)) " " (unit)
-                            @if let Some((lo, hi)) = r.interval { " [" (short(lo)) ", " (short(hi)) "]" } }
-                    }
-                    @if let Some((lo, hi)) = r.interval {
-                        line.whisker x1=(x(lo)) x2=(x(hi)) y1=(y + row_h / 2.0) y2=(y + row_h / 2.0) {}
-                        line.whisker x1=(x(lo)) x2=(x(lo)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
-                        line.whisker x1=(x(hi)) x2=(x(hi)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
-                    }
-                    text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value))) + 4.0) y=(y + 15.0) { (short(r.value)) }
-                }
-            }
-            text.tick x=(W - RIGHT) y="16" text-anchor="end" { (unit) }
+    // The last tenth is room for the value beside the longest bar.
+    let x = |v: f64| pct(0.9 * (v / max).clamp(0.0, 1.0));
+    let labels = html! {
+        @for (i, r) in rows.iter().enumerate() {
+            (layout.label(ROWS_TOP + row_h * i as f64, &r.label))
         }
-    }
+    };
+    let plot = html! {
+        @for i in 0..=4 {
+            @let v = max * i as f64 / 4.0;
+            line.grid x1=(x(v)) x2=(x(v)) y1="0" y2=(axis_y) {}
+            text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor=(if i == 0 { "start" } else { "middle" }) { (tick(v)) }
+        }
+        @for (i, r) in rows.iter().enumerate() {
+            @let y = ROWS_TOP + row_h * i as f64 + layout.bar_dy;
+            @let row_h = row_h - layout.bar_dy;
+            @if let Some(note) = &r.note {
+                text.note x="4" y=(y + 15.0) { (note) }
+            } @else {
+                rect class=(r.class) x="0" y=(y + 4.0) width=(x(r.value)) height=(row_h - 8.0) {
+                    title { (r.label) ": " (short(r.value)) " " (unit)
+                        @if let Some((lo, hi)) = r.interval { " [" (short(lo)) ", " (short(hi)) "]" } }
+                }
+                @if let Some((lo, hi)) = r.interval {
+                    line.whisker x1=(x(lo)) x2=(x(hi)) y1=(y + row_h / 2.0) y2=(y + row_h / 2.0) {}
+                    line.whisker x1=(x(lo)) x2=(x(lo)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
+                    line.whisker x1=(x(hi)) x2=(x(hi)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
+                }
+                text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value)))) dx="4" y=(y + 15.0) { (short(r.value)) }
+            }
+        }
+    };
+    row_chart(id, title, unit, &layout, h, labels, plot)
 }
 
 /// One candidate's run along the measured window: pruned ones stop at their first window.
@@ -182,38 +219,43 @@ pub fn spans(
     rows: &[Span],
 ) -> Markup {
     let layout = Rows::new(rows.iter().map(|r| r.label.as_str()), 24.0);
-    let (left, row_h) = (layout.left, layout.height);
+    let row_h = layout.height;
+    let axis_y = ROWS_TOP + row_h * rows.len() as f64;
     // Below the ticks, the first window's name.
-    let h = 30.0 + row_h * rows.len() as f64 + 38.0;
+    let h = axis_y + 36.0;
     let max = window_s.max(1.0);
-    let x = |v: f64| left + (W - left - RIGHT - 160.0) * (v / max).clamp(0.0, 1.0);
-    let axis_y = 30.0 + row_h * rows.len() as f64;
-    html! {
-        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
-            text.title x="4" y="16" { (title) }
-            @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
-                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) "s" }
-            }
-            @if let Some(f) = first_window_s {
-                line.mark.trouble x1=(x(f)) x2=(x(f)) y1="24" y2=(axis_y) {
-                    title { "first window: " (short(f)) " s" }
-                }
-                text.tick x=(x(f)) y=(axis_y + 30.0) text-anchor="middle" { "first window" }
-            }
-            @for (i, r) in rows.iter().enumerate() {
-                @let top = 30.0 + row_h * i as f64;
-                (layout.label(top, &r.label))
-                @let y = top + layout.bar_dy;
-                @let row_h = row_h - layout.bar_dy;
-                rect class=(r.class) x=(left) y=(y + 4.0) width=((x(r.end_s) - left).max(2.0)) height=(row_h - 8.0) {
-                    title { (r.label) ": " (r.note) }
-                }
-                text.note x=(x(r.end_s).max(left + 2.0) + 6.0) y=(y + 15.0) { (r.note) }
-            }
+    // The last quarter is room for the notes beside the bars.
+    let share = |v: f64| 0.75 * (v / max).clamp(0.0, 1.0);
+    let x = |v: f64| pct(share(v));
+    let labels = html! {
+        @for (i, r) in rows.iter().enumerate() {
+            (layout.label(ROWS_TOP + row_h * i as f64, &r.label))
         }
-    }
+    };
+    let plot = html! {
+        @for i in 0..=4 {
+            @let v = max * i as f64 / 4.0;
+            line.grid x1=(x(v)) x2=(x(v)) y1="0" y2=(axis_y) {}
+            text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor=(if i == 0 { "start" } else { "middle" }) { (tick(v)) "s" }
+        }
+        @if let Some(f) = first_window_s {
+            line.mark.trouble x1=(x(f)) x2=(x(f)) y1="0" y2=(axis_y) {
+                title { "first window: " (short(f)) " s" }
+            }
+            text.tick x=(x(f)) y=(axis_y + 30.0) text-anchor="middle" { "first window" }
+        }
+        @for (i, r) in rows.iter().enumerate() {
+            @let y = ROWS_TOP + row_h * i as f64 + layout.bar_dy;
+            @let row_h = row_h - layout.bar_dy;
+            // A candidate that ran no time still shows a sliver where it stopped.
+            @let end = pct(share(r.end_s).max(0.003));
+            rect class=(r.class) x="0" y=(y + 4.0) width=(end) height=(row_h - 8.0) {
+                title { (r.label) ": " (r.note) }
+            }
+            text.note x=(end) dx="6" y=(y + 15.0) { (r.note) }
+        }
+    };
+    row_chart(id, title, "", &layout, h, labels, plot)
 }
 
 #[cfg(test)]
@@ -268,7 +310,7 @@ mod tests {
         let long = bars("t", "tok/s", "tok/s/GPU", &[row(label)]).into_string();
         assert!(
             long.contains(&format!(
-                r#"<text class="label" x="12" y="41">{label}</text>"#
+                r#"<text class="label" x="0" y="17">{label}</text>"#
             )),
             "{long}"
         );
