@@ -211,6 +211,7 @@ fn progress_snapshot(c: &mut Criterion) {
                         completed: completed / 8,
                         rate_per_sec: progress::round(rate, 2),
                         output_tok_s: progress::round(tok, 1),
+                        output_tokens: completed / 8 * 900,
                         server_tok_s: None,
                         running: Some(71.0),
                         queued: Some(0.0),

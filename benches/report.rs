@@ -39,6 +39,7 @@ fn snapshot(completed: u64) -> Progress {
             completed: completed / INSTANCES as u64,
             rate_per_sec: 0.1,
             output_tok_s: 140.0 + (completed % 17) as f64,
+            output_tokens: completed / INSTANCES as u64 * 900,
             server_tok_s: None,
             cached_fraction: Some(0.5),
             running: Some(72.0),

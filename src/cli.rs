@@ -16,6 +16,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     name = "fleet",
     version,
     about = "Launch, tune and drive fleets of SGLang inference servers on GPU hosts",
+    after_help = "Manual: docs/SUMMARY.md; each command's page: docs/reference/COMMAND.md",
     propagate_version = true
 )]
 pub struct Cli {
@@ -43,8 +44,9 @@ pub struct GlobalArgs {
         default_value = "profiles"
     )]
     pub profiles_dir: PathBuf,
-    /// How results are printed on stdout: text (tables), json, or html (one self-contained
-    /// page). Live progress and messages stay on stderr.
+    /// How results are printed on stdout: text (tables), json, or html (one self-contained page).
+    ///
+    /// Live progress and messages stay on stderr.
     #[arg(long, global = true, value_enum, value_name = "FORMAT")]
     pub format: Option<Format>,
     /// Same as --format json.
@@ -56,8 +58,9 @@ pub struct GlobalArgs {
     /// Only warnings and errors on stderr, no live progress.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
-    /// Trust and record the host key of an SSH host seen for the first time
-    /// (OpenSSH's StrictHostKeyChecking=accept-new). A changed key is always refused.
+    /// Trust and record the host key of an SSH host seen for the first time.
+    ///
+    /// OpenSSH's StrictHostKeyChecking=accept-new. A changed key is always refused.
     #[arg(long, global = true)]
     pub accept_new_host_key: bool,
     /// How long to wait for an SSH connection before giving up on a host.
@@ -80,37 +83,52 @@ impl GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Preflight, start one server per GPU, wait until ready and print the fleet.
+    #[command(after_help = "Manual: docs/reference/up.md")]
     Up(UpArgs),
     /// Health, load and GPU use of every instance fleet started.
+    #[command(after_help = "Manual: docs/reference/status.md")]
     Status(StatusArgs),
     /// Stop what fleet started (SIGTERM, then SIGKILL after the grace period).
+    #[command(after_help = "Manual: docs/reference/down.md")]
     Down(DownArgs),
     /// Show an instance's server log.
+    #[command(after_help = "Manual: docs/reference/logs.md")]
     Logs(LogsArgs),
     /// GPU table for every host of the inventory.
+    #[command(after_help = "Manual: docs/reference/gpus.md")]
     Gpus,
     /// Run a command on every host (inside the container for pct hosts).
+    #[command(after_help = "Manual: docs/reference/exec.md")]
     Exec(ExecArgs),
     /// Inspect and validate profiles.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Manual: docs/reference/profile.md")]
     Profile(ProfileCommand),
     /// Measure candidate server configs side by side and pick the fastest.
+    #[command(after_help = "Manual: docs/reference/sweep.md")]
     Sweep(SweepArgs),
     /// Run a resumable batch generation job over every healthy instance.
+    #[command(after_help = "Manual: docs/reference/generate.md")]
     Generate(GenerateArgs),
     /// Summarise a generate job: a detached job by id, or a local output directory.
+    #[command(after_help = "Manual: docs/reference/progress.md")]
     Progress(ProgressArgs),
     /// Every detached generate job on every reachable host.
+    #[command(after_help = "Manual: docs/reference/jobs.md")]
     Jobs,
     /// Stop a detached job as Ctrl-C would: in-flight requests finish, it ends interrupted.
+    #[command(after_help = "Manual: docs/reference/stop.md")]
     Stop(StopArgs),
     /// Copy a detached job's shards, failed.jsonl and progress.json here (resumable).
+    #[command(after_help = "Manual: docs/reference/fetch.md")]
     Fetch(FetchArgs),
     /// One page of a sweep and a job: text, JSON or a self-contained offline HTML file.
+    #[command(after_help = "Manual: docs/reference/report.md")]
     Report(ReportArgs),
     /// The whole flow on a local simulated fleet of 8 GPUs: no GPU, config or network needed.
+    #[command(after_help = "Manual: docs/reference/demo.md")]
     Demo(DemoArgs),
     /// Print shell completions.
+    #[command(after_help = "Manual: docs/reference/completions.md")]
     Completions {
         /// The shell to complete for.
         #[arg(value_enum)]
@@ -123,8 +141,9 @@ pub struct ReportArgs {
     /// A sweep.json, a `fleet generate --out` directory (local or `fleet fetch`ed), or one of each.
     #[arg(required = true, value_name = "SOURCE")]
     pub sources: Vec<PathBuf>,
-    /// Write the report to this file instead of stdout (HTML unless --format or --json says
-    /// otherwise; without -o, text unless they do).
+    /// Write the report to this file instead of stdout.
+    ///
+    /// HTML unless --format or --json says otherwise; without -o, text unless they do.
     #[arg(short, long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Prompts the sweep's ETAs are for (default: the job's total, when a job is given).
@@ -198,11 +217,13 @@ pub struct ExecArgs {
 #[derive(Debug, Subcommand)]
 pub enum ProfileCommand {
     /// Print the resolved profile (after `extends:`).
+    #[command(after_help = "Manual: docs/reference/profile.md")]
     Show {
         /// Profile name (resolved in --profiles-dir) or path to a profile file.
         name: String,
     },
     /// Validate the named profiles, or every profile in --profiles-dir.
+    #[command(after_help = "Manual: docs/reference/profile.md")]
     Check {
         /// Profile names or paths (default: every *.yaml in --profiles-dir).
         names: Vec<String>,
@@ -211,15 +232,17 @@ pub enum ProfileCommand {
 
 #[derive(Debug, Clone, Args)]
 pub struct SweepArgs {
-    /// The base profile every candidate starts from (name in --profiles-dir, or a path);
-    /// default: the profile of the fleet `fleet up` started.
+    /// The base profile every candidate starts from (name in --profiles-dir, or a path).
+    ///
+    /// Default: the profile of the fleet `fleet up` started.
     #[arg(long)]
     pub profile: Option<String>,
     /// Mamba strategies to compare, e.g. extra_buffer,no_buffer.
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
-    /// Another axis: KEY=V1,V2,... or a range KEY=LO..HI (LO..HI:log for a log scale), KEY a
-    /// profile key (server.mem_fraction_static) or flag.NAME for any SGLang flag without its
+    /// Another axis: KEY=V1,V2,... or a range KEY=LO..HI (LO..HI:log for a log scale).
+    ///
+    /// KEY is a profile key (server.mem_fraction_static) or flag.NAME for any SGLang flag without its
     /// dashes (flag.cuda-graph-max-bs-decode=16..512); repeatable. Values are YAML; a value with a comma is quoted
     /// ('env.X="a,b"',c) or escaped (a\,b), and commas inside [...] or {...} do not split.
     #[arg(long = "set")]
@@ -227,7 +250,9 @@ pub struct SweepArgs {
     /// Measure with a sample of these prompts (JSONL, as for `fleet generate`).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
-    /// How many prompts to sample from --prompts. A trial draws them without repetition (a
+    /// How many prompts to sample from --prompts.
+    ///
+    /// A trial draws them without repetition (a
     /// repeated prompt's prefill comes from SGLang's radix cache); one that needs more says so.
     #[arg(long, default_value_t = 10_000)]
     pub sample: usize,
@@ -243,8 +268,9 @@ pub struct SweepArgs {
     /// max_tokens of --prompts requests, as `fleet generate --max-tokens`.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: u32,
-    /// generate | chat | completions, as `fleet generate --endpoint` (default: chat for
-    /// messages, generate for prompt).
+    /// generate | chat | completions, as `fleet generate --endpoint`.
+    ///
+    /// Default: chat for messages, generate for prompt.
     #[arg(long)]
     pub endpoint: Option<String>,
     /// How long each trial is measured, after the warm-up.
@@ -253,15 +279,17 @@ pub struct SweepArgs {
     /// Load before measuring, so that batches are full when the window opens.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub warmup: Duration,
-    /// Run candidates side by side on disjoint GPUs (the default; in rounds, one GPU each,
-    /// when they outnumber the GPUs).
+    /// Run candidates side by side on disjoint GPUs (the default).
+    ///
+    /// In rounds, one GPU each, when they outnumber the GPUs.
     #[arg(long, conflicts_with = "sequential")]
     pub parallel: bool,
     /// Restart the whole fleet for each candidate, one at a time.
     #[arg(long)]
     pub sequential: bool,
-    /// In rounds, give every candidate the full --duration instead of stopping those clearly
-    /// behind the leader after a first window of a quarter of it.
+    /// In rounds, give every candidate the full --duration: no successive halving.
+    ///
+    /// Without it, those clearly behind the leader stop after a first window of a quarter of it.
     #[arg(long)]
     pub no_prune: bool,
     /// Dataset size for the ETA projection (default: lines in --prompts).
@@ -288,19 +316,22 @@ pub struct SweepArgs {
     /// How long to wait after SIGTERM before SIGKILL when stopping servers.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
-    /// grid: every point of the value lists; adaptive: search the ranges (the default when a
-    /// --set is a range, KEY=LO..HI or LO..HI:log).
+    /// grid: every point of the value lists; adaptive: search the ranges.
+    ///
+    /// Adaptive is the default when a --set is a range, KEY=LO..HI or LO..HI:log.
     #[arg(long, value_enum)]
     pub search: Option<SearchMethod>,
-    /// The adaptive search explores this many candidates at most, then runs its close leaders
-    /// once more to confirm them.
+    /// The adaptive search explores this many candidates at most.
+    ///
+    /// Then it runs its close leaders once more to confirm them.
     #[arg(long, default_value_t = 32)]
     pub trials: usize,
     /// The adaptive search proposes nothing more after this long (over every --resume).
     #[arg(long, value_parser = parse_duration)]
     pub budget: Option<Duration>,
-    /// Latency limits the winner must keep, e.g. ttft_p99<=2s,itl_p99<=60ms (metrics ttft_p50,
-    /// ttft_p99, itl_p50, itl_p99): the sweep maximises throughput among the candidates that
+    /// Latency limits the winner must keep, e.g. ttft_p99<=2s,itl_p99<=60ms.
+    ///
+    /// Metrics ttft_p50, ttft_p99, itl_p50, itl_p99: the sweep maximises throughput among the candidates that
     /// keep them; one that breaks them is shown, never crowned.
     #[arg(long)]
     pub slo: Option<String>,
@@ -321,7 +352,8 @@ pub struct GenerateArgs {
     /// Output directory for shards, failed.jsonl and progress.json.
     #[arg(long)]
     pub out: PathBuf,
-    /// Server base URLs to use instead of the instances fleet started (repeatable);
+    /// Server base URLs to use instead of the instances fleet started (repeatable).
+    ///
     /// `NAME=http://HOST:PORT` names the server in completions and progress.
     #[arg(long)]
     pub url: Vec<String>,
@@ -331,13 +363,15 @@ pub struct GenerateArgs {
     /// generate | chat | completions (default: chat for messages, generate for prompt).
     #[arg(long)]
     pub endpoint: Option<String>,
-    /// fleet (fleet's records) | openai-batch (the OpenAI Batch API's output lines, the body
-    /// being the server's response whole). Default: openai-batch when every input line is a
+    /// fleet (fleet's records) or openai-batch (the OpenAI Batch API's output lines).
+    ///
+    /// In openai-batch lines the body is the server's response whole. Default: openai-batch when every input line is a
     /// Batch API line, fleet otherwise; a resumed job keeps its own.
     #[arg(long, value_parser = ["fleet", "openai-batch"])]
     pub output_format: Option<String>,
-    /// max_tokens of every request whose line does not set its own; lowered to what fits a
-    /// server's context when needed.
+    /// max_tokens of every request whose line does not set its own.
+    ///
+    /// Lowered to what fits a server's context when needed.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: u32,
     /// Sampling temperature sent with every request (default: the server's).
@@ -352,8 +386,9 @@ pub struct GenerateArgs {
     /// In-flight requests per instance: auto, or a fixed number.
     #[arg(long, default_value = "auto")]
     pub concurrency: String,
-    /// Retries of a request that failed for a retryable reason (connection, 5xx, 429, timeout),
-    /// each on another server when there is one.
+    /// Retries of a request that failed for a retryable reason (connection, 5xx, 429, timeout).
+    ///
+    /// Each goes to another server when there is one.
     #[arg(long, default_value_t = 3)]
     pub max_retries: u32,
     /// Give up when no server has been healthy for this long.
@@ -362,12 +397,15 @@ pub struct GenerateArgs {
     /// Continue in --out: skip every id already completed or failed there.
     #[arg(long)]
     pub resume: bool,
-    /// With --resume: continue even though the input is not the one the job began with
-    /// (lines added, removed or moved), keyed strictly by id.
+    /// With --resume: continue even though the input is not the one the job began with.
+    ///
+    /// Lines added, removed or moved: the job goes on keyed strictly by id.
     #[arg(long, requires = "resume")]
     pub allow_changed_input: bool,
-    /// With --resume: send failed prompts again: those whose line was edited since it failed
-    /// (`changed`, the default), or `all`. Their old records leave failed.jsonl.
+    /// With --resume: send failed prompts again: `changed` (the default) or `all`.
+    ///
+    /// `changed`: those whose line was edited since it failed. Their old records leave
+    /// failed.jsonl.
     #[arg(long, requires = "resume", num_args = 0..=1, default_missing_value = "changed",
           value_parser = ["changed", "all"])]
     pub retry_failed: Option<String>,
@@ -386,18 +424,22 @@ pub struct GenerateArgs {
     /// How long Ctrl-C waits for in-flight requests.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
-    /// Where each request goes: `prefix` keeps prompts that share a long prefix on one server
+    /// Where each request goes: auto, prefix or least-loaded.
+    ///
+    /// `prefix` keeps prompts that share a long prefix on one server
     /// (its radix cache then prefills the prefix once), `least-loaded` sends each to the server
     /// with the most room, `auto` picks `prefix` when the input scan finds shared prefixes
     /// worth it.
     #[arg(long, default_value = "auto", value_parser = ["auto", "prefix", "least-loaded"])]
     pub placement: String,
-    /// Scan the prompts and show their prefix groups and the expected cache hits, then exit
-    /// without contacting a server or writing --out.
+    /// Scan the prompts and show their prefix groups and the expected cache hits, then exit.
+    ///
+    /// Nothing contacts a server or writes --out.
     #[arg(long)]
     pub dry_run: bool,
-    /// Run the job on a GPU host beside its servers, detached: it outlives this terminal and
-    /// this machine. --prompts is a local file (sent there) or HOST:PATH; --out is a path there.
+    /// Run the job on a GPU host beside its servers, detached: it outlives this terminal.
+    ///
+    /// It outlives this machine too. --prompts is a local file (sent there) or HOST:PATH; --out is a path there.
     #[arg(long)]
     pub detach: bool,
     /// With --detach: the inventory host to run on (default: the one whose instances it uses).

@@ -3,10 +3,12 @@
 //! strings out.
 
 pub mod html;
+pub mod job;
 pub mod page;
 pub mod search;
 pub mod svg;
 pub mod text;
+pub mod timechart;
 
 use serde::Serialize;
 use tabled::builder::Builder;

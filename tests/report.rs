@@ -2,7 +2,10 @@
 //! `fleet generate` job on two more (one prompt too long for the context) become one HTML page,
 //! through the real `fleet` binary; the page is checked for its numbers, for having nothing
 //! remote, and rendered offline in headless Chromium (Debian's `chromium`, every host
-//! unresolvable), which must draw its charts and make no network request.
+//! unresolvable), which must draw its charts and make no network request. A longer job that
+//! loses a server gets its own page, checked in Chromium for what its charts tell: one colour per
+//! instance on every chart, rates that fall to 0 when a server dies, the events marked, and
+//! charts that take the page's width.
 
 mod common;
 mod sweep_common;
@@ -136,6 +139,20 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
     assert_eq!(rows.len(), 4);
     let failed: Vec<_> = rows.iter().filter(|r| r["state"] == "failed").collect();
     assert_eq!(failed.len(), 2, "the two 0.30 candidates: {rows:?}");
+    // Why they failed, in the words of the server's log (the sim's, as SGLang's
+    // model_runner.py raises it), not only that the server exited.
+    for r in &failed {
+        let line = r["log_line"].as_str().unwrap_or_else(|| panic!("{r}"));
+        assert!(line.starts_with("RuntimeError: Not enough memory"), "{r}");
+        assert!(
+            page.contains(&format!("<code>{line}</code>")),
+            "the failed candidates' table shows {line:?}"
+        );
+        assert!(
+            page.contains(&format!("failed: {line} (")),
+            "the finding says {line:?}"
+        );
+    }
     let trials = sweep["trials"].as_array().unwrap();
     for r in rows.iter().filter(|r| r["state"] != "failed") {
         let t = trials
@@ -204,23 +221,32 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
     assert!(o.status.success());
     assert_eq!(page_requests(&control), ["https://cdn.example.com/x.png"]);
 
+    // The job's page wants a job long enough to draw: its own, with an instance lost.
+    let long = long_job(tmp.path()).display().to_string();
+    let job_page = tmp.path().join("report-job.html");
+    let o = f
+        .command(&["report", &long, "-o"])
+        .arg(&job_page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    job_page_tells_its_story(tmp.path(), &job_page);
+
     // `FLEET_REPORT_SCREENSHOT=DIR`: keep the page and screenshots of it, of the sweep's page
     // and of the job's (docs/report.png, docs/report-sweep.png, docs/report-job.png).
     if let Some(dir) = std::env::var_os("FLEET_REPORT_SCREENSHOT") {
         let dir = Path::new(&dir);
         std::fs::copy(&html, dir.join("report.html")).unwrap();
         let job = job.display().to_string();
-        // The job's page wants a job long enough to draw: its own, with an instance lost.
-        let long = long_job(tmp.path()).display().to_string();
         for (name, sources, height) in [
-            ("report", vec!["sweep.json", job.as_str()], 3400),
+            ("report", vec!["sweep.json", job.as_str()], 2500),
             // The seed's dataset and a GPU-hour price: the ETA, GPU-hour and cost columns.
             (
                 "report-sweep",
                 vec!["sweep.json", "--total", "654676", "--gpu-hour-cost", "2.5"],
-                1400,
+                1150,
             ),
-            ("report-job", vec![long.as_str()], 2900),
+            ("report-job", vec![long.as_str()], 2200),
         ] {
             let page = dir.join(format!("{name}.html"));
             let o = f
@@ -235,7 +261,7 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
                 &tmp.path().join(format!("chromium-{name}")),
                 &[
                     &format!("--screenshot={}", dir.join(format!("{name}.png")).display()),
-                    &format!("--window-size=1000,{height}"),
+                    &format!("--window-size=1400,{height}"),
                     "--hide-scrollbars",
                     &format!("file://{}", page.display()),
                 ],
@@ -243,6 +269,158 @@ fn a_sweep_and_a_job_become_one_offline_page_that_chromium_renders() {
             assert!(shot.status.success());
         }
     }
+}
+
+/// Checks the long job's page as Chromium builds and lays it out, at 1400 px wide: each
+/// instance drawn in one colour on every chart (its legend's), `b`'s rate at 0 once it is dead,
+/// its loss marked on the charts, and the charts across the page.
+fn job_page_tells_its_story(tmp: &Path, page: &Path) {
+    // A copy measures its own layout: a script writes the charts' boxes into the DOM (the
+    // page's content security policy, which allows no script, left out of the copy only).
+    let html = std::fs::read_to_string(page).unwrap();
+    let csp = html
+        .find(r#"<meta http-equiv="Content-Security-Policy""#)
+        .expect("the page has its policy");
+    let csp_end = csp + html[csp..].find('>').unwrap() + 1;
+    let measured = format!("{}{}", &html[..csp], &html[csp_end..]).replace(
+        "</body>",
+        r#"<script>
+const boxes = [...document.querySelectorAll('svg.chart')].map(c => {
+  const r = c.getBoundingClientRect();
+  return [c.id, Math.round(r.left), Math.round(r.right)];
+});
+const pre = document.createElement('pre');
+pre.id = 'measured';
+pre.textContent = JSON.stringify({width: window.innerWidth, boxes});
+document.body.appendChild(pre);
+</script></body>"#,
+    );
+    let copy = tmp.join("measured.html");
+    std::fs::write(&copy, measured).unwrap();
+    let o = chromium(
+        &tmp.join("chromium-job"),
+        &[
+            "--window-size=1400,1100",
+            "--dump-dom",
+            &format!("file://{}", copy.display()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(!stderr.contains("Uncaught"), "a script error: {stderr}");
+    let dom = String::from_utf8_lossy(&o.stdout).into_owned();
+
+    // One colour per instance, the same on every chart and in the legend, and no two alike.
+    let legend_html = section(&dom, r#"id="instance-legend""#, "</ul>");
+    let legend: Vec<(&str, &str)> = tags(legend_html, "<li")
+        .filter_map(|li| attr(li, "data-instance"))
+        .map(|name| {
+            let at = legend_html
+                .find(&format!(r#"data-instance="{name}""#))
+                .unwrap();
+            let swatch = tags(&legend_html[at..], "<i").next().unwrap();
+            let colour = attr(swatch, "style").unwrap().trim_start_matches("--c:");
+            (name, colour)
+        })
+        .collect();
+    let names: Vec<&str> = legend.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["a", "b"], "the instance legend: {legend_html}");
+    assert_ne!(legend[0].1, legend[1].1);
+    let drawn: Vec<(&str, &str)> = tags(&dom, "<polyline")
+        .filter_map(|t| Some((attr(t, "data-instance")?, attr(t, "stroke")?)))
+        .collect();
+    for (name, colour) in &legend {
+        let on_charts: Vec<&str> = drawn
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, c)| *c)
+            .collect();
+        // Throughput, in flight, queued and KV usage: a line on each at least.
+        assert!(on_charts.len() >= 3, "{name}: {on_charts:?}");
+        assert!(
+            on_charts.iter().all(|c| c == colour),
+            "{name}: {on_charts:?} vs {colour}"
+        );
+    }
+
+    // `b` was killed a third of the way in: its rate over the last window is 0 at the end,
+    // where the run's mean is not; `a`'s is not.
+    let last_rate = |name: &str| -> f64 {
+        let row = section(&dom, &format!(r#"<tr data-instance="{name}">"#), "</tr>");
+        let cell = section(row, r#"<td class="last-rate">"#, "</td>");
+        cell.trim_start_matches(r#"<td class="last-rate">"#)
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {row}"))
+    };
+    assert_eq!(last_rate("b"), 0.0);
+    assert!(last_rate("a") > 0.0);
+    let throughput = section(&dom, r#"id="job-throughput""#, "</svg></div>");
+    let b_line = tags(throughput, "<polyline")
+        .find(|t| attr(t, "data-instance") == Some("b"))
+        .expect("b's line");
+    let points = attr(b_line, "points").unwrap();
+    let last_y = points.split(' ').next_back().unwrap().split(',').nth(1);
+    assert_eq!(last_y, Some("1000.0"), "b's line ends at 0: {points}");
+
+    // Its loss, as a red line with the whole event in its tooltip and a label beside it.
+    assert!(
+        throughput
+            .split(r#"<line class="mark trouble""#)
+            .skip(1)
+            .any(|l| l[..l.find("</title>").unwrap_or(0)].contains("instance down b")),
+        "{throughput}"
+    );
+    assert!(
+        throughput
+            .split(r#"<text class="mark-label trouble""#)
+            .skip(1)
+            .any(|l| l[l.find('>').unwrap() + 1..].starts_with("b down")),
+        "{throughput}"
+    );
+
+    // The charts use the page's width: together they span most of the window.
+    let measured = section(&dom, r#"<pre id="measured">"#, "</pre>");
+    let m: Value =
+        serde_json::from_str(measured.trim_start_matches(r#"<pre id="measured">"#)).unwrap();
+    let width = m["width"].as_f64().unwrap();
+    let boxes = m["boxes"].as_array().unwrap();
+    assert!(boxes.len() >= 5, "{m}");
+    let edge = |i: usize| boxes.iter().map(move |b| b[i].as_f64().unwrap());
+    let (left, right) = (
+        edge(1).fold(f64::MAX, f64::min),
+        edge(2).fold(0.0, f64::max),
+    );
+    assert!(
+        right - left > 0.85 * width,
+        "the charts span {left}..{right} of {width}: {m}"
+    );
+    for (l, r) in edge(1).zip(edge(2)) {
+        assert!(r - l > 500.0, "a chart {} px wide: {m}", r - l);
+    }
+}
+
+/// `text` from `start` up to (not with) the first `end` after it.
+fn section<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let at = text.find(start).unwrap_or_else(|| panic!("no {start}"));
+    let rest = &text[at..];
+    &rest[..rest.find(end).unwrap_or(rest.len())]
+}
+
+/// Each `<name …>` tag in `text`, to its `>`.
+fn tags<'a>(text: &'a str, open: &'a str) -> impl Iterator<Item = &'a str> {
+    text.match_indices(open)
+        .filter(move |(i, _)| {
+            // `<i` is no `<input`, `<li` no `<link`.
+            matches!(text.as_bytes().get(i + open.len()), Some(b' ' | b'>'))
+        })
+        .map(move |(i, _)| &text[i..i + text[i..].find('>').unwrap_or(0) + 1])
+}
+
+/// The value of attribute `name` in `tag`.
+fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!(r#" {name}=""#);
+    let at = tag.find(&key)? + key.len();
+    Some(&tag[at..at + tag[at..].find('"')?])
 }
 
 /// A job of 2,500 prompts (one too long) on two servers at an eighth of the test's speed, so

@@ -122,6 +122,10 @@ pub struct InstanceProgress {
     pub rate_per_sec: f64,
     /// Output tokens per second as they stream, over the recent window.
     pub output_tok_s: f64,
+    /// Output tokens streamed from it this run, so far: what a report takes differences of
+    /// for its rate over any window.
+    #[serde(default)]
+    pub output_tokens: u64,
     /// The server's own `sglang:gen_throughput` of the last reading, to hold the streamed
     /// count against.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -32,6 +32,9 @@ pub struct InstancePoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_cap: Option<u64>,
     pub output_tok_s: f64,
+    /// Output tokens it streamed this run so far (absent in files of older fleets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
     /// `/metrics`' running and queued requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<f64>,
@@ -75,6 +78,7 @@ impl Point {
                     concurrency: i.concurrency,
                     server_cap: i.server_cap,
                     output_tok_s: super::progress::round(i.output_tok_s, 1),
+                    output_tokens: Some(i.output_tokens),
                     running: i.running,
                     queued: i.queued,
                     token_usage: i.token_usage,
@@ -361,6 +365,7 @@ mod tests {
             completed,
             rate_per_sec: 1.0,
             output_tok_s: 100.0,
+            output_tokens: 1000,
             server_tok_s: None,
             cached_fraction: None,
             running: Some(3.0),

@@ -3,16 +3,11 @@
 
 use maud::{DOCTYPE, Markup, html};
 
-use crate::generate::timeline::InstancePoint;
-
-use super::page::{CandidateRow, JobView, Page, State, SweepView, completions_per_minute, sample};
-use super::svg::{self, Bar, Event, Series, Span, short};
-
-/// Rows a table of a time series shows at most.
-const TABLE_ROWS: usize = 24;
+use super::page::{CandidateRow, Page, State, SweepView};
+use super::svg::{self, Bar, Span, short};
 
 const CSS: &str = r#"
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;max-width:980px;margin:24px auto;padding:0 16px}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;max-width:1600px;margin:24px auto;padding:0 24px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ccc}
 h3{font-size:15px;margin:18px 0 6px}
 .meta{color:#555}
@@ -24,7 +19,19 @@ tr.winner td{font-weight:600}
 #sweep-table td+td,#rounds-table td+td{white-space:nowrap}
 #rounds-table td:last-child{white-space:normal;text-align:left}
 ul.findings li.trouble{color:#b00}
-svg.chart{width:100%;height:auto;max-width:760px;display:block;margin:8px 0}
+svg.chart{display:block}
+svg.chart[viewBox]{width:100%;height:auto;max-width:900px;margin:8px 0}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,560px),1fr));gap:4px 32px}
+figure.tchart,figure.rchart{margin:8px 0 16px;min-width:0}
+figure.tchart figcaption,figure.rchart figcaption{display:flex;justify-content:space-between;font-size:13px;font-weight:600}
+figure.tchart figcaption{margin-left:52px}
+figure figcaption .unit{font-weight:400;color:#555;font-size:11px}
+div.plot{display:flex}div.plot svg.yaxis,div.plot svg.labels{flex:none}div.plot svg.chart{flex:1 1 auto;min-width:0;overflow:visible}
+ul.legend{list-style:none;margin:2px 0 0 52px;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px}
+#instance-legend{margin:4px 0 8px;font-size:13px}
+i.swatch{display:inline-block;width:16px;height:0;border-top:3px solid var(--c);vertical-align:middle;margin-right:6px}
+i.swatch.dashed{border-top-style:dashed}
+td.why{text-align:left}td.log-line code{font:12px ui-monospace,Menlo,Consolas,monospace;color:#b00}
 svg text{font:11px system-ui,sans-serif;fill:#333}
 svg text.title{font-size:13px;font-weight:600}
 svg .grid{stroke:#e6e6e6}
@@ -34,8 +41,11 @@ svg .whisker{stroke:#000;stroke-width:1.5}
 svg .series{fill:none;stroke-width:1.8}
 svg .mark{stroke:#888;stroke-width:1;stroke-dasharray:2 3}
 svg .mark.trouble{stroke:#d62728;stroke-width:1.2}
+svg .axis{stroke:#bbb}
+svg text.mark-label{font-size:10px;fill:#555;writing-mode:vertical-rl;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
+svg text.mark-label.trouble{fill:#b00}
 details{margin:4px 0 12px}
-@media print{body{max-width:none;margin:0;font-size:11px}h2{break-after:avoid}svg.chart,table{break-inside:avoid}details>summary{display:none}}
+@media print{body{max-width:none;margin:0;font-size:11px}h2{break-after:avoid}svg.chart,figure.tchart,table{break-inside:avoid}details>summary{display:none}}
 "#;
 
 /// The whole page.
@@ -60,7 +70,7 @@ pub fn render(p: &Page) -> String {
                     }
                 }
                 @if let Some(s) = &p.sweep { (sweep(s)) }
-                @if let Some(j) = &p.job { (job(j)) }
+                @if let Some(j) = &p.job { (super::job::html(j)) }
             }
         }
     };
@@ -95,7 +105,10 @@ fn sweep(s: &SweepView) -> Markup {
             value: r.tok_s_per_gpu.unwrap_or(0.0),
             interval: r.interval.map(|e| (e.low, e.high)),
             class: class(r),
-            note: r.failure.as_ref().map(|_| "failed".to_string()),
+            note: r.failure.as_ref().map(|_| match &r.log_line {
+                Some(l) => format!("failed: {}", l.split(": ").next().unwrap_or(l)),
+                None => "failed".into(),
+            }),
         })
         .collect();
     let spans: Vec<Span> = s
@@ -162,170 +175,16 @@ fn sweep(s: &SweepView) -> Markup {
         @let failed: Vec<&CandidateRow> = s.rows.iter().filter(|r| r.failure.is_some()).collect();
         @if !failed.is_empty() {
             h3 { "Failed candidates" }
-            table #failed-candidates { tbody { @for r in failed { tr { td { (r.label) } td style="text-align:left" { (r.failure.as_deref().unwrap_or("")) } } } } }
+            table #failed-candidates {
+                thead { tr { th { "candidate" } th.why { "why: its server's log" } th.why { "what fleet saw" } } }
+                tbody { @for r in failed { tr {
+                    td { (r.label) }
+                    td.why.log-line { @if let Some(l) = &r.log_line { code { (l) } } @else { "-" } }
+                    td.why { (r.failure.as_deref().unwrap_or("")) }
+                } } }
+            }
         }
         @if !s.pending.is_empty() { p { "Not measured yet: " (s.pending.join(", ")) } }
         @if let Some(v) = &s.search { (super::search::html(v)) }
-    }
-}
-
-/// One series per instance of `f` over the timeline's points.
-fn per_instance(
-    j: &JobView,
-    names: &[String],
-    suffix: &str,
-    f: impl Fn(&InstancePoint) -> Option<f64>,
-) -> Vec<Series> {
-    names
-        .iter()
-        .map(|n| Series {
-            name: format!("{n}{suffix}"),
-            points: j
-                .points
-                .iter()
-                .filter_map(|p| {
-                    let i = p.instances.iter().find(|i| &i.name == n)?;
-                    Some((p.t, f(i)?))
-                })
-                .collect(),
-            dashed: false,
-        })
-        .collect()
-}
-
-fn job(j: &JobView) -> Markup {
-    let p = &j.progress;
-    let t0 = j
-        .points
-        .first()
-        .map(|p| p.t)
-        .into_iter()
-        .chain(j.marks.first().map(|m| m.t))
-        .fold(f64::INFINITY, f64::min);
-    let t0 = if t0.is_finite() { t0 } else { 0.0 };
-    let names: Vec<String> = j
-        .points
-        .last()
-        .map(|p| p.instances.iter().map(|i| i.name.clone()).collect())
-        .unwrap_or_default();
-    let mut throughput = vec![Series {
-        name: "fleet".into(),
-        points: j.points.iter().map(|p| (p.t, p.output_tok_s())).collect(),
-        dashed: false,
-    }];
-    throughput.extend(per_instance(j, &names, "", |i| Some(i.output_tok_s)));
-    if let (Some(ideal), Some(first), Some(last)) =
-        (j.ideal_tok_s, j.points.first(), j.points.last())
-    {
-        throughput.push(Series {
-            name: "sweep winner × instances".into(),
-            points: vec![(first.t, ideal), (last.t, ideal)],
-            dashed: true,
-        });
-    }
-    let mut load = per_instance(j, &names, " in flight", |i| Some(f64::from(i.in_flight)));
-    load.extend(
-        per_instance(j, &names, " queued", |i| i.queued.filter(|_| i.healthy))
-            .into_iter()
-            .filter(|s| !s.points.is_empty()),
-    );
-    // A down instance's last /metrics reading is stale: its gauges stop where it went down.
-    let usage: Vec<Series> = per_instance(j, &names, "", |i| {
-        i.token_usage.filter(|_| i.healthy).map(|u| u * 100.0)
-    })
-    .into_iter()
-    .filter(|s| !s.points.is_empty())
-    .collect();
-    let cpm = completions_per_minute(&j.points);
-    let outcomes = vec![
-        Series {
-            name: "failed for good".into(),
-            points: j.points.iter().map(|p| (p.t, p.failed as f64)).collect(),
-            dashed: false,
-        },
-        Series {
-            name: "waiting retry".into(),
-            points: j
-                .points
-                .iter()
-                .map(|p| (p.t, p.waiting_retry as f64))
-                .collect(),
-            dashed: true,
-        },
-    ];
-    let eta = vec![Series {
-        name: "ETA".into(),
-        points: j
-            .points
-            .iter()
-            .filter_map(|p| Some((p.t, p.eta_hours?)))
-            .collect(),
-        dashed: false,
-    }];
-    let events: Vec<Event> = j
-        .marks
-        .iter()
-        .map(|m| Event {
-            t: m.t,
-            label: format!("{} {} {}", m.kind.as_str(), m.subject, m.detail)
-                .trim()
-                .to_string(),
-            trouble: m.kind.is_trouble(),
-        })
-        .collect();
-    let rows = sample(&j.points, TABLE_ROWS);
-    html! {
-        h2 { "Job" }
-        p.meta { (j.source) ": " (p.status.as_str()) }
-        table #job-totals {
-            tbody {
-                tr { td { "prompts" } td #job-total { (p.total) } }
-                tr { td { "completed" } td #job-completed { (p.completed) } }
-                tr { td { "failed for good" } td #job-failed { (p.failed) } }
-                tr { td { "waiting retry" } td { (p.waiting_retry) } }
-                tr { td { "output tokens" } td { (p.total_output_tokens) } }
-                tr { td { "this run, hours" } td { (short(p.elapsed_hours)) } }
-                tr { td { "ETA, hours" } td { (opt(p.eta_hours)) } }
-            }
-        }
-        @if !j.failures.is_empty() {
-            h3 { "Failures by reason" }
-            table #job-failures { thead { tr { th { "reason" } th { "prompts" } } }
-                tbody { @for (r, n) in &j.failures { tr { td { (r) } td { (n) } } } } }
-        }
-        h3 { "Instances" }
-        table #job-instances {
-            thead { tr { th { "instance" } th { "healthy" } th { "completed" } th { "tok/s" } th { "in flight" } th { "limit" } th { "server cap" } } }
-            tbody { @for i in &p.instances { tr { td { (i.name) } td { (if i.healthy { "yes" } else { "no" }) } td { (i.completed) } td { (short(i.output_tok_s)) } td { (i.in_flight) } td { (i.concurrency) } td { @if let Some(c) = i.server_cap { (c) } @else { "-" } } } } }
-        }
-        @if j.points.is_empty() {
-            p { "No timeline: the job was run by a fleet that did not record timeline.jsonl." }
-        } @else {
-            h3 { "Over time" }
-            (svg::time_chart("job-throughput", "Output tok/s, fleet and per instance", "tok/s", t0, &throughput, &events))
-            (svg::time_chart("job-load", "Requests in flight and queued, per instance", "requests", t0, &load, &events))
-            @if !usage.is_empty() {
-                (svg::time_chart("job-token-usage", "KV token usage, per instance (sglang:token_usage)", "% of the pool", t0, &usage, &events))
-            }
-            (svg::time_chart("job-completions", "Completions per minute", "per min", t0, &[Series { name: "completions/min".into(), points: cpm, dashed: false }], &events))
-            (svg::time_chart("job-failures", "Failed prompts and retries", "prompts", t0, &outcomes, &events))
-            @if !eta[0].points.is_empty() {
-                (svg::time_chart("job-eta", "ETA", "hours", t0, &eta, &events))
-            }
-            details open {
-                summary { "The timeline's numbers (" (rows.len()) " of " (j.points.len()) " points)" }
-                table #timeline-table {
-                    thead { tr { th { "s" } th { "completed" } th { "failed" } th { "retry" } th { "tok/s" } th { "ETA h (90%)" } } }
-                    tbody { @for pt in rows { tr { td { (short(pt.t - t0)) } td { (pt.completed) } td { (pt.failed) } td { (pt.waiting_retry) } td { (short(pt.output_tok_s())) } td { (opt(pt.eta_hours)) } } } }
-                }
-            }
-        }
-        @if !j.marks.is_empty() {
-            h3 { "Events" }
-            table #job-events {
-                thead { tr { th { "s" } th { "event" } th { "about" } th { "detail" } } }
-                tbody { @for m in &j.marks { tr { td { (short(m.t - t0)) } td { (m.kind.as_str()) } td { (m.subject) } td style="text-align:left" { (m.detail) } } } }
-            }
-        }
     }
 }

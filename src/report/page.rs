@@ -38,6 +38,9 @@ pub enum Finding {
     CandidateFailed {
         label: String,
         reason: String,
+        /// The error its server's log ended on, where it has one: what to act on.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        log_line: Option<String>,
     },
     Pending {
         label: String,
@@ -86,6 +89,9 @@ pub struct CandidateRow {
     pub first_window: Option<FirstWindow>,
     pub pruned_by: Option<String>,
     pub failure: Option<String>,
+    /// The error its server's log ended on, when it failed: `torch.OutOfMemoryError: …`
+    /// where the failure itself only says the server exited.
+    pub log_line: Option<String>,
     pub eta_hours: Option<f64>,
     /// The ETA's 90% interval, from the expected output length's.
     pub eta_interval: Option<(f64, f64)>,
@@ -203,6 +209,10 @@ fn sweep_view(
         .iter()
         .map(|r| {
             let m = r.trial.outcome.measured();
+            let log_line = match &r.trial.outcome {
+                Outcome::Failed { log_tail, .. } => error_line(log_tail),
+                _ => None,
+            };
             let (state, measured_s, pruned_by, failure) = match &r.trial.outcome {
                 Outcome::Ok(_) => (State::Measured, file.spec.duration_s, None, None),
                 Outcome::Pruned(p) => (
@@ -240,6 +250,7 @@ fn sweep_view(
                 first_window: r.trial.first_window,
                 pruned_by,
                 failure,
+                log_line,
                 eta_hours: r.eta_hours,
                 eta_interval: r.eta_low_hours.zip(r.eta_high_hours),
                 gpu_hours,
@@ -290,6 +301,7 @@ fn findings(sweep: Option<&SweepView>, job: Option<&JobView>) -> Vec<Finding> {
                 out.push(Finding::CandidateFailed {
                     label: r.label.clone(),
                     reason: reason.clone(),
+                    log_line: r.log_line.clone(),
                 });
             }
         }
@@ -344,7 +356,16 @@ impl Finding {
             Finding::Pruned { label, leader } => {
                 format!("{label} was pruned after its first window: {leader} was clearly ahead")
             }
-            Finding::CandidateFailed { label, reason } => format!("{label} failed: {reason}"),
+            Finding::CandidateFailed {
+                label,
+                reason,
+                log_line: None,
+            } => format!("{label} failed: {reason}"),
+            Finding::CandidateFailed {
+                label,
+                reason,
+                log_line: Some(line),
+            } => format!("{label} failed: {line} ({reason})"),
             Finding::Pending { label } => format!("{label} has no finished trial yet"),
             Finding::PromptsFailed { reason, prompts } => {
                 format!("{prompts} prompt(s) failed for good: {reason} (see failed.jsonl)")
@@ -359,6 +380,36 @@ impl Finding {
             } => format!("{kind}: {subject} ({times}x)"),
         }
     }
+}
+
+/// The error a server's log ended on: its last line that names a Python exception
+/// (`torch.OutOfMemoryError: CUDA out of memory. …`, `RuntimeError: Not enough memory. …`, a
+/// bare `AssertionError`), from the exception's name on (a log prefix such as `[TP0]` dropped).
+/// The line the traceback ends on says why; `raise ValueError(` above it does not, having no
+/// `: ` after the name.
+pub fn error_line(log: &[String]) -> Option<String> {
+    log.iter().rev().find_map(|l| exception_in(l.trim()))
+}
+
+fn exception_in(line: &str) -> Option<String> {
+    let is_name = |w: &str| {
+        let last = w.rsplit('.').next().unwrap_or(w);
+        (last.ends_with("Error") || last.ends_with("Exception"))
+            && last.starts_with(|c: char| c.is_ascii_uppercase())
+            && w.split('.').all(|part| {
+                !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+    };
+    if is_name(line) {
+        return Some(line.to_string());
+    }
+    // Where a name ending the word before `: ` starts.
+    line.match_indices(": ").find_map(|(end, _)| {
+        let start = line[..end]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .map_or(0, |i| i + 1);
+        is_name(&line[start..end]).then(|| line[start..].to_string())
+    })
 }
 
 /// At most `n` of `points`, evenly picked, the first and last always among them: what a
@@ -399,6 +450,54 @@ mod tests {
             eta_hours: None,
             instances: vec![],
         }
+    }
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn the_reason_is_the_last_exception_its_log_names() {
+        let oom = lines(
+            "[2026-01-02 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File \"/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py\", line 471
+    raise RuntimeError(
+RuntimeError: Capture cuda graph failed
+During handling of the above exception, another exception occurred:
+[2026-01-02 10:00:01 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
+CUDA kernel errors might be asynchronously reported at some other API call
+[2026-01-02 10:00:02] Received sigquit from a child process. It usually means the child failed.",
+        );
+        assert_eq!(
+            error_line(&oom).as_deref(),
+            Some("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        );
+        assert_eq!(
+            error_line(&lines("  assert x > 0\nAssertionError\nexiting")).as_deref(),
+            Some("AssertionError")
+        );
+        assert_eq!(
+            error_line(&lines("ValueError: bad --tp\nkilled")).as_deref(),
+            Some("ValueError: bad --tp")
+        );
+        // An error in prose, a lower-case `exception:` and a `raise` are no exception's line.
+        let none = lines(
+            "Scheduler hit an exception: see above\nerror: connection refused\nraise KeyError(\nhttp_error: 503",
+        );
+        assert_eq!(error_line(&none), None);
+    }
+
+    #[test]
+    fn a_failed_candidate_is_told_by_its_log_line_with_what_fleet_saw_after() {
+        let f = Finding::CandidateFailed {
+            label: "no_buffer".into(),
+            reason: "local gpu0 :30000: the server process exited during startup".into(),
+            log_line: Some("torch.OutOfMemoryError: CUDA out of memory".into()),
+        };
+        assert_eq!(
+            f.sentence(),
+            "no_buffer failed: torch.OutOfMemoryError: CUDA out of memory (local gpu0 :30000: the server process exited during startup)"
+        );
     }
 
     #[test]

@@ -1,13 +1,9 @@
-//! The report's charts as inline SVG (maud markup): horizontal bars with 95% intervals, bars
-//! along a window, and time series with event marks. Pure; every drawn value also has a
+//! The report's row charts as inline SVG (maud markup), as wide as the page: horizontal bars
+//! with 95% intervals and bars along a window (the time series are [`super::timechart`]'s),
+//! and the axes the search's fixed-size charts share. Pure; every drawn value also has a
 //! `<title>` tooltip, and the page puts the numbers in a table next to each chart.
 
 use maud::{Markup, html};
-
-/// Colours of series, in order; chosen to stay apart in greyscale print too.
-pub const PALETTE: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#7f7f7f",
-];
 
 /// Every chart's width, and the room right of its plot.
 pub const W: f64 = 720.0;
@@ -18,7 +14,7 @@ pub const RIGHT: f64 = 20.0;
 /// candidates (`no_buffer mem_fraction_static=0.893 flag.cuda-graph-max-bs-decode=214`) would
 /// be cut at the left edge and what tells them apart is at both ends.
 struct Rows {
-    /// Where the bars start.
+    /// Width of the labels' column left of the bars.
     left: f64,
     /// Height of one row.
     height: f64,
@@ -52,7 +48,7 @@ impl Rows {
     fn label(&self, y: f64, text: &str) -> Markup {
         html! {
             @if self.above {
-                text.label x=(self.left) y=(y + 11.0) { (text) }
+                text.label x="0" y=(y + 11.0) { (text) }
             } @else {
                 text.label x=(self.left - 6.0) y=(y + 15.0) text-anchor="end" { (text) }
             }
@@ -92,7 +88,7 @@ pub fn short(x: f64) -> String {
 }
 
 /// An axis tick: [`short`] without trailing zeros (`0.5`, `45`, `1`), as ticks are round.
-fn tick(x: f64) -> String {
+pub(super) fn tick(x: f64) -> String {
     let s = short(x);
     if s.contains('.') {
         s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -113,138 +109,85 @@ pub struct Bar {
     pub note: Option<String>,
 }
 
+/// Where a share of a row chart's plot falls, as an SVG length.
+fn pct(f: f64) -> String {
+    format!("{:.3}%", f * 100.0)
+}
+
+/// From the top of a row chart's plot to its first row.
+const ROWS_TOP: f64 = 6.0;
+
+/// A row chart as wide as the page: its labels in a column as wide as the longest needs (or
+/// above each row, in the plot), the plot in percentages of the rest, text at its own size.
+fn row_chart(
+    id: &str,
+    title: &str,
+    unit: &str,
+    layout: &Rows,
+    h: f64,
+    labels: Markup,
+    plot: Markup,
+) -> Markup {
+    html! {
+        figure.rchart {
+            figcaption { span.title { (title) } " " span.unit { (unit) } }
+            div.plot {
+                @if !layout.above {
+                    svg.labels width=(layout.left) height=(h) aria-hidden="true" { (labels) }
+                }
+                svg.chart id=(id) width="100%" height=(h) role="img" aria-label=(title) {
+                    @if layout.above { (labels) }
+                    (plot)
+                }
+            }
+        }
+    }
+}
+
 /// Horizontal bars on one axis from zero, labelled on the left.
 pub fn bars(id: &str, title: &str, unit: &str, rows: &[Bar]) -> Markup {
     let layout = Rows::new(rows.iter().map(|r| r.label.as_str()), 26.0);
-    let (left, row_h) = (layout.left, layout.height);
-    let h = 30.0 + row_h * rows.len() as f64 + 24.0;
+    let row_h = layout.height;
+    let axis_y = ROWS_TOP + row_h * rows.len() as f64;
+    let h = axis_y + 22.0;
     let max = nice_max(
         rows.iter()
             .map(|r| r.interval.map_or(r.value, |(_, hi)| hi.max(r.value)))
             .fold(0.0, f64::max),
     );
-    let x = |v: f64| left + (W - left - RIGHT) * (v / max).clamp(0.0, 1.0);
-    let axis_y = 30.0 + row_h * rows.len() as f64;
-    html! {
-        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
-            text.title x="4" y="16" { (title) }
-            @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
-                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) }
-            }
-            @for (i, r) in rows.iter().enumerate() {
-                @let top = 30.0 + row_h * i as f64;
-                (layout.label(top, &r.label))
-                @let y = top + layout.bar_dy;
-                @let row_h = row_h - layout.bar_dy;
-                @if let Some(note) = &r.note {
-                    text.note x=(left + 4.0) y=(y + 15.0) { (note) }
-                } @else {
-                    rect class=(r.class) x=(left) y=(y + 4.0) width=(x(r.value) - left) height=(row_h - 8.0) {
-                        title { (r.label) ": " (short(r.value)) " " (unit)
-                            @if let Some((lo, hi)) = r.interval { " [" (short(lo)) ", " (short(hi)) "]" } }
-                    }
-                    @if let Some((lo, hi)) = r.interval {
-                        line.whisker x1=(x(lo)) x2=(x(hi)) y1=(y + row_h / 2.0) y2=(y + row_h / 2.0) {}
-                        line.whisker x1=(x(lo)) x2=(x(lo)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
-                        line.whisker x1=(x(hi)) x2=(x(hi)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
-                    }
-                    text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value))) + 4.0) y=(y + 15.0) { (short(r.value)) }
-                }
-            }
-            text.tick x=(W - RIGHT) y="16" text-anchor="end" { (unit) }
+    // The last tenth is room for the value beside the longest bar.
+    let x = |v: f64| pct(0.9 * (v / max).clamp(0.0, 1.0));
+    let labels = html! {
+        @for (i, r) in rows.iter().enumerate() {
+            (layout.label(ROWS_TOP + row_h * i as f64, &r.label))
         }
-    }
-}
-
-/// A line of a time series.
-pub struct Series {
-    pub name: String,
-    pub points: Vec<(f64, f64)>,
-    pub dashed: bool,
-}
-
-/// An event drawn as a vertical line across a time chart.
-pub struct Event {
-    pub t: f64,
-    pub label: String,
-    pub trouble: bool,
-}
-
-/// Seconds as `0.5s`, `42s`, `17m`, `3.5h` for time-axis ticks.
-fn since(s: f64) -> String {
-    if s < 10.0 {
-        // A short job's quarter ticks are fractions of a second apart.
-        let t = format!("{s:.1}");
-        format!("{}s", t.strip_suffix(".0").unwrap_or(&t))
-    } else if s < 120.0 {
-        format!("{s:.0}s")
-    } else if s < 7200.0 {
-        format!("{:.0}m", s / 60.0)
-    } else {
-        format!("{:.1}h", s / 3600.0)
-    }
-}
-
-/// Series over time since `t0` (Unix seconds), with the job's events as vertical lines.
-pub fn time_chart(
-    id: &str,
-    title: &str,
-    unit: &str,
-    t0: f64,
-    series: &[Series],
-    events: &[Event],
-) -> Markup {
-    // Three legend entries a row under the time axis.
-    let legend_rows = series.len().div_ceil(3);
-    let (top, bottom) = (26.0, 200.0);
-    let h = bottom + 30.0 + 14.0 * legend_rows as f64;
-    let left = 60.0;
-    let all = series.iter().flat_map(|s| s.points.iter());
-    let t_end = all
-        .clone()
-        .map(|p| p.0)
-        .chain(events.iter().map(|e| e.t))
-        .fold(t0, f64::max);
-    let span = (t_end - t0).max(1.0);
-    let max = nice_max(all.map(|p| p.1).fold(0.0, f64::max));
-    let x = |t: f64| left + (W - left - RIGHT) * ((t - t0) / span).clamp(0.0, 1.0);
-    let y = |v: f64| bottom - (bottom - top) * (v / max).clamp(0.0, 1.0);
-    html! {
-        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
-            text.title x="4" y="16" { (title) }
-            (value_grid(left, max, y))
-            @for i in 0..=4 {
-                @let t = t0 + span * i as f64 / 4.0;
-                text.tick x=(x(t)) y=(bottom + 14.0) text-anchor="middle" { (since(t - t0)) }
-            }
-            @for e in events {
-                line class=(if e.trouble { "mark trouble" } else { "mark" }) x1=(x(e.t)) x2=(x(e.t)) y1=(top) y2=(bottom) {
-                    title { (since(e.t - t0)) ": " (e.label) }
-                }
-            }
-            @for (i, s) in series.iter().enumerate() {
-                @let colour = PALETTE[i % PALETTE.len()];
-                @let pts = s.points.iter().map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v))).collect::<Vec<_>>().join(" ");
-                polyline.series points=(pts) stroke=(colour) stroke-dasharray=(if s.dashed { "6 4" } else { "none" }) {
-                    title { (s.name) }
-                }
-                // One point is no line: it is drawn as a dot.
-                @if let [(t, v)] = s.points[..] {
-                    circle cx=(x(t)) cy=(y(v)) r="3" fill=(colour) { title { (s.name) ": " (short(v)) } }
-                }
-            }
-            @for (i, s) in series.iter().enumerate() {
-                @let colour = PALETTE[i % PALETTE.len()];
-                @let lx = left + 220.0 * (i % 3) as f64;
-                @let ly = bottom + 34.0 + 14.0 * (i / 3) as f64;
-                rect x=(lx) y=(ly - 8.0) width="10" height="10" fill=(colour) {}
-                text.legend x=(lx + 14.0) y=(ly + 1.0) { (s.name) }
-            }
-            text.tick x=(W - RIGHT) y=(top - 4.0) text-anchor="end" { (unit) }
+    };
+    let plot = html! {
+        @for i in 0..=4 {
+            @let v = max * i as f64 / 4.0;
+            line.grid x1=(x(v)) x2=(x(v)) y1="0" y2=(axis_y) {}
+            text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor=(if i == 0 { "start" } else { "middle" }) { (tick(v)) }
         }
-    }
+        @for (i, r) in rows.iter().enumerate() {
+            @let y = ROWS_TOP + row_h * i as f64 + layout.bar_dy;
+            @let row_h = row_h - layout.bar_dy;
+            @if let Some(note) = &r.note {
+                text.note x="4" y=(y + 15.0) { (note) }
+            } @else {
+                rect class=(r.class) x="0" y=(y + 4.0) width=(x(r.value)) height=(row_h - 8.0) {
+                    title { (r.label) ": " (short(r.value)) " " (unit)
+                        @if let Some((lo, hi)) = r.interval { " [" (short(lo)) ", " (short(hi)) "]" } }
+                }
+                @if let Some((lo, hi)) = r.interval {
+                    line.whisker x1=(x(lo)) x2=(x(hi)) y1=(y + row_h / 2.0) y2=(y + row_h / 2.0) {}
+                    line.whisker x1=(x(lo)) x2=(x(lo)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
+                    line.whisker x1=(x(hi)) x2=(x(hi)) y1=(y + 7.0) y2=(y + row_h - 7.0) {}
+                }
+                text.value x=(x(r.interval.map_or(r.value, |(_, hi)| hi.max(r.value)))) dx="4" y=(y + 15.0) { (short(r.value)) }
+            }
+        }
+    };
+    row_chart(id, title, unit, &layout, h, labels, plot)
 }
 
 /// One candidate's run along the measured window: pruned ones stop at their first window.
@@ -276,38 +219,43 @@ pub fn spans(
     rows: &[Span],
 ) -> Markup {
     let layout = Rows::new(rows.iter().map(|r| r.label.as_str()), 24.0);
-    let (left, row_h) = (layout.left, layout.height);
+    let row_h = layout.height;
+    let axis_y = ROWS_TOP + row_h * rows.len() as f64;
     // Below the ticks, the first window's name.
-    let h = 30.0 + row_h * rows.len() as f64 + 38.0;
+    let h = axis_y + 36.0;
     let max = window_s.max(1.0);
-    let x = |v: f64| left + (W - left - RIGHT - 160.0) * (v / max).clamp(0.0, 1.0);
-    let axis_y = 30.0 + row_h * rows.len() as f64;
-    html! {
-        svg.chart id=(id) viewBox={"0 0 " (W) " " (h)} role="img" aria-label=(title) {
-            text.title x="4" y="16" { (title) }
-            @for i in 0..=4 {
-                @let v = max * i as f64 / 4.0;
-                line.grid x1=(x(v)) x2=(x(v)) y1="24" y2=(axis_y) {}
-                text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor="middle" { (tick(v)) "s" }
-            }
-            @if let Some(f) = first_window_s {
-                line.mark.trouble x1=(x(f)) x2=(x(f)) y1="24" y2=(axis_y) {
-                    title { "first window: " (short(f)) " s" }
-                }
-                text.tick x=(x(f)) y=(axis_y + 30.0) text-anchor="middle" { "first window" }
-            }
-            @for (i, r) in rows.iter().enumerate() {
-                @let top = 30.0 + row_h * i as f64;
-                (layout.label(top, &r.label))
-                @let y = top + layout.bar_dy;
-                @let row_h = row_h - layout.bar_dy;
-                rect class=(r.class) x=(left) y=(y + 4.0) width=((x(r.end_s) - left).max(2.0)) height=(row_h - 8.0) {
-                    title { (r.label) ": " (r.note) }
-                }
-                text.note x=(x(r.end_s).max(left + 2.0) + 6.0) y=(y + 15.0) { (r.note) }
-            }
+    // The last quarter is room for the notes beside the bars.
+    let share = |v: f64| 0.75 * (v / max).clamp(0.0, 1.0);
+    let x = |v: f64| pct(share(v));
+    let labels = html! {
+        @for (i, r) in rows.iter().enumerate() {
+            (layout.label(ROWS_TOP + row_h * i as f64, &r.label))
         }
-    }
+    };
+    let plot = html! {
+        @for i in 0..=4 {
+            @let v = max * i as f64 / 4.0;
+            line.grid x1=(x(v)) x2=(x(v)) y1="0" y2=(axis_y) {}
+            text.tick x=(x(v)) y=(axis_y + 16.0) text-anchor=(if i == 0 { "start" } else { "middle" }) { (tick(v)) "s" }
+        }
+        @if let Some(f) = first_window_s {
+            line.mark.trouble x1=(x(f)) x2=(x(f)) y1="0" y2=(axis_y) {
+                title { "first window: " (short(f)) " s" }
+            }
+            text.tick x=(x(f)) y=(axis_y + 30.0) text-anchor="middle" { "first window" }
+        }
+        @for (i, r) in rows.iter().enumerate() {
+            @let y = ROWS_TOP + row_h * i as f64 + layout.bar_dy;
+            @let row_h = row_h - layout.bar_dy;
+            // A candidate that ran no time still shows a sliver where it stopped.
+            @let end = pct(share(r.end_s).max(0.003));
+            rect class=(r.class) x="0" y=(y + 4.0) width=(end) height=(row_h - 8.0) {
+                title { (r.label) ": " (r.note) }
+            }
+            text.note x=(end) dx="6" y=(y + 15.0) { (r.note) }
+        }
+    };
+    row_chart(id, title, "", &layout, h, labels, plot)
 }
 
 #[cfg(test)]
@@ -328,12 +276,6 @@ mod tests {
     fn ticks_drop_trailing_zeros() {
         let ticks: Vec<String> = [0.0, 0.5, 0.375, 45.0, 1125.0, 1.0].map(tick).into();
         assert_eq!(ticks, ["0", "0.5", "0.375", "45", "1125", "1"]);
-    }
-
-    #[test]
-    fn short_spans_tick_in_tenths_of_a_second() {
-        let ticks: Vec<String> = [0.0, 0.455, 0.91, 1.82, 42.0].map(since).into();
-        assert_eq!(ticks, ["0s", "0.5s", "0.9s", "1.8s", "42s"]);
     }
 
     #[test]
@@ -368,7 +310,7 @@ mod tests {
         let long = bars("t", "tok/s", "tok/s/GPU", &[row(label)]).into_string();
         assert!(
             long.contains(&format!(
-                r#"<text class="label" x="12" y="41">{label}</text>"#
+                r#"<text class="label" x="0" y="17">{label}</text>"#
             )),
             "{long}"
         );

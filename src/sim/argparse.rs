@@ -189,72 +189,6 @@ pub fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, patch))
 }
 
-/// Types and help texts for the options the sim models; every other option is accepted as data.
-fn modeled(dest: &str) -> Option<(Kind, &'static str)> {
-    Some(match dest {
-        "model_path" => (
-            Kind::Str,
-            "The path of the model weights. This can be a local folder or a Hugging Face repo ID.",
-        ),
-        "host" => (Kind::Str, "The host of the HTTP server."),
-        "port" => (Kind::Int, "The port of the HTTP server."),
-        "mem_fraction_static" => (
-            Kind::Float,
-            "The fraction of the memory used for static allocation (model weights and KV cache \
-             memory pool). Use a smaller value if you see out-of-memory errors.",
-        ),
-        "context_length" => (
-            Kind::Int,
-            "The model's maximum context length. Defaults to None (will use the value from the \
-             model's config.json instead).",
-        ),
-        "max_running_requests" => (Kind::Int, "The maximum number of running requests."),
-        "max_total_tokens" => (
-            Kind::Int,
-            "The maximum number of tokens in the memory pool.",
-        ),
-        "chunked_prefill_size" => (Kind::Int, "The maximum number of tokens in a chunk."),
-        "schedule_conservativeness" => (
-            Kind::Float,
-            "How conservative the schedule policy is. A larger value means more conservative \
-             scheduling. Use a larger value if you see requests being retracted frequently.",
-        ),
-        "max_prefill_tokens" => (
-            Kind::Int,
-            "The maximum number of tokens in a prefill batch.",
-        ),
-        "max_mamba_cache_size" => (Kind::Int, "The maximum size of the mamba cache."),
-        "mamba_full_memory_ratio" => (
-            Kind::Float,
-            "The ratio of mamba state memory to full kv cache memory.",
-        ),
-        "mamba_radix_cache_strategy" | "mamba_scheduler_strategy" => (
-            Kind::Str,
-            "The strategy of the mamba radix cache / scheduler for hybrid models.",
-        ),
-        "served_model_name" => (
-            Kind::Str,
-            "Override the model name returned by the v1/models endpoint in OpenAI API server.",
-        ),
-        "api_key" => (
-            Kind::Str,
-            "Set API key of the server. It is also used in the OpenAI API compatible server.",
-        ),
-        "enable_metrics" => (Kind::Str, "Enable log prometheus metrics."),
-        "disable_radix_cache" => (Kind::Str, "Disable RadixAttention for prefix caching."),
-        "disable_overlap_schedule" => (
-            Kind::Str,
-            "Disable the overlap scheduler, which overlaps the CPU scheduler with GPU model worker.",
-        ),
-        "log_level" => (Kind::Str, "The logging level of all loggers."),
-        "cuda_graph_max_bs_decode" => (
-            Kind::Int,
-            "Set the maximum batch size for decode cuda graph.",
-        ),
-        _ => return None,
-    })
-}
-
 /// Reads an SGLang option table (TSV: names, takes_value, nargs, choices, default).
 pub fn load_table(tsv: &str) -> Vec<OptSpec> {
     tsv.lines()
@@ -276,7 +210,7 @@ pub fn load_table(tsv: &str) -> Vec<OptSpec> {
             };
             let default = col(4).to_string();
             let dest = names[0].trim_start_matches('-').replace('-', "_");
-            let (kind, help) = match modeled(&dest) {
+            let (kind, help) = match crate::sim::modeled::modeled(&dest) {
                 Some((k, h)) => (k, h.to_string()),
                 None => (
                     Kind::Str,

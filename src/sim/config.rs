@@ -5,214 +5,18 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value as Json};
 
+use crate::layout::topology::Board;
 use crate::sim::argparse::{self, Kind, Nargs, OptSpec, Outcome, Parsed, Parser, Value};
 use crate::sim::config_file;
+use crate::sim::knobs::SIM_OPTS;
 use crate::sim::lengths::{self, OutputDist};
 use crate::sim::model::{Params, Settings, Strategy};
+use crate::sim::parallel::{self, DeviceError, Layout, Parallel, PerLink};
 use crate::sim::server_args::{self, Refusal};
 
 pub const DEFAULT_VERSION: &str = "0.5.23";
 /// SGLang supports Python 3.11 and later; 3.12 is what its images ship.
 pub const DEFAULT_PYTHON: &str = "3.12";
-
-struct SimOpt {
-    name: &'static str,
-    kind: Kind,
-    flag: bool,
-    default: &'static str,
-    help: &'static str,
-}
-
-const fn knob(name: &'static str, kind: Kind, default: &'static str, help: &'static str) -> SimOpt {
-    SimOpt {
-        name,
-        kind,
-        flag: false,
-        default,
-        help,
-    }
-}
-
-const fn switch(name: &'static str, help: &'static str) -> SimOpt {
-    SimOpt {
-        name,
-        kind: Kind::Str,
-        flag: true,
-        default: "False",
-        help,
-    }
-}
-
-const SIM_OPTS: &[SimOpt] = &[
-    knob(
-        "--sim-version",
-        Kind::Str,
-        DEFAULT_VERSION,
-        "SGLang version to emulate: picks the accepted options, what `auto` resolves to and the reported version.",
-    ),
-    knob(
-        "--sim-python",
-        Kind::Str,
-        DEFAULT_PYTHON,
-        "Python version whose argparse renders --help: from 3.13 an entry's metavar follows only its last alias.",
-    ),
-    knob(
-        "--sim-time-scale",
-        Kind::Float,
-        "1",
-        "Run this many times faster than real time (startup, prefill and decode alike).",
-    ),
-    knob(
-        "--sim-startup-secs",
-        Kind::Float,
-        "30",
-        "Simulated model load time in seconds before the server is ready.",
-    ),
-    knob(
-        "--sim-gpu-mem-gib",
-        Kind::Float,
-        "95.59",
-        "Simulated GPU memory in GiB (default 97887 MiB: RTX PRO 6000 Blackwell Server Edition).",
-    ),
-    knob(
-        "--sim-weights-gib",
-        Kind::Float,
-        "49",
-        "Model weights in GiB (27B parameters in bf16).",
-    ),
-    knob(
-        "--sim-model-context-length",
-        Kind::Int,
-        "262144",
-        "The model's own context length (config.json), used without --context-length.",
-    ),
-    knob(
-        "--sim-mamba-slot-mib",
-        Kind::Float,
-        "72",
-        "Memory of one mamba state slot (conv + ssm state of all linear-attention layers), MiB.",
-    ),
-    knob(
-        "--sim-kv-kib-per-token",
-        Kind::Float,
-        "64",
-        "KV cache per token over the full-attention layers, KiB.",
-    ),
-    knob(
-        "--sim-overlap-reserve-gib",
-        Kind::Float,
-        "4.5",
-        "Memory extra_buffer strategies reserve for overlapped state copies before the mamba/KV split, GiB.",
-    ),
-    knob(
-        "--sim-cuda-graph-gib",
-        Kind::Float,
-        "5",
-        "Memory the decode CUDA graphs need outside the static pool at --cuda-graph-max-bs-decode 256, GiB (in proportion to the bound).",
-    ),
-    knob(
-        "--sim-activation-kib-per-token",
-        Kind::Float,
-        "624",
-        "Activation memory outside the static pool per token of one chunked prefill (--chunked-prefill-size), KiB.",
-    ),
-    knob(
-        "--sim-decode-base-ms",
-        Kind::Float,
-        "24.5",
-        "Fixed cost of one decode step, ms.",
-    ),
-    knob(
-        "--sim-decode-per-req-ms",
-        Kind::Float,
-        "0.5",
-        "Cost of one decode step per running request, ms.",
-    ),
-    knob(
-        "--sim-overlap-speedup",
-        Kind::Float,
-        "1.15",
-        "Decode speedup from overlap scheduling (extra_buffer strategies only).",
-    ),
-    knob(
-        "--sim-extra-buffer-copy-ms",
-        Kind::Float,
-        "8.34",
-        "Per-request mamba state copy cost per decode step under extra_buffer on this hardware, ms (calibrated to the seed's 107 tok/s).",
-    ),
-    knob(
-        "--sim-prefill-base-ms",
-        Kind::Float,
-        "3",
-        "Fixed cost of one prefill batch, ms.",
-    ),
-    knob(
-        "--sim-prefill-per-token-ms",
-        Kind::Float,
-        "0.05",
-        "Prefill cost per prompt token, ms.",
-    ),
-    knob(
-        "--sim-mean-output-tokens",
-        Kind::Int,
-        "988",
-        "Mean natural output length (before max tokens and context caps).",
-    ),
-    knob(
-        "--sim-output-dist",
-        Kind::Str,
-        "uniform",
-        "Distribution of natural output lengths: uniform ([0.5, 1.5] x --sim-mean-output-tokens), uniform:LO:HI, lognormal:MEDIAN:SIGMA or bimodal:SHORT:LONG:SHARE (SHARE of [0.8, 1.2] x LONG, else [0.5, 1.5] x SHORT).",
-    ),
-    knob(
-        "--sim-output-seed",
-        Kind::Int,
-        "0",
-        "Seed mixed into each prompt's output length draw; 0 keeps the historical draws.",
-    ),
-    knob(
-        "--sim-mean-prompt-tokens",
-        Kind::Int,
-        "96",
-        "Prompt length of the default workload behind ideal_output_tok_s.",
-    ),
-    knob(
-        "--sim-die-after",
-        Kind::Int,
-        "None",
-        "Crash abruptly after N completed requests; 0 crashes during model load.",
-    ),
-    knob(
-        "--sim-fail-rate",
-        Kind::Float,
-        "0",
-        "Fraction of generation requests answered with HTTP 500.",
-    ),
-    knob(
-        "--sim-seed",
-        Kind::Int,
-        "0",
-        "Seed of the fault injection draws.",
-    ),
-    switch(
-        "--sim-instant",
-        "Answer generation requests at once with realistic bodies, without scheduling (client benchmarks).",
-    ),
-    switch(
-        "--sim-dense",
-        "Simulate a dense model (every layer full attention, no mamba state): the cap is SGLang's general request cap and the KV pool alone bounds what runs.",
-    ),
-    switch(
-        "--sim-ignore-sigterm",
-        "Ignore SIGTERM (to test SIGKILL escalation); SIGINT still stops the server.",
-    ),
-    knob(
-        "--sim-gpu-state-dir",
-        Kind::Str,
-        "/tmp/sglang-sim-gpus",
-        "Where the fake GPU state file gpu<N>-<pid>.json is written (N: first CUDA_VISIBLE_DEVICES entry).",
-    ),
-];
 
 /// The environment variable that sets a `--sim-*` option.
 pub fn env_name(option: &str) -> String {
@@ -314,13 +118,15 @@ pub struct Config {
     pub instant: bool,
     pub ignore_sigterm: bool,
     pub gpu_state_dir: PathBuf,
-    pub gpu_index: u32,
+    /// The GPUs this node's ranks take, or why one cannot be had (found at load).
+    pub local_gpus: Result<Vec<u32>, DeviceError>,
+    pub layout: Layout,
     pub params: Params,
     pub settings: Settings,
     /// The server args as `/server_info` reports them (dest → value).
     pub server_args: Map<String, Json>,
     /// What SGLang logs while resolving the arguments (e.g. overlap turned off on 0.5.10).
-    pub startup_warnings: Vec<&'static str>,
+    pub startup_warnings: Vec<String>,
     /// The arguments after `--config` was merged, joined: `/server_info`'s `launch_command`.
     pub launch_command: String,
 }
@@ -435,6 +241,45 @@ fn given_json(spec: &OptSpec, v: &Value) -> Json {
     }
 }
 
+/// The layout flags, resolved (and refused) as SGLang's start-up does.
+fn parallel_layout(parsed: &Parsed) -> Result<Layout, Refusal> {
+    let int = |dest: &str, default: i64| num::<i64>(parsed, dest).unwrap_or(default);
+    parallel::Layout::resolve(&parallel::Given {
+        tp: int("tp_size", 1),
+        dp: int("dp_size", 1),
+        attn_dp: num(parsed, "attn_dp_size"),
+        enable_dp_attention: parsed.flag("enable_dp_attention"),
+        ep: int("ep_size", 1),
+        nnodes: int("nnodes", 1),
+        node_rank: int("node_rank", 0),
+        base_gpu_id: int("base_gpu_id", 0),
+        gpu_id_step: int("gpu_id_step", 1),
+        dist_init_addr: parsed.str("dist_init_addr").map(str::to_string),
+        dist_timeout_secs: num(parsed, "dist_timeout"),
+    })
+}
+
+/// The board `FAKE_NVIDIA_SMI_TOPO` names (what the fake `nvidia-smi topo -m` prints), and a
+/// warning when it is named but cannot be read.
+fn read_board() -> (Option<Board>, Option<String>) {
+    let Some(path) = std::env::var_os("FAKE_NVIDIA_SMI_TOPO") else {
+        return (None, None);
+    };
+    let read = std::fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| Board::parse(&t).map_err(|e| e.to_string()));
+    match read {
+        Ok(b) => (Some(b), None),
+        Err(e) => (
+            None,
+            Some(format!(
+                "sglang-sim: cannot read the board {}: {e}; assuming PIX links",
+                std::path::Path::new(&path).display()
+            )),
+        ),
+    }
+}
+
 /// Why the sim does not start.
 pub enum Refused {
     /// argparse's answer: `--help`, or a usage error (exit 2).
@@ -513,8 +358,14 @@ fn resolve(
         output_dist: sim_output_dist(parsed)?,
         output_seed: sim_u64(parsed, "--sim-output-seed")?.unwrap_or(0),
         dense: sim_bool(parsed, "--sim-dense")?,
+        attention_heads: sim_u64(parsed, "--sim-attention-heads")?
+            .unwrap_or(32)
+            .max(1),
+        kv_heads: sim_u64(parsed, "--sim-kv-heads")?.unwrap_or(4).max(1),
+        allreduce_mib_per_token: sim_f64(parsed, "--sim-allreduce-mib-per-token")?,
     };
     let settings = Settings {
+        parallel: Parallel::default(),
         mem_fraction_static: num(parsed, "mem_fraction_static").unwrap_or(0.85),
         strategy,
         radix_cache_disabled: mamba.radix_cache_disabled,
@@ -563,10 +414,52 @@ fn resolve(
             .map_err(|_| format!("argument --port: invalid port: '{p}'"))?,
         None => 30000,
     };
-    let gpu_index = std::env::var("CUDA_VISIBLE_DEVICES")
-        .ok()
-        .and_then(|v| v.split(',').next().and_then(|f| f.trim().parse().ok()))
-        .unwrap_or(0);
+    let mut startup_warnings: Vec<String> = mamba.warnings.iter().map(|w| w.to_string()).collect();
+    let layout = match parallel_layout(parsed) {
+        Ok(l) => l,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let (board, board_warning) = read_board();
+    startup_warnings.extend(board_warning);
+    let visible_gpus = parallel::visible_gpus(
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+        board.as_ref(),
+        std::env::var("FAKE_NVIDIA_SMI_GPUS")
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(8),
+    );
+    let local_gpus = layout.local_gpus(&visible_gpus);
+    let hop = layout.hop(board.as_ref(), local_gpus.as_deref().unwrap_or_default());
+    let link = |name: &str| -> Result<PerLink, String> {
+        let default = crate::sim::knobs::SIM_OPTS
+            .iter()
+            .find(|o| o.name == name)
+            .map_or("", |o| o.default);
+        let (src, v) = sim_raw(parsed, name)?.unwrap_or(("default".into(), default.into()));
+        PerLink::parse(&v).map_err(|e| format!("{src}: invalid value '{v}': {e}"))
+    };
+    let mut settings = Settings {
+        parallel: Parallel::new(
+            &layout,
+            hop,
+            &link("--sim-link-gb-s")?,
+            &link("--sim-link-latency-ms")?,
+        ),
+        ..settings
+    };
+    if layout.attn_dp > 1 {
+        // srt/arg_groups/parallel_hook.py `handle_data_parallelism`: each attention-DP rank
+        // prefills its share of the chunk, and admits more conservatively.
+        settings.schedule_conservativeness *= 0.3;
+        if let Some(chunk) = settings.chunked_prefill_size {
+            let per_rank = chunk / layout.attn_dp;
+            startup_warnings.push(format!(
+                "DP attention is enabled. chunked prefill size is adjusted from {chunk} to {per_rank}."
+            ));
+            settings.chunked_prefill_size = Some(per_rank.max(1));
+        }
+    }
     let gpu_state_dir = match sim_raw(parsed, "--sim-gpu-state-dir")? {
         Some((_, d)) if !d.is_empty() => PathBuf::from(d),
         _ => PathBuf::from("/tmp/sglang-sim-gpus"),
@@ -625,6 +518,17 @@ fn resolve(
     for (k, val) in resolved {
         server_args.insert(k.to_string(), val);
     }
+    server_args.insert(
+        "schedule_conservativeness".into(),
+        Json::from(settings.schedule_conservativeness),
+    );
+    // parallel_hook.py `handle_deprecated_dp_attention` (versions with `--attn-dp-size`): the
+    // attention-DP width moves to attn_dp_size, dp_size counts replicas.
+    if server_args.contains_key("attn_dp_size") {
+        server_args.insert("attn_dp_size".into(), Json::from(layout.attn_dp));
+        server_args.insert("dp_size".into(), Json::from(layout.dp));
+        server_args.insert("enable_dp_attention".into(), Json::from(false));
+    }
     // In plain text, as 0.5.23 logs it and `/server_info` returns it: srt/entrypoints/engine.py
     // redacts only watermark secrets.
     if let Some(key) = parsed.str("api_key") {
@@ -647,11 +551,12 @@ fn resolve(
         instant: sim_bool(parsed, "--sim-instant")?,
         ignore_sigterm: sim_bool(parsed, "--sim-ignore-sigterm")?,
         gpu_state_dir,
-        gpu_index,
+        local_gpus,
+        layout,
         params,
         settings,
         server_args,
-        startup_warnings: mamba.warnings,
+        startup_warnings,
         launch_command: String::new(),
     }))
 }

@@ -1,6 +1,7 @@
 //! The fake GPU: `<dir>/gpu<N>-<pid>.json` holds the memory this sim holds on GPU N and its
-//! utilization, for a fake `nvidia-smi`. Written atomically; removed on graceful exit. A reader
-//! ignores files whose pid is dead, so a SIGKILLed sim's memory reads as released.
+//! utilization, for a fake `nvidia-smi`; a server over several GPUs writes one per GPU. Written
+//! atomically; removed on graceful exit. A reader ignores files whose pid is dead, so a
+//! SIGKILLed sim's memory reads as released.
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +51,44 @@ impl StateFile {
     }
 }
 
+/// The state files of every GPU one process holds, each with the same memory (every rank of a
+/// tensor-parallel group holds its equal share).
+pub struct StateFiles {
+    files: Vec<(u32, StateFile)>,
+}
+
+impl StateFiles {
+    pub fn new(dir: &Path, gpus: &[u32], pid: u32) -> StateFiles {
+        StateFiles {
+            files: gpus
+                .iter()
+                .map(|&g| (g, StateFile::new(dir, g, pid)))
+                .collect(),
+        }
+    }
+
+    /// Writes `state` for each GPU (its `gpu` field set to that GPU); the first failure wins.
+    pub fn write(&self, state: &GpuState) -> std::io::Result<()> {
+        self.files.iter().try_for_each(|(gpu, file)| {
+            file.write(&GpuState {
+                gpu: *gpu,
+                ..*state
+            })
+        })
+    }
+
+    /// Where the first file goes, for messages.
+    pub fn path(&self) -> Option<&Path> {
+        self.files.first().map(|(_, f)| f.path())
+    }
+
+    pub fn remove(&self) {
+        for (_, f) in &self.files {
+            f.remove();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +113,13 @@ mod tests {
         );
         f.remove();
         assert!(!f.path().exists());
+
+        let all = StateFiles::new(dir.path(), &[5, 7], 42);
+        all.write(&s).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("gpu7-42.json")).unwrap();
+        assert!(text.starts_with(r#"{"gpu":7,"pid":42,"#), "{text}");
+        assert!(dir.path().join("gpu5-42.json").exists());
+        all.remove();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

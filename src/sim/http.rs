@@ -135,6 +135,45 @@ async fn health(State(app): State<Shared>) -> StatusCode {
     StatusCode::SERVICE_UNAVAILABLE
 }
 
+/// A node of rank >= 1: `launch_dummy_health_check_server` (srt/utils/common.py) answers
+/// `/health`, `/health_generate` and `/ping` with an empty 200 and nothing else, on this node's
+/// `--host:--port`, until the process ends. uvicorn runs at log level warning: no access lines.
+/// It runs in a daemon thread, so a port it cannot bind leaves the rank running without it.
+pub async fn dummy_health(host: &str, port: u16, cancel: &tokio_util::sync::CancellationToken) {
+    log::server(&format!(
+        "Dummy health check server started in background thread at {host}:{port}"
+    ));
+    let listener = match tokio::net::TcpListener::bind((host, port)).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log::server(&format!(
+                "ERROR:    [Errno {}] error while attempting to bind on address ('{host}', {port}): {e}",
+                e.raw_os_error().unwrap_or(0)
+            ));
+            log::server(&format!(
+                "Dummy health check server stopped at {host}:{port}"
+            ));
+            None
+        }
+    };
+    let Some(listener) = listener else {
+        cancel.cancelled().await;
+        return;
+    };
+    let ok = || async { StatusCode::OK };
+    let router = Router::new()
+        .route("/health", get(ok))
+        .route("/health_generate", get(ok))
+        .route("/ping", get(ok))
+        .fallback(|| async { not_found() });
+    if let Err(e) = axum::serve(listener, router)
+        .with_graceful_shutdown(cancel.clone().cancelled_owned())
+        .await
+    {
+        log::server(&format!("ERROR: dummy health server failed: {e}"));
+    }
+}
+
 /// `HEALTH_CHECK_TIMEOUT` in srt/entrypoints/http_server.py.
 const HEALTH_CHECK_TIMEOUT_SECS: u32 = 20;
 
@@ -142,11 +181,14 @@ const HEALTH_CHECK_TIMEOUT_SECS: u32 = 20;
 pub fn sim_block(cfg: &Config, plan: &Plan) -> Json {
     json!({
         "ideal_output_tok_s": plan.ideal_output_tok_s() * cfg.time_scale,
-        "decode_step_ms_at_cap": plan.decode_step_secs(plan.cap) * 1000.0 / cfg.time_scale,
+        "decode_step_ms_at_cap": plan.decode_step_secs(plan.running_cap()) * 1000.0 / cfg.time_scale,
         "slots_per_request": plan.slots_per_request,
         "max_mamba_cache_size": plan.max_mamba_cache_size,
         "mamba_cache_mib": plan.mamba_mib,
-        "effective_max_running_requests": plan.cap,
+        "effective_max_running_requests": plan.running_cap(),
+        "gpus": cfg.local_gpus.as_deref().unwrap_or_default(),
+        "allreduce_link": plan.settings.parallel.hop.to_string(),
+        "dp_ranks": plan.settings.parallel.dp_ranks,
         "mamba_strategy": plan.settings.strategy.name(),
         "overlap": plan.overlap,
         "time_scale": cfg.time_scale,
@@ -171,22 +213,27 @@ async fn server_info(State(app): State<Shared>) -> Response {
         "max_total_num_tokens".into(),
         json!(plan.max_total_num_tokens),
     );
+    // srt/managers/scheduler_components/internal_state.py and memory_usage.py
+    // `build_memory_usage` (GB of one GPU, rounded to 3 places; the mamba pool is not
+    // reported); one entry per DP rank (`get_internal_state` gathers every DP rank's,
+    // srt/entrypoints/http_server.py), each with its own cap. The sim's one scheduler reports
+    // the throughput as shared equally.
+    let ranks = plan.settings.parallel.dp_ranks.max(1);
+    let state = json!({
+        "effective_max_running_requests_per_dp": plan.cap,
+        "max_mamba_cache_size": plan.max_mamba_cache_size,
+        "last_gen_throughput": app.metrics.gen_throughput() / ranks as f64,
+        "memory_usage": {
+            "weight": gb(crate::sim::model::weights_per_gpu_mib(&plan.params, &plan.settings)),
+            "kvcache": gb(plan.kv_mib),
+            "token_capacity": plan.max_total_num_tokens,
+            "token_capacity_swa": null,
+            "graph": {"prefill": 0.0, "decode": gb(crate::sim::model::graph_mib(&plan.params, &plan.settings))},
+        },
+    });
     info.insert(
         "internal_states".into(),
-        // srt/managers/scheduler_components/internal_state.py and memory_usage.py
-        // `build_memory_usage` (GB, rounded to 3 places; the mamba pool is not reported).
-        json!([{
-            "effective_max_running_requests_per_dp": plan.cap,
-            "max_mamba_cache_size": plan.max_mamba_cache_size,
-            "last_gen_throughput": app.metrics.gen_throughput(),
-            "memory_usage": {
-                "weight": gb(plan.params.weights_mib),
-                "kvcache": gb(plan.kv_mib),
-                "token_capacity": plan.max_total_num_tokens,
-                "token_capacity_swa": null,
-                "graph": {"prefill": 0.0, "decode": gb(crate::sim::model::graph_mib(&plan.params, &plan.settings))},
-            },
-        }]),
+        Json::Array(vec![state; ranks as usize]),
     );
     info.insert("sim".into(), sim_block(cfg, plan));
     json_response(StatusCode::OK, &Json::Object(info))
@@ -255,8 +302,11 @@ fn prom_label(s: &str) -> String {
 /// decimals (srt/managers/scheduler_components/pool_stats_observer.py, `get_max_pool_usage`).
 /// Each running request holds its slots of mamba state.
 pub fn token_usage(plan: &Plan, kv_used: u64, running: u64) -> f64 {
-    let kv = kv_used as f64 / plan.max_total_num_tokens.max(1) as f64;
-    let mamba = (running * plan.slots_per_request) as f64 / plan.max_mamba_cache_size.max(1) as f64;
+    // Over all DP ranks: the sim's one scheduler spreads the requests evenly.
+    let ranks = plan.settings.parallel.dp_ranks.max(1);
+    let kv = kv_used as f64 / plan.pool_tokens().max(1) as f64;
+    let mamba = (running * plan.slots_per_request) as f64
+        / (plan.max_mamba_cache_size * ranks).max(1) as f64;
     (kv.max(mamba) * 100.0).round() / 100.0
 }
 

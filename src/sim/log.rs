@@ -1,7 +1,8 @@
 //! SGLang-style log lines on stderr: `[YYYY-MM-DD HH:MM:SS] msg` from the server process and
-//! `[YYYY-MM-DD HH:MM:SS TP0] msg` from the scheduler.
+//! `[YYYY-MM-DD HH:MM:SS TP0] msg` from the scheduler (the first TP rank of this node).
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// UTC civil time of a Unix timestamp (Howard Hinnant's days-from-civil inverse).
@@ -40,9 +41,17 @@ pub fn server(msg: &str) {
     emit(format!("[{}] {msg}", stamp()));
 }
 
-/// A line from the scheduler (tensor-parallel rank 0).
+/// The TP rank this node's scheduler lines carry: node_rank × tp ÷ nnodes.
+static TP_RANK: AtomicU64 = AtomicU64::new(0);
+
+pub fn set_tp_rank(rank: u64) {
+    TP_RANK.store(rank, Ordering::Relaxed);
+}
+
+/// A line from the scheduler (this node's first tensor-parallel rank; TP0 on rank 0).
 pub fn tp0(msg: &str) {
-    emit(format!("[{} TP0] {msg}", stamp()));
+    let rank = TP_RANK.load(Ordering::Relaxed);
+    emit(format!("[{} TP{rank}] {msg}", stamp()));
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! sglang-sim: a stand-in for `python -m sglang.launch_server` that accepts SGLang's command
-//! line, serves its HTTP API and simulates continuous batching of a hybrid model on one GPU.
-//! This module is a self-contained program (it uses nothing else of fleet); this file owns the
-//! process: argument handling, the simulated load, signals and shutdown. Both the `sglang-sim`
+//! line, serves its HTTP API and simulates continuous batching of a hybrid model on one GPU or a
+//! group of them, over one node or several. This module is a self-contained program (of fleet
+//! it uses only the pure `nvidia-smi topo -m` parser, `crate::layout::topology`); this file owns
+//! the process: argument handling, the start over the ranks, signals and shutdown. Both the `sglang-sim`
 //! binary and `fleet` (when invoked under that name, as `fleet demo` does) run it.
 
 mod app;
@@ -13,11 +14,16 @@ mod config_file;
 mod generate;
 mod gpu_state;
 mod http;
+mod knobs;
 mod lengths;
+mod load;
 mod log;
 mod model;
+mod modeled;
 mod openai;
+mod parallel;
 mod radix;
+mod rendezvous;
 mod sampling;
 mod scheduler;
 mod server_args;
@@ -40,12 +46,12 @@ pub use crate::sim::model::{Params, Settings, Strategy};
 
 use crate::sim::argparse::{Outcome, PROG};
 use crate::sim::config::{Config, Refused};
-use crate::sim::gpu_state::{GpuState, StateFile};
-use crate::sim::model::{LoadError, Plan};
+use crate::sim::gpu_state::{GpuState, StateFiles};
+use crate::sim::load::{LoadEnd, Loader};
+use crate::sim::model::Plan;
+use crate::sim::rendezvous::{Group, RendezvousError};
 use crate::sim::scheduler::{End, Job, Metrics, Reply, Scheduler};
 
-/// Memory a CUDA context takes before any weights are loaded.
-const CUDA_CONTEXT_MIB: f64 = 512.0;
 /// How long shutdown waits for the HTTP server to drain before exiting anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(900);
 
@@ -107,166 +113,9 @@ fn py_repr(v: &Json) -> String {
     }
 }
 
-fn gib(mib: f64) -> f64 {
-    mib / 1024.0
-}
-
-/// Why the simulated load stopped early.
-enum LoadEnd {
-    Interrupted,
-    Failed,
-}
-
-struct Loader<'a> {
-    cfg: &'a Config,
-    cancel: &'a CancellationToken,
-    state: &'a StateFile,
-    pid: u32,
-}
-
-impl Loader<'_> {
-    /// Sleeps `fraction` of the (scaled) startup time, or stops on shutdown.
-    async fn phase(&self, fraction: f64) -> Result<(), LoadEnd> {
-        let secs = self.cfg.startup_secs * fraction / self.cfg.time_scale;
-        tokio::select! {
-            _ = self.cancel.cancelled() => Err(LoadEnd::Interrupted),
-            _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => Ok(()),
-        }
-    }
-
-    fn gpu(&self, used_mib: f64, utilization: u32) {
-        let s = GpuState {
-            gpu: self.cfg.gpu_index,
-            pid: self.pid,
-            port: self.cfg.port,
-            memory_used_mib: used_mib.round() as u64,
-            memory_total_mib: self.cfg.params.gpu_total_mib.round() as u64,
-            utilization_gpu: utilization,
-        };
-        if let Err(e) = self.state.write(&s) {
-            log::server(&format!(
-                "WARNING sglang-sim: cannot write the fake GPU state {}: {e}",
-                self.state.path().display()
-            ));
-        }
-    }
-
-    fn crash_log(&self, lines: &[&str]) {
-        log::tp0("Scheduler hit an exception: Traceback (most recent call last):");
-        for l in lines {
-            eprintln!("{l}");
-        }
-        log::server("Received sigquit from a child process. It usually means the child failed.");
-    }
-
-    /// The model load: weights, memory pools, CUDA graphs, each logged like SGLang.
-    async fn load(&self) -> Result<Plan, LoadEnd> {
-        let p = &self.cfg.params;
-        let total = p.gpu_total_mib;
-        log::tp0("Init torch distributed begin.");
-        self.gpu(CUDA_CONTEXT_MIB, 0);
-        self.phase(0.05).await?;
-        log::tp0("Init torch distributed ends. mem usage=0.50 GB");
-        log::tp0(&format!(
-            "Load weight begin. avail mem={:.2} GB",
-            gib(total - CUDA_CONTEXT_MIB)
-        ));
-        if self.cfg.die_after == Some(0) {
-            self.phase(0.2).await?;
-            self.crash_log(&[
-                "  File \"/sgl-workspace/sglang/python/sglang/srt/model_loader/loader.py\", line 412, in load_weights_and_postprocess",
-                "    model.load_weights(weights)",
-                "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
-                "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
-            ]);
-            return Err(LoadEnd::Failed);
-        }
-        self.phase(0.55).await?;
-        let after_weights = CUDA_CONTEXT_MIB + p.weights_mib;
-        self.gpu(after_weights, 0);
-        log::tp0(&format!(
-            "Load weight end. type=Qwen3NextForCausalLM, dtype=torch.bfloat16, avail mem={:.2} GB, mem usage={:.2} GB.",
-            gib(total - after_weights),
-            gib(p.weights_mib)
-        ));
-        let plan = match model::plan(p, &self.cfg.settings) {
-            Err(LoadError::NotEnoughMemory) => {
-                self.crash_log(&[
-                    "  File \"/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py\", line 1822, in init_memory_pool",
-                    "    raise RuntimeError(",
-                    &format!("RuntimeError: {}", LoadError::NotEnoughMemory),
-                ]);
-                return Err(LoadEnd::Failed);
-            }
-            Err(oom @ LoadError::CudaGraphOom { .. }) => {
-                self.phase(0.1).await?;
-                log::tp0(&format!(
-                    "Capture cuda graph begin. This can take up to several minutes. avail mem={:.2} GB",
-                    gib(total * (1.0 - self.cfg.settings.mem_fraction_static))
-                ));
-                self.phase(0.1).await?;
-                self.crash_log(&[
-                    "  File \"/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py\", line 471, in __init__",
-                    "    self.capture()",
-                    &format!(
-                        "Exception: Capture cuda graph failed: {oom}\nPossible solutions:\n\
-                         1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n\
-                         2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n\
-                         3. disable torch compile by not using --enable-torch-compile\n\
-                         4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)"
-                    ),
-                ]);
-                return Err(LoadEnd::Failed);
-            }
-            Ok(plan) => plan,
-        };
-        self.phase(0.1).await?;
-        log::tp0(&format!(
-            "Mamba Cache is allocated. max_mamba_cache_size: {}, conv_state size: {:.2} GB, ssm_state size: {:.2} GB",
-            plan.max_mamba_cache_size,
-            gib(plan.mamba_mib) * 0.02,
-            gib(plan.mamba_mib) * 0.98
-        ));
-        log::tp0(&format!(
-            "KV Cache is allocated. #tokens: {}, K size: {:.2} GB, V size: {:.2} GB",
-            plan.max_total_num_tokens,
-            gib(plan.kv_mib) / 2.0,
-            gib(plan.kv_mib) / 2.0
-        ));
-        self.gpu(plan.static_mib, 0);
-        let free = total - plan.static_mib;
-        log::tp0(&format!("Memory pool end. avail mem={:.2} GB", gib(free)));
-        log::tp0(&format!(
-            "Capture cuda graph begin. This can take up to several minutes. avail mem={:.2} GB",
-            gib(free)
-        ));
-        self.phase(0.3).await?;
-        let used = plan.static_mib + model::graph_mib(p, &plan.settings);
-        self.gpu(used, 0);
-        log::tp0(&format!(
-            "Capture cuda graph end. Time elapsed: {:.2} s. mem usage={:.2} GB. avail mem={:.2} GB.",
-            self.cfg.startup_secs * 0.3,
-            gib(model::graph_mib(p, &plan.settings)),
-            gib(total - used)
-        ));
-        log::tp0(&format!(
-            "max_total_num_tokens={}, chunked_prefill_size={}, max_prefill_tokens={}, \
-             max_running_requests={}, context_len={}, available_gpu_mem={:.2} GB, \
-             ideal_output_tok_s={:.2}",
-            plan.max_total_num_tokens,
-            plan.settings.chunked_prefill_size.map_or(-1, |n| n as i64),
-            plan.settings.max_prefill_tokens,
-            plan.cap,
-            plan.context_len,
-            gib(total - used),
-            plan.ideal_output_tok_s() * self.cfg.time_scale
-        ));
-        Ok(plan)
-    }
-}
-
-/// SIGTERM/SIGINT cancel the server (SIGTERM is ignored with `--sim-ignore-sigterm`).
-async fn watch_signals(cancel: CancellationToken, ignore_sigterm: bool) -> anyhow::Result<()> {
+/// SIGTERM/SIGINT cancel the server; SIGTERM only logs `ignored` where that is given
+/// (`--sim-ignore-sigterm`, a node of rank >= 1).
+async fn watch_signals(cancel: CancellationToken, ignored: Option<String>) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     loop {
@@ -277,8 +126,8 @@ async fn watch_signals(cancel: CancellationToken, ignore_sigterm: bool) -> anyho
                 cancel.cancel();
             }
             _ = term.recv() => {
-                if ignore_sigterm {
-                    log::server("Received SIGTERM; ignoring it (--sim-ignore-sigterm).");
+                if let Some(why) = &ignored {
+                    log::server(why);
                 } else {
                     log::server("Received SIGTERM. Shutting down.");
                     cancel.cancel();
@@ -291,7 +140,7 @@ async fn watch_signals(cancel: CancellationToken, ignore_sigterm: bool) -> anyho
 /// Keeps the fake GPU state's utilization current (batch occupancy), about once a second.
 async fn track_utilization(
     cancel: CancellationToken,
-    state: Arc<StateFile>,
+    state: Arc<StateFiles>,
     base: GpuState,
     metrics: Arc<Metrics>,
     cap: u64,
@@ -321,6 +170,8 @@ async fn join_quietly(handle: JoinHandle<()>) {
 async fn serve(cfg: Config) -> anyhow::Result<u8> {
     let cfg = Arc::new(cfg);
     let pid = std::process::id();
+    let layout = &cfg.layout;
+    log::set_tp_rank(layout.node_rank * (layout.tp / layout.nnodes));
     for w in &cfg.startup_warnings {
         log::server(&format!("WARNING server_args.py: {w}"));
     }
@@ -335,15 +186,110 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
             .join(", ")
     ));
     let cancel = CancellationToken::new();
-    let signals = tokio::spawn(watch_signals(cancel.clone(), cfg.ignore_sigterm));
-    let state = Arc::new(StateFile::new(&cfg.gpu_state_dir, cfg.gpu_index, pid));
-
+    let follower = layout.nnodes > 1 && layout.node_rank >= 1;
+    let sigterm = if cfg.ignore_sigterm {
+        Some("Received SIGTERM; ignoring it (--sim-ignore-sigterm).".to_string())
+    } else if follower {
+        // srt/entrypoints/engine.py: a node of rank >= 1 cannot drain on its own; rank 0's
+        // ShutdownReq broadcast stops it.
+        Some(format!(
+            "SIGTERM received on node_rank {}; waiting for the rank-0 ShutdownReq broadcast to \
+             stop the schedulers.",
+            layout.node_rank
+        ))
+    } else {
+        None
+    };
+    let signals = tokio::spawn(watch_signals(cancel.clone(), sigterm));
+    let state = Arc::new(StateFiles::new(
+        &cfg.gpu_state_dir,
+        cfg.local_gpus.as_deref().unwrap_or_default(),
+        pid,
+    ));
     let loader = Loader {
         cfg: &cfg,
         cancel: &cancel,
         state: &state,
         pid,
     };
+    let mut group = Group::Alone;
+    let mut server = None;
+    let code = 'run: {
+        if loader.init_device().is_err() {
+            break 'run 1;
+        }
+        let timeout = layout
+            .dist_timeout_secs
+            .unwrap_or(rendezvous::DEFAULT_TIMEOUT_SECS)
+            / cfg.time_scale;
+        group = match rendezvous::join(
+            layout.nnodes,
+            layout.node_rank,
+            &cfg.host,
+            layout.dist_init_addr.as_deref(),
+            Duration::from_secs_f64(timeout),
+            &cancel,
+        )
+        .await
+        {
+            Ok(g) => g,
+            Err(RendezvousError::Interrupted) => break 'run 0,
+            Err(RendezvousError::Failed(e)) => {
+                loader.crash_log(&[
+                    "  File \"/sgl-workspace/sglang/python/sglang/srt/distributed/parallel_state.py\", line 2517, in init_distributed_environment",
+                    "    torch.distributed.init_process_group(",
+                    "  [...]",
+                    &e,
+                ]);
+                break 'run 1;
+            }
+        };
+        let plan = match loader.load().await {
+            Ok(plan) => Arc::new(plan),
+            Err(LoadEnd::Interrupted) => break 'run 0,
+            Err(LoadEnd::Failed) => break 'run 1,
+        };
+        if follower {
+            group.loaded().await;
+            http::dummy_health(&cfg.host, cfg.port, &cancel).await;
+            break 'run 0;
+        }
+        // Rank 0's scheduler is ready only when every rank's is.
+        group.all_loaded(&cancel).await;
+        if cancel.is_cancelled() {
+            break 'run 0;
+        }
+        let (code, handle) = serve_api(cfg.clone(), plan, &loader, &cancel, &state).await;
+        server = handle;
+        code
+    };
+    cancel.cancel();
+    let code = match group.end().await {
+        rendezvous::End::Stopped => code,
+        rendezvous::End::Lost(e) => {
+            loader.crash_log(&[
+                "  File \"/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py\", line 1094, in event_loop_overlap",
+                "    batch_result = self.run_batch(batch)",
+                "  [...]",
+                &e,
+            ]);
+            1
+        }
+    };
+    finish(server, signals, &state).await;
+    Ok(code)
+}
+
+/// Rank 0 (or a single node): the API, the scheduler and the fake GPU's utilization, until
+/// cancelled or crashed. Returns the exit code and the HTTP server to stop.
+async fn serve_api(
+    cfg: Arc<Config>,
+    plan: Arc<Plan>,
+    loader: &Loader<'_>,
+    cancel: &CancellationToken,
+    state: &Arc<StateFiles>,
+) -> (u8, Option<JoinHandle<()>>) {
+    let pid = loader.pid;
     let metrics = Arc::new(Metrics::default());
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(65_536);
     let started_unix = SystemTime::now()
@@ -360,17 +306,6 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         started_unix,
         radix: radix::RadixCache::new(cfg.settings.radix_cache_disabled, cfg.settings.page_size),
     });
-    let plan = match loader.load().await {
-        Ok(plan) => Arc::new(plan),
-        Err(end) => {
-            cancel.cancel();
-            finish(None, signals, &state).await;
-            return Ok(match end {
-                LoadEnd::Interrupted => 0,
-                LoadEnd::Failed => 1,
-            });
-        }
-    };
 
     // The HTTP port opens only once the model is loaded: srt/entrypoints/engine.py starts
     // uvicorn (http_server.py) after the scheduler processes report ready, so a client sees
@@ -386,9 +321,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
                 cfg.host,
                 cfg.port
             ));
-            cancel.cancel();
-            finish(None, signals, &state).await;
-            return Ok(1);
+            return (1, None);
         }
     };
     let server = {
@@ -413,7 +346,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         .with_max_queued(max_queued);
     let mut scheduler = tokio::spawn(sched.run(jobs_rx, cancel.clone()));
     let base = GpuState {
-        gpu: cfg.gpu_index,
+        gpu: 0,
         pid,
         port: cfg.port,
         memory_used_mib: (plan.static_mib + model::graph_mib(&cfg.params, &plan.settings)).round()
@@ -426,7 +359,7 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         state.clone(),
         base,
         metrics.clone(),
-        plan.cap,
+        plan.running_cap(),
     ));
 
     log::server(&format!("INFO:     Started server process [{pid}]"));
@@ -480,15 +413,14 @@ async fn serve(cfg: Config) -> anyhow::Result<u8> {
         let _ = scheduler.await;
     }
     join_quietly(tracker).await;
-    finish(Some(server), signals, &state).await;
-    Ok(code)
+    (code, Some(server))
 }
 
 /// Stops the HTTP server (when it was started), the signal watcher and the fake GPU state.
 async fn finish(
     server: Option<JoinHandle<()>>,
     signals: JoinHandle<anyhow::Result<()>>,
-    state: &StateFile,
+    state: &StateFiles,
 ) {
     if let Some(mut server) = server
         && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)

@@ -42,12 +42,25 @@
 //! best of the space (0.80–0.94 × bounds 16–512) is a bound just above the cap, at the
 //! highest static fraction whose graphs still fit (no_buffer 0.923 with 88, see `best`).
 //!
+//! Over tensor parallelism of t GPUs (t_a = t ÷ attention-DP ranks: `derive_attn_tp_size`), each
+//! GPU holds weights ÷ t (`srt/layers/linear.py` shards every projection), a mamba slot ÷ t_a
+//! (the linear-attention heads split like the attention heads) and, per token,
+//! `kv_kib_per_token × max(1, kv_heads ÷ t_a) ÷ kv_heads` (`get_num_kv_heads` in
+//! `srt/configs/model_config.py`: split while there are at least as many KV heads as ranks,
+//! replicated beyond). So the KV pool is the per-GPU pool × t in memory and the token count one
+//! GPU's pool holds. Each DP rank (replica or attention-DP rank) has its own pool and cap. A
+//! step's compute is `base ÷ t + per_req × ⌈b ÷ dp⌉ ÷ t_a` (weights read once per GPU, requests
+//! spread over the DP ranks), plus the TP group's all-reduce (`parallel::Parallel`). The sim runs
+//! one scheduler for all DP ranks whose step takes one rank's share of the batch: the DP
+//! controller round-robins requests, so the ranks run near-equal batches side by side.
+//!
 //! Calibration at defaults: no_buffer 72 × 988 / (987 × 60.5 + 72 × 7.8) ms ≈ 1,180 tok/s;
 //! extra_buffer (43 / 1.15 + 37 × 8.34 = 346 ms steps) ≈ 107 tok/s.
 
 use std::fmt;
 
 use crate::sim::lengths::OutputDist;
+use crate::sim::parallel::Parallel;
 
 /// The mamba state strategy after `auto` has been resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +121,12 @@ pub struct Params {
     pub output_seed: u64,
     /// A dense model: no mamba state, every layer full attention.
     pub dense: bool,
+    /// `num_attention_heads`: the attention-TP size must divide it.
+    pub attention_heads: u64,
+    /// `num_key_value_heads`: what `kv_kib_per_token` holds, split over attention TP.
+    pub kv_heads: u64,
+    /// What a step all-reduces per token over a TP group.
+    pub allreduce_mib_per_token: f64,
 }
 
 impl Params {
@@ -148,6 +167,9 @@ impl Default for Params {
             output_dist: OutputDist::Uniform,
             output_seed: 0,
             dense: false,
+            attention_heads: 32,
+            kv_heads: 4,
+            allreduce_mib_per_token: 1.25,
         }
     }
 }
@@ -176,6 +198,8 @@ pub struct Settings {
     pub cuda_graph_max_bs: Option<u64>,
     /// `--page-size`: the radix cache matches whole pages.
     pub page_size: Option<u64>,
+    /// Tensor and data parallelism, and the link the TP group all-reduces over.
+    pub parallel: Parallel,
 }
 
 impl Default for Settings {
@@ -197,6 +221,7 @@ impl Default for Settings {
             stream_interval: 1,
             cuda_graph_max_bs: Some(DEFAULT_CUDA_GRAPH_MAX_BS),
             page_size: None,
+            parallel: Parallel::default(),
         }
     }
 }
@@ -222,6 +247,9 @@ pub enum LoadError {
     NotEnoughMemory,
     /// What is left outside the static pool cannot hold CUDA graph capture.
     CudaGraphOom { needed_mib: f64, free_mib: f64 },
+    /// The attention-TP size does not divide the attention heads (raised as the model is built,
+    /// before any weight loads).
+    HeadsNotDivisible { heads: u64, tp: u64 },
 }
 
 /// The memory plan and cost model of one configured server.
@@ -257,13 +285,45 @@ impl fmt::Display for LoadError {
                 needed_mib / 1024.0,
                 free_mib / 1024.0
             ),
+            LoadError::HeadsNotDivisible { heads, tp } => write!(
+                f,
+                "Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})."
+            ),
         }
     }
 }
 
-/// Computes the memory plan; fails the way SGLang's load fails when memory does not fit.
+/// `Qwen3NextAttention.__init__` (`srt/models/qwen3_next.py`): `assert self.total_num_heads %
+/// self.attn_tp_size == 0`.
+pub fn check_heads(params: &Params, settings: &Settings) -> Result<(), LoadError> {
+    let tp = settings.parallel.attn_tp.max(1);
+    if !params.attention_heads.is_multiple_of(tp) {
+        return Err(LoadError::HeadsNotDivisible {
+            heads: params.attention_heads,
+            tp,
+        });
+    }
+    Ok(())
+}
+
+/// KV cache per token on one GPU: the KV heads split over attention TP, one per GPU at least.
+pub fn kv_kib_per_token_per_gpu(params: &Params, settings: &Settings) -> f64 {
+    let kv = params.kv_heads.max(1);
+    let per_gpu = (kv / settings.parallel.attn_tp.max(1)).max(1);
+    params.kv_kib_per_token * per_gpu as f64 / kv as f64
+}
+
+/// The weights one GPU holds.
+pub fn weights_per_gpu_mib(params: &Params, settings: &Settings) -> f64 {
+    params.weights_mib / settings.parallel.tp.max(1) as f64
+}
+
+/// Computes one GPU's memory plan (every GPU of the group holds the same); fails the way
+/// SGLang's load fails when memory does not fit.
 pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
+    check_heads(params, settings)?;
     let static_mib = settings.mem_fraction_static * params.gpu_total_mib;
+    let slot_mib = params.mamba_slot_mib / settings.parallel.attn_tp.max(1) as f64;
     let hybrid_buffered = !params.dense && settings.strategy.buffered();
     let overlap = if params.dense {
         !settings.overlap_disabled
@@ -275,21 +335,21 @@ pub fn plan(params: &Params, settings: &Settings) -> Result<Plan, LoadError> {
     } else {
         0.0
     };
-    let rest = static_mib - params.weights_mib - reserve;
+    let rest = static_mib - weights_per_gpu_mib(params, settings) - reserve;
     if rest <= 0.0 {
         return Err(LoadError::NotEnoughMemory);
     }
     let (mamba_mib, max_mamba_cache_size) = match settings.max_mamba_cache_size {
         _ if params.dense => (0.0, 0),
-        Some(n) => (n as f64 * params.mamba_slot_mib, n),
+        Some(n) => (n as f64 * slot_mib, n),
         None => {
             let r = settings.mamba_full_memory_ratio;
             let m = rest * r / (1.0 + r);
-            (m, (m / params.mamba_slot_mib).floor() as u64)
+            (m, (m / slot_mib).floor() as u64)
         }
     };
     let kv_mib = rest - mamba_mib;
-    let kv_tokens = (kv_mib * 1024.0 / params.kv_kib_per_token).floor();
+    let kv_tokens = (kv_mib * 1024.0 / kv_kib_per_token_per_gpu(params, settings)).floor();
     if kv_tokens < 1.0 {
         return Err(LoadError::NotEnoughMemory);
     }
@@ -383,45 +443,72 @@ pub fn graph_mib(params: &Params, settings: &Settings) -> f64 {
 }
 
 impl Plan {
-    /// Simulated seconds of one decode step with `batch` running requests.
+    /// The running-request cap of the whole server: each DP rank's cap, summed (what fleet
+    /// reads from `internal_states`).
+    pub fn running_cap(&self) -> u64 {
+        self.cap * self.settings.parallel.dp_ranks.max(1)
+    }
+
+    /// KV tokens of the whole server: each DP rank's pool, summed.
+    pub fn pool_tokens(&self) -> u64 {
+        self.max_total_num_tokens * self.settings.parallel.dp_ranks.max(1)
+    }
+
+    /// Simulated seconds of one decode step with `batch` running requests over all DP ranks.
     pub fn decode_step_secs(&self, batch: u64) -> f64 {
         let p = &self.params;
-        let b = batch as f64;
-        let mut ms = p.decode_base_ms + p.decode_per_req_ms * b;
+        let par = &self.settings.parallel;
+        let rank_batch = par.per_rank(batch);
+        let b = rank_batch as f64;
+        let (tp, attn_tp) = (par.tp.max(1) as f64, par.attn_tp.max(1) as f64);
+        let mut ms = p.decode_base_ms / tp + p.decode_per_req_ms * b / attn_tp;
         if self.overlap {
             ms /= p.overlap_speedup;
         }
         // A batch the graphs do not cover runs eagerly (see EAGER_DECODE_FACTOR).
-        if self.settings.cuda_graph_max_bs.is_none_or(|bs| batch > bs) {
+        if self
+            .settings
+            .cuda_graph_max_bs
+            .is_none_or(|bs| rank_batch > bs)
+        {
             ms *= EAGER_DECODE_FACTOR;
         }
         if !p.dense && self.settings.strategy.buffered() {
-            ms += p.extra_buffer_copy_ms * b;
+            ms += p.extra_buffer_copy_ms * b / attn_tp;
         }
+        ms += par.allreduce_ms(batch, p.allreduce_mib_per_token);
         ms / 1000.0
     }
 
     /// Simulated seconds of one prefill batch over `tokens` new prompt tokens.
     pub fn prefill_secs(&self, tokens: u64) -> f64 {
-        (self.params.prefill_base_ms + self.params.prefill_per_token_ms * tokens as f64) / 1000.0
+        let p = &self.params;
+        let par = &self.settings.parallel;
+        let ms = p.prefill_base_ms / par.tp.max(1) as f64
+            + p.prefill_per_token_ms * par.per_rank(tokens) as f64 / par.attn_tp.max(1) as f64
+            + par.allreduce_ms(tokens, p.allreduce_mib_per_token);
+        ms / 1000.0
     }
 
-    /// The batch size the default workload sustains: the cap, unless KV tokens bind first.
+    /// The batch size the default workload sustains over all DP ranks: the caps, unless KV
+    /// tokens bind first.
     pub fn saturated_batch(&self) -> u64 {
         let per_req = self.params.mean_prompt_tokens + self.params.mean_output_len().round() as u64;
-        self.cap
-            .min(self.max_total_num_tokens / per_req.max(1))
+        self.running_cap()
+            .min(self.pool_tokens() / per_req.max(1))
             .max(1)
     }
 
     /// Saturated output tokens per simulated second for the default workload: the batch holds
     /// `saturated_batch` requests, each finished request is replaced by a one-request prefill
-    /// (which yields its first token), and the other L−1 tokens come from decode steps.
+    /// (which yields its first token), and the other L−1 tokens come from decode steps. DP
+    /// ranks prefill side by side.
     pub fn ideal_output_tok_s(&self) -> f64 {
         let b = self.saturated_batch() as f64;
         let l = self.params.mean_output_len().max(2.0);
         let step = self.decode_step_secs(self.saturated_batch());
-        let prefill = self.prefill_secs(self.params.mean_prompt_tokens);
+        let prefill = self.prefill_secs(self.params.mean_prompt_tokens)
+            / self.settings.parallel.dp_ranks.max(1) as f64;
         b * l / ((l - 1.0) * step + b * prefill)
     }
 }
@@ -448,6 +535,7 @@ pub(crate) mod tests {
             stream_interval: 1,
             cuda_graph_max_bs: Some(DEFAULT_CUDA_GRAPH_MAX_BS),
             page_size: None,
+            parallel: Parallel::default(),
         }
     }
 

@@ -206,8 +206,8 @@ impl Scheduler {
     ) -> Self {
         let settings = &plan.settings;
         let batch = Batch::new(Limits {
-            pool: plan.max_total_num_tokens,
-            cap: plan.cap,
+            pool: plan.pool_tokens(),
+            cap: plan.running_cap(),
             chunk: settings.chunked_prefill_size,
             max_prefill: settings.max_prefill_tokens,
             conservativeness: settings.schedule_conservativeness,
@@ -264,7 +264,7 @@ impl Scheduler {
     }
 
     fn token_usage(&self) -> f64 {
-        self.batch.kv_used() as f64 / self.plan.max_total_num_tokens.max(1) as f64
+        self.batch.kv_used() as f64 / self.plan.pool_tokens().max(1) as f64
     }
 
     fn finish_due(&mut self) {

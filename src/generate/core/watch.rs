@@ -239,6 +239,7 @@ pub(super) fn snapshot(core: &Core, now: Time, status: Status) -> Progress {
                     completed: i.completed,
                     rate_per_sec: progress::round(rate, 2),
                     output_tok_s: progress::round(tok, 1),
+                    output_tokens: i.live_tokens,
                     server_tok_s: i.last.as_ref().and_then(|m| m.gen_throughput),
                     cached_fraction: (i.reported_prompt_tokens > 0).then(|| {
                         progress::round(i.cached_tokens as f64 / i.reported_prompt_tokens as f64, 3)
