@@ -5,24 +5,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 
 use common::generate::{assert_exactly_once, write_lines};
 use common::real::RealSglang;
 use common::world::World;
 use serde_json::{Value, json};
-
-/// `GET path` on `addr`, the body as JSON (HTTP/1.0: the server closes when done).
-fn get_json(addr: &str, path: &str) -> Value {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
-}
 
 /// Pids of the processes with `calls` (this test's stand-in log) in their environment.
 fn server_processes(calls: &Path) -> Vec<u32> {
@@ -68,7 +56,11 @@ fn a_tensor_parallel_real_server_through_ssh_and_pct() {
             String::from_utf8_lossy(&o.stdout).into_owned(),
             String::from_utf8_lossy(&o.stderr).into_owned(),
         );
-        assert!(o.status.success(), "fleet {args:?}: {:?}\n{out}\n{err}", o.status);
+        assert!(
+            o.status.success(),
+            "fleet {args:?}: {:?}\n{out}\n{err}",
+            o.status
+        );
         (out, err)
     };
 
@@ -76,7 +68,10 @@ fn a_tensor_parallel_real_server_through_ssh_and_pct() {
     eprintln!("{up}{up_err}");
     let rows: Vec<&str> = up.lines().filter(|l| l.contains(" ready ")).collect();
     assert_eq!(rows.len(), 1, "one server over both GPUs:\n{up}");
-    assert!(rows[0].contains(" 0+1 "), "its group in the GPU column:\n{up}");
+    assert!(
+        rows[0].contains(" 0+1 "),
+        "its group in the GPU column:\n{up}"
+    );
     assert_eq!(
         up_err.matches("no GPU topology").count(),
         1,
@@ -89,8 +84,14 @@ fn a_tensor_parallel_real_server_through_ssh_and_pct() {
     assert_eq!(rows.len(), 1, "{status:#}");
     assert_eq!(rows[0]["group"]["gpus"], json!([0, 1]), "{status:#}");
     let port = rows[0]["port"].as_u64().unwrap();
-    let info = get_json(&format!("{}:{port}", world.hosts[0].address), "/server_info");
-    assert_eq!((info["tp_size"].as_u64(), info["dp_size"].as_u64()), (Some(2), Some(1)));
+    let info = common::get_json(
+        &format!("{}:{port}", world.hosts[0].address),
+        "/server_info",
+    );
+    assert_eq!(
+        (info["tp_size"].as_u64(), info["dp_size"].as_u64()),
+        (Some(2), Some(1))
+    );
     assert_eq!(info["internal_states"].as_array().map(Vec::len), Some(1));
 
     // A job on it, exactly once.

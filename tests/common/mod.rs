@@ -340,3 +340,15 @@ impl Drop for Agent {
         let _ = self.child.wait();
     }
 }
+
+/// `GET path` on `addr` (`host:port`), the body as JSON: HTTP/1.0, so the server closes when
+/// done and no client library is needed.
+pub fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
+}

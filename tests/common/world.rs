@@ -27,11 +27,20 @@ pub struct World {
 impl World {
     /// `n` hosts; host i has container `200 + i` and address `127.0.0.{2 + i}`.
     pub fn new(n: usize) -> World {
+        World::with_env(n, &[])
+    }
+
+    /// [`World::new`] with `env` in every SSH session of every host (e.g. the fake
+    /// `nvidia-smi`'s board, `FAKE_NVIDIA_SMI_TOPO`).
+    pub fn with_env(n: usize, env: &[(&str, &str)]) -> World {
         let home = TestHome::empty();
         let hosts: Vec<WorldHost> = (0..n)
             .map(|i| {
                 let container = 200 + i as u32;
-                let sshd = Sshd::start_with_env(&[("FAKE_PCT_RUNNING", &container.to_string())]);
+                let running = container.to_string();
+                let mut session = vec![("FAKE_PCT_RUNNING", running.as_str())];
+                session.extend_from_slice(env);
+                let sshd = Sshd::start_with_env(&session);
                 let alias = format!("world-host{}", i + 1);
                 let key = format!("{alias}_key");
                 home.add_key(&sshd.client_key, &key);

@@ -1,0 +1,153 @@
+//! Servers over several GPUs, through the real binary, real sshd and the fake `pct`, on an
+//! 8-GPU PCIe board whose switch pairs are not numbered in order (0+2, 1+3, 4+6, 5+7; sockets
+//! 0–3 and 4–7) and a simulated model too big for one GPU: TP2 groups are the switch pairs,
+//! TP4 groups stay on a socket, a layout the host cannot hold is refused before anything
+//! starts, and a tp that does not divide the model's heads fails with the server's own reason.
+
+mod common;
+
+use std::path::Path;
+
+use common::world::World;
+use serde_json::{Value, json};
+
+struct Board {
+    world: World,
+    port_base: u16,
+}
+
+impl Board {
+    fn new() -> Board {
+        let topo = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/boards/pcie-8-unordered.txt")
+            .display()
+            .to_string();
+        let world = World::with_env(1, &[("FAKE_NVIDIA_SMI_TOPO", &topo)]);
+        world.inventory("all");
+        Board {
+            world,
+            port_base: common::free_port_base(8),
+        }
+    }
+
+    /// A sim profile of a 120 GiB model (one 96 GB GPU cannot hold it) with `server` lines and
+    /// more sim flags.
+    fn profile(&self, name: &str, server: &str, sim: &str) {
+        let dir = self.world.home.path().join("profiles");
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = format!(
+            "model: /models/big\nlauncher: [{}]\nport_base: {}\nserver:\n{server}\
+             \x20 extra_args: [--sim-weights-gib, \"120\"{sim}]\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n\
+             \x20 SGLANG_SIM_TIME_SCALE: \"20\"\nhealth: {{startup_timeout: 60s, poll: 1s}}\n",
+            common::local_fleet::SIM,
+            self.port_base
+        );
+        std::fs::write(dir.join(format!("{name}.yaml")), yaml).unwrap();
+    }
+
+    fn fleet(&self, args: &[&str]) -> (i32, String, String) {
+        let o = self.world.fleet(args).output().unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let (code, out, err) = self.fleet(args);
+        assert_eq!(code, 0, "fleet {args:?}:\n{out}\n{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"))
+    }
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        let _ = self.fleet(&["down", "--grace", "5s"]);
+    }
+}
+
+/// Each row's GPUs and slowest link, as `--json` gives them.
+fn groups(rows: &Value) -> Vec<(Value, Value)> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["group"]["gpus"].clone(), r["group"]["slowest"].clone()))
+        .collect()
+}
+
+#[test]
+fn groups_follow_the_board_and_impossible_layouts_are_refused_before_anything_starts() {
+    let b = Board::new();
+
+    // TP16 on 8 GPUs: refused before anything starts, naming what it needs and what exists.
+    b.profile("tp16", "  tp_size: 16\n", "");
+    let (code, out, err) = b.fleet(&["up", "--profile", "tp16"]);
+    assert_eq!(code, 2, "a usage error:\n{out}\n{err}");
+    assert!(
+        err.contains("host `ct200`: a tp16 server needs 16 GPUs on each node, and the selection has 8 (0,1,2,3,4,5,6,7)"),
+        "{err}"
+    );
+    assert_eq!(b.json(&["status", "--json"]), json!([]), "nothing started");
+
+    // TP4: each group on one socket.
+    b.profile("tp4", "  tp_size: 4\n", "");
+    let plan = b.json(&["up", "--profile", "tp4", "--dry-run", "--json"]);
+    assert_eq!(
+        groups(&plan),
+        [
+            (json!([0, 1, 2, 3]), json!("NODE")),
+            (json!([4, 5, 6, 7]), json!("NODE"))
+        ]
+    );
+
+    // TP2: the switch pairs, started and shown as such by up and status.
+    b.profile("tp2", "  tp_size: 2\n", "");
+    let (code, up, err) = b.fleet(&["up", "--profile", "tp2"]);
+    assert_eq!(code, 0, "{up}\n{err}");
+    for pair in ["0+2 PIX", "1+3 PIX", "4+6 PIX", "5+7 PIX"] {
+        assert!(up.contains(pair), "{pair} in\n{up}");
+    }
+    assert!(!err.contains("no GPU topology"), "{err}");
+    let status = b.json(&["status", "--json"]);
+    assert_eq!(
+        groups(&status),
+        [
+            (json!([0, 2]), json!("PIX")),
+            (json!([1, 3]), json!("PIX")),
+            (json!([4, 6]), json!("PIX")),
+            (json!([5, 7]), json!("PIX"))
+        ],
+        "{status:#}"
+    );
+    for row in status.as_array().unwrap() {
+        assert_eq!(row["state"], "ready", "{row:#}");
+        // Both GPUs of the group hold the server: the memory is the two GPUs' sum.
+        let reading = &row["gpu_reading"];
+        assert!(
+            reading["memory_total_mib"].as_u64() > Some(150_000),
+            "{reading:#}"
+        );
+    }
+    let port = status[0]["port"].as_u64().unwrap();
+    let addr = &b.world.hosts[0].address;
+    let info = common::get_json(&format!("{addr}:{port}"), "/server_info");
+    assert_eq!(info["tp_size"], 2, "{info:#}");
+    let (code, _, err) = b.fleet(&["down"]);
+    assert_eq!(code, 0, "{err}");
+
+    // tp 4 on 8 GPUs of a model with 6 heads: the server's own words, from its log.
+    b.profile(
+        "tp4-heads",
+        "  tp_size: 4\n",
+        ", --sim-attention-heads, \"6\"",
+    );
+    let (code, out, err) = b.fleet(&["up", "--profile", "tp4-heads", "--gpus", "0,1,2,3"]);
+    assert_eq!(code, 1, "the server failed:\n{out}\n{err}");
+    assert!(
+        err.contains(
+            "Total number of attention heads (6) must be divisible by tensor parallel size (4)"
+        ),
+        "{err}"
+    );
+}
