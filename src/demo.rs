@@ -219,6 +219,7 @@ mod tests {
         let measured = |tok: f64, cap: u32| {
             Outcome::Ok(Measured {
                 gpus: 4,
+                server_gpus: 1,
                 output_tok_s: tok * 4.0,
                 output_tok_s_per_gpu: tok,
                 req_s: 1.0,

@@ -151,3 +151,67 @@ fn groups_follow_the_board_and_impossible_layouts_are_refused_before_anything_st
         "{err}"
     );
 }
+
+#[test]
+fn the_sweep_crowns_the_best_layout_per_gpu_and_never_the_one_that_does_not_load() {
+    let b = Board::new();
+    b.profile("big", "", "");
+    let out = b.world.home.path().join("sweep.json");
+    let args = [
+        "sweep",
+        "--profile",
+        "big",
+        "--set",
+        "server.tp_size=1,2,4,8",
+        "--input-len",
+        "32",
+        "--output-len",
+        "64",
+        "--warmup",
+        "2s",
+        "--duration",
+        "6s",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let started = std::time::Instant::now();
+    let (code, text, err) = b.fleet(&args);
+    let wall = started.elapsed().as_secs_f64();
+    let r: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}\n{err}"));
+    // TP1 failing is the sweep's finding: the command says so in its exit code.
+    assert!(code == 0 || code == 1, "{err}");
+    let rows = r["rows"].as_array().unwrap();
+    let row = |tp: u32| {
+        rows.iter()
+            .find(|r| r["label"] == format!("tp_size={tp}"))
+            .unwrap_or_else(|| panic!("no row tp_size={tp}: {r:#}"))
+    };
+    // TP1 does not load (120 GiB on a 96 GB GPU), says why, and is never crowned.
+    let tp1 = &row(1)["trial"]["outcome"];
+    assert_eq!(tp1["state"], "failed", "{tp1:#}");
+    assert_eq!(tp1["kind"], "not_enough_memory", "{tp1:#}");
+    assert!(!row(1)["winner"].as_bool().unwrap_or(false), "{r:#}");
+    let per_gpu = |tp: u32| {
+        row(tp)["trial"]["outcome"]["output_tok_s_per_gpu"]
+            .as_f64()
+            .unwrap()
+    };
+    // Compared per GPU: the winner is the best of those that ran, and the whole board over the
+    // sockets' SYS link is far behind the groups that stay on a socket.
+    let winner = r["winner"].as_str().unwrap();
+    assert_ne!(winner, "tp_size=1");
+    let best = [2, 4, 8].map(per_gpu).into_iter().fold(0.0, f64::max);
+    assert_eq!(per_gpu(winner[8..].parse().unwrap()), best, "{r:#}");
+    assert!(per_gpu(8) < 0.8 * per_gpu(2).min(per_gpu(4)), "{r:#}");
+
+    // The four layouts take two rounds: TP8 alone, then TP4, TP2 and TP1 side by side on the
+    // GPUs it freed (wall time against one candidate is the layout benchmark's to judge).
+    let rounds: Vec<&str> = err.lines().filter(|l| l.contains("starting ")).collect();
+    assert_eq!(rounds.len(), 2, "{err}");
+    assert!(
+        rounds[0].contains("starting tp_size=8 on 1 servers"),
+        "{err}"
+    );
+    eprintln!("sweep of 4 layouts: {wall:.1} s");
+}

@@ -157,13 +157,14 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         Some(found) => found,
         None => connect_every_host(ctx).await?,
     };
-    // Every host's facts (SGLang's `--help` and version, GPUs) for the base's launcher.
-    if let Some(e) = fleet
-        .learn(&preflight::Learn::for_profile(&base, true))
-        .await
-        .into_iter()
-        .next()
-    {
+    // Every host's facts (SGLang's `--help` and version, GPUs) for the base's launcher, and
+    // the board where a candidate's server spans GPUs.
+    let sizes = servers::sizes(&profiles, &search.space());
+    let learn = preflight::Learn {
+        topology: sizes.iter().any(|s| *s > 1),
+        ..preflight::Learn::for_profile(&base, true)
+    };
+    if let Some(e) = fleet.learn(&learn).await.into_iter().next() {
         return Err(e.into());
     }
     let hosts = fleet.hosts();
@@ -179,7 +180,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         duration: args.duration,
         slo,
     };
-    let planned = plan::plan(request, &servers::host_gpus(&hosts)).map_err(usage)?;
+    let planned = plan::plan(request, &servers::host_gpus(&hosts), &sizes).map_err(usage)?;
     if args.dry_run {
         let p = plan::dry_run(&planned, &profiles, &hosts, key.as_deref(), root);
         super::emit(ctx, &DryRun(p))?;

@@ -87,6 +87,33 @@ pub fn choose(board: Option<&Board>, gpus: &[u32], size: usize) -> Vec<Group> {
         .collect()
 }
 
+/// The best group of `size` among a host's `free` GPUs: the best-linked by the board (the
+/// first of equals in GPU order), or the lowest `size` without one; `None` when too few.
+pub fn best_of(board: Option<&Board>, free: &[u32], size: usize) -> Option<Group> {
+    let mut sorted = free.to_vec();
+    sorted.sort_unstable();
+    if sorted.len() < size || size == 0 {
+        return None;
+    }
+    let gpus = match board.filter(|_| size > 1) {
+        None => sorted[..size].to_vec(),
+        Some(board) => {
+            let mut best: Option<(Key, Vec<u32>)> = None;
+            for group in combinations(&sorted, size) {
+                let k = key(board, &group);
+                if best.as_ref().is_none_or(|(b, _)| k > *b) {
+                    best = Some((k, group));
+                }
+            }
+            best?.1
+        }
+    };
+    Some(Group {
+        slowest: board.and_then(|b| b.slowest(&gpus)),
+        gpus,
+    })
+}
+
 /// How good one group is: its bottleneck link, then one NUMA node, then its links in all.
 /// An unknown link (a GPU the board lacks) counts as the slowest.
 type Key = (Link, bool, u64);
@@ -268,6 +295,17 @@ mod tests {
         assert!(none.iter().all(|g| g.slowest.is_none()));
         let single = choose(Some(&board), &[3, 1], 1);
         assert_eq!(gpus_of(&single), vec![vec![1], vec![3]]);
+    }
+
+    #[test]
+    fn the_best_free_group_of_a_size() {
+        let board = Board::parse(PCIE_UNORDERED).unwrap();
+        let pair = best_of(Some(&board), &[1, 4, 5, 7], 2).unwrap();
+        assert_eq!((pair.gpus, pair.slowest), (vec![5, 7], Some(Link::Pix)));
+        let four = best_of(Some(&board), &[0, 1, 2, 3, 4, 5], 4).unwrap();
+        assert_eq!(four.gpus, vec![0, 1, 2, 3]);
+        assert_eq!(best_of(None, &[6, 3, 4], 2).unwrap().gpus, vec![3, 4]);
+        assert_eq!(best_of(Some(&board), &[1], 2), None);
     }
 
     #[test]

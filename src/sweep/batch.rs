@@ -251,6 +251,7 @@ async fn groups(
                 .endpoint(&inst.address, inst.port)
                 .await?;
             servers.push(Server {
+                gpus: inst.group.gpus.len() as u32,
                 label: inst.label(),
                 endpoint: Endpoint {
                     id: inst.id.clone(),

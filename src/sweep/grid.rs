@@ -49,9 +49,10 @@ impl Grid {
 }
 
 impl Strategy for Grid {
-    /// Every candidate without a trial, at once: the scheduler's queue keeps their order.
+    /// Every candidate without a trial, at once, the largest servers first so that smaller
+    /// ones fill the GPUs they leave: the scheduler's queue keeps their order.
     fn propose(&mut self, view: &View<'_>) -> Next {
-        let run = self
+        let mut run: Vec<Proposal> = self
             .space
             .iter()
             .zip(&self.needs)
@@ -61,6 +62,7 @@ impl Strategy for Grid {
                 need: need.clone(),
             })
             .collect();
+        run.sort_by_key(|p| std::cmp::Reverse(p.need.size()));
         Next {
             run,
             stop: Some(Stop::Exhausted),
@@ -116,7 +118,7 @@ mod tests {
     fn grid(trials: &[Trial]) -> Grid {
         let names = ["a", "b", "c", "d"].map(String::from);
         let space = candidates(&axes(&names, &[]).unwrap());
-        let needs = vec![Need::AnyGpu; space.len()];
+        let needs = vec![Need::Any(1); space.len()];
         Grid::new(space, needs, trials)
     }
 
@@ -135,6 +137,7 @@ mod tests {
     fn measured(mean: f64) -> Measured {
         Measured {
             gpus: 1,
+            server_gpus: 1,
             output_tok_s: mean,
             output_tok_s_per_gpu: mean,
             req_s: 1.0,

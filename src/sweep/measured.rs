@@ -17,6 +17,9 @@ pub struct Percentiles {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measured {
     pub gpus: usize,
+    /// GPUs per server (its layout's group): how many servers of it a fleet's GPUs hold.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub server_gpus: u32,
     /// Output tokens per second over the measured window, from the client's own counts.
     pub output_tok_s: f64,
     pub output_tok_s_per_gpu: f64,
@@ -52,6 +55,14 @@ pub struct Measured {
     pub lengths: Lengths,
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 impl Measured {
     /// One config's windows as one measurement: the mean of each rate and latency percentile
     /// (percentiles of equal windows, averaged), the counts summed, the lowest cap and KV pool,
@@ -70,6 +81,7 @@ impl Measured {
         let estimates: Option<Vec<Estimate>> = windows.iter().map(|m| m.estimate).collect();
         Some(Measured {
             gpus: first.gpus,
+            server_gpus: first.server_gpus,
             output_tok_s: mean(&|m| m.output_tok_s),
             output_tok_s_per_gpu: mean(&|m| m.output_tok_s_per_gpu),
             req_s: mean(&|m| m.req_s),

@@ -17,7 +17,7 @@ use super::rank::Trial;
 use super::report::{Plan, PlannedCandidate};
 use super::schedule;
 use super::search::{Limits, Model, SearchSpec, SearchState, Strategy, View};
-use super::servers::{facts_by_host, plan_candidate};
+use super::servers::{self, facts_by_host, plan_candidate};
 use super::slo::Slo;
 use super::space::{self, SpaceError};
 use crate::config::{HostSpec, Profile};
@@ -117,16 +117,20 @@ pub struct Planned {
     pub first_window: Option<Duration>,
 }
 
-/// Plans `request` on `gpus` (each host's GPUs, in inventory order).
-pub fn plan(request: Request, gpus: &[(String, Vec<u32>)]) -> Result<Planned, AssignError> {
+/// Plans `request` on `gpus` (each host's GPUs, in inventory order); `sizes`: the GPUs one
+/// server of each candidate of the space spans (see [`servers::sizes`]).
+pub fn plan(
+    request: Request,
+    gpus: &[(String, Vec<u32>)],
+    sizes: &[u32],
+) -> Result<Planned, AssignError> {
     let total: usize = gpus.iter().map(|(_, g)| g.len()).sum();
-    let k = request.search.space().len();
     let mode = match request.search {
-        // Its candidates come a round at a time, each on the first free GPU.
+        // Its candidates come a round at a time, each on the first free GPUs.
         SearchSpec::Adaptive { .. } if !request.sequential => Mode::Rounds,
-        _ => assign::choose_mode(k, total, request.sequential),
+        _ => assign::choose_mode(sizes, total, request.sequential),
     };
-    let assignment = assign::assign(gpus, k, mode)?;
+    let assignment = assign::assign(gpus, sizes, mode)?;
     // Pruning saves time only where a freed GPU has a next candidate to take it.
     let first_window =
         (mode == Mode::Rounds && request.prune).then(|| prune::first_window(request.duration));
@@ -157,9 +161,11 @@ pub fn strategy(planned: &Planned, state: &SearchState, trials: &[Trial]) -> Box
             trials,
         )),
         (SearchSpec::Adaptive { dims, seed, limits }, _) => {
+            // Its layout is the base's: every candidate needs what the space's first does.
+            let size = planned.assignment.needs.first().map_or(1, Need::size) as u32;
             let need = match planned.spec.mode {
                 Mode::Sequential => Need::Gpus(planned.assignment.slots.clone()),
-                Mode::Rounds | Mode::Parallel => Need::AnyGpu,
+                Mode::Rounds | Mode::Parallel => Need::Any(size.max(1)),
             };
             let setup = Setup {
                 dims: dims.clone(),
@@ -203,7 +209,7 @@ pub fn dry_run(
         .into_iter()
         .map(|p| (p.candidate, p.need))
         .collect();
-    let rounds = schedule::rounds(queue, slots.clone());
+    let rounds = schedule::rounds(queue, slots.clone(), servers::boards(hosts));
     let facts = facts_by_host(hosts);
     let mut candidates: Vec<PlannedCandidate> = Vec::new();
     for (round, members) in rounds.iter().enumerate() {
@@ -280,22 +286,23 @@ mod tests {
 
     #[test]
     fn few_candidates_run_side_by_side_and_many_in_rounds_with_a_first_window() {
-        let two = plan(request(&["a", "b"], &[]), &gpus(8)).unwrap();
+        let two = plan(request(&["a", "b"], &[]), &gpus(8), &[1; 2]).unwrap();
         assert_eq!(two.spec.mode, Mode::Parallel);
         assert_eq!(two.first_window, None, "nothing waits for a freed GPU");
         assert_eq!(two.assignment.needs.len(), 2);
         let many = request(&["a", "b", "c"], &["server.m=1,2,3"]);
-        let nine = plan(many.clone(), &gpus(8)).unwrap();
+        let nine = plan(many.clone(), &gpus(8), &[1; 9]).unwrap();
         assert_eq!(nine.spec.mode, Mode::Rounds);
         assert_eq!(nine.first_window, Some(Duration::from_secs(15)));
         assert_eq!(nine.spec.first_window_s, Some(15.0));
-        assert_eq!(nine.assignment.needs, vec![Need::AnyGpu; 9]);
+        assert_eq!(nine.assignment.needs, vec![Need::Any(1); 9]);
         let unpruned = plan(
             Request {
                 prune: false,
                 ..many.clone()
             },
             &gpus(8),
+            &[1; 9],
         )
         .unwrap();
         assert_eq!(unpruned.first_window, None);
@@ -304,10 +311,10 @@ mod tests {
             ..request(&["a", "b"], &[])
         };
         assert_eq!(
-            plan(sequential, &gpus(2)).unwrap().spec.mode,
+            plan(sequential, &gpus(2), &[1; 2]).unwrap().spec.mode,
             Mode::Sequential
         );
-        assert_eq!(plan(many, &[]), Err(AssignError::NoGpus));
+        assert_eq!(plan(many, &[], &[1; 9]), Err(AssignError::NoGpus));
         assert_eq!(
             search(&[], &s(&["server.m"]), None, LIMITS),
             Err(SpaceError::Syntax("server.m".into()))
@@ -316,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_resumed_strategy_proposes_only_what_has_no_trial() {
-        let planned = plan(request(&["a", "b", "c"], &[]), &gpus(2)).unwrap();
+        let planned = plan(request(&["a", "b", "c"], &[]), &gpus(2), &[1; 3]).unwrap();
         let space = planned.spec.search.space();
         let done = Trial {
             candidate: space[1].clone(),
@@ -356,6 +363,7 @@ mod tests {
                 &["server.mem_fraction_static=0.8,0.9"],
             ),
             &gpus(3),
+            &[1; 4],
         )
         .unwrap();
         let profiles = Profiles::load("base", dir.path(), &planned.spec.search.space()).unwrap();

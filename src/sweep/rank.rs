@@ -299,10 +299,10 @@ impl Dataset {
         }
     }
 
-    /// Hours for the whole dataset on all the GPUs running a candidate measured at `m`: the
-    /// job's own estimator (`crate::eta::duration`), every server full at its cap.
+    /// Hours for the whole dataset on all the GPUs running a candidate measured at `m` (as many
+    /// of its servers as the GPUs hold): the job's own estimator (`crate::eta::duration`), every
+    /// server full at its cap.
     pub fn hours(&self, m: &Measured) -> Option<Interval> {
-        let gpus = self.gpus as f64;
         let point = self.output_tokens_per_prompt;
         let (low, high) = self.output_tokens_interval.unwrap_or((point, point));
         let length = Expectation {
@@ -317,12 +317,14 @@ impl Dataset {
                     high,
                 }),
         };
-        let tok_s = m.output_tok_s_per_gpu * gpus;
+        // A fleet of this layout runs as many whole servers as the GPUs hold.
+        let servers = (self.gpus / m.server_gpus.max(1) as usize) as f64;
+        let tok_s = m.output_tok_s_per_gpu * servers * f64::from(m.server_gpus.max(1));
         let rate = Rate {
             tok_s,
             low: tok_s,
             high: tok_s,
-            running: f64::from(m.cap) * gpus,
+            running: f64::from(m.cap) * servers,
         };
         crate::eta::duration(length.tokens.scale(self.prompts as f64), &length, rate)
             .filter(|_| tok_s > 0.0)
@@ -471,6 +473,7 @@ mod tests {
             gpus: vec![],
             outcome: Outcome::Ok(Measured {
                 gpus: 4,
+                server_gpus: 1,
                 output_tok_s: tok_s_per_gpu * 4.0,
                 output_tok_s_per_gpu: tok_s_per_gpu,
                 req_s: 1.0,

@@ -483,6 +483,7 @@ mod tests {
             gpus: vec![slot(0), slot(2)],
             outcome: Outcome::Ok(Measured {
                 gpus: 2,
+                server_gpus: 1,
                 output_tok_s: tok * 2.0,
                 output_tok_s_per_gpu: tok,
                 req_s: 1.0,

@@ -211,7 +211,8 @@ pub async fn run(
         setup,
         events,
         abort: &abort,
-        pool: Pool::new(Vec::new(), setup.slots.clone()),
+        pool: Pool::new(Vec::new(), setup.slots.clone())
+            .with_boards(super::servers::boards(setup.hosts)),
         done: None,
         clock: Clock::resume(store.search()),
         store,
@@ -326,7 +327,7 @@ mod tests {
                 .iter()
                 .map(|&i| Proposal {
                     candidate: space[i].clone(),
-                    need: Need::AnyGpu,
+                    need: Need::Any(1),
                 })
                 .collect(),
             stop,

@@ -127,6 +127,27 @@ pub fn plan_on(
     Ok(out)
 }
 
+/// The boards the hosts' facts hold, by host: where a sweep's groups are chosen.
+pub fn boards(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, crate::layout::Board> {
+    hosts
+        .iter()
+        .filter_map(|(h, f)| Some((h.name().to_string(), f.topology.board()?.clone())))
+        .collect()
+}
+
+/// Each candidate's GPUs per server (its layout's group on one node), in `space` order; a
+/// candidate whose profile does not load counts as one (its start then says why).
+pub fn sizes(profiles: &Profiles, space: &[Candidate]) -> Vec<u32> {
+    space
+        .iter()
+        .map(|c| {
+            profiles
+                .of(c)
+                .map_or(1, |p| p.server.parallel.gpus_per_node().max(1))
+        })
+        .collect()
+}
+
 pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFacts> {
     hosts
         .iter()

@@ -225,6 +225,7 @@ mod tests {
     fn measured(ttft_p99: f64, itl_p99: Option<f64>) -> Measured {
         Measured {
             gpus: 1,
+            server_gpus: 1,
             output_tok_s: 100.0,
             output_tok_s_per_gpu: 100.0,
             req_s: 1.0,

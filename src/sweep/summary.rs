@@ -21,6 +21,8 @@ const MAX_ERROR_FRACTION: f64 = 0.05;
 pub struct Server {
     pub label: String,
     pub endpoint: Endpoint,
+    /// The GPUs it spans (its layout's group): throughput is compared per GPU.
+    pub gpus: u32,
     /// Effective max running requests.
     pub cap: u32,
     pub kv_tokens: u64,
@@ -299,7 +301,7 @@ fn figures(
             server: worst,
         });
     }
-    let gpus = group.servers.len();
+    let gpus: usize = group.servers.iter().map(|s| s.gpus.max(1) as usize).sum();
     let output_tok_s = all.window_tokens as f64 / secs;
     let cap = group.servers.iter().map(|s| s.cap).min().unwrap_or(0);
     let mut ttft: Vec<(f64, u64)> = all.ttft.iter().map(|&t| (t, 1)).collect();
@@ -311,6 +313,13 @@ fn figures(
         .collect();
     Ok(Measured {
         gpus,
+        server_gpus: group
+            .servers
+            .iter()
+            .map(|s| s.gpus)
+            .max()
+            .unwrap_or(1)
+            .max(1),
         output_tok_s,
         output_tok_s_per_gpu: output_tok_s / gpus.max(1) as f64,
         req_s: all.completed as f64 / secs,
@@ -343,6 +352,7 @@ mod tests {
         Group {
             servers: (0..n)
                 .map(|i| Server {
+                    gpus: 1,
                     label: format!("local gpu{i} :3000{i}"),
                     endpoint: Endpoint::from_url(&format!("http://127.0.0.1:3000{i}")),
                     cap,
