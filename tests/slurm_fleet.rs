@@ -260,3 +260,59 @@ fn under_proctrack_cgroup_up_and_down_leave_nothing() {
     assert_eq!(f.fleet_jobs(), "");
     assert!(f.sims().is_empty());
 }
+
+#[test]
+fn tensor_parallel_servers_are_steps_of_four_gpus_on_one_node() {
+    let cluster = SlurmCluster::start(Options::default());
+    let ports = reserve_ports(16);
+    let f = SlurmFleet::new(cluster, &allocation(16, 30), ports.base);
+    let sim = std::fs::read_to_string(f.path().join("profiles/sim.yaml")).unwrap();
+    std::fs::write(
+        f.path().join("profiles/tp4.yaml"),
+        sim.replace("server:\n", "server:\n  tp_size: 4\n"),
+    )
+    .unwrap();
+    let up = f.ok(&["--json", "up", "--profile", "tp4"]);
+    let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
+    let outcomes = outcomes.as_array().expect("one outcome per server");
+    assert_eq!(outcomes.len(), 4, "16 GPUs make four TP4 servers:\n{up}");
+    assert!(outcomes.iter().all(|o| o["state"] == "ready"), "{up}");
+
+    // Each server is one step holding four GPUs of one node, and says it runs TP4.
+    let sims = f.sims();
+    assert_eq!(sims.len(), 4, "{sims:?}");
+    let mut per_node: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for p in &sims {
+        let visible = &p.env["CUDA_VISIBLE_DEVICES"];
+        assert_eq!(visible.split(',').count(), 4, "{p:?}");
+        let tp = p.cmdline.iter().position(|a| a == "--tp-size").unwrap();
+        assert_eq!(p.cmdline[tp + 1], "4", "{p:?}");
+        let gpus = per_node
+            .entry(p.env["SLURMD_NODENAME"].clone())
+            .or_default();
+        for g in visible.split(',') {
+            assert!(
+                gpus.insert(g.to_string()),
+                "GPU {g} given twice: {per_node:?}"
+            );
+        }
+    }
+    assert_eq!(per_node.len(), 2, "{per_node:?}");
+
+    write_prompts(&f.path().join("prompts.jsonl"), 400);
+    f.ok(&[
+        "-q",
+        "generate",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out",
+        "--max-tokens",
+        "16",
+    ]);
+    assert_eq!(completion_ids(&f.path().join("out")).len(), 400);
+
+    f.ok(&["-q", "down", "--grace", "5s"]);
+    assert_eq!(f.fleet_jobs(), "");
+    assert!(f.sims().is_empty());
+}

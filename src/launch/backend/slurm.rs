@@ -502,6 +502,26 @@ impl Backend for SlurmBackend {
                     allocation.places.len()
                 ),
             })?;
+        // A server over several GPUs is one step with all of them, so they must share a node:
+        // the plan's groups are contiguous places, which lie node by node.
+        let spans: Vec<&Place> = planned
+            .group
+            .gpus
+            .iter()
+            .filter_map(|g| allocation.places.get(*g as usize))
+            .collect();
+        if spans.iter().any(|p| p.node != place.node) {
+            return Err(StateError::Command {
+                host: self.home.host.clone(),
+                command: format!("srun for {}", planned.label()),
+                stderr: format!(
+                    "its {} GPUs span nodes of job {}: ask the allocation for a multiple of                      {} GPUs on each node",
+                    spans.len(),
+                    allocation.job,
+                    spans.len()
+                ),
+            });
+        }
         state::prepare_run_dir(self.t(), &planned.files, planned.secrets.as_ref()).await?;
         let file = step_file(&planned.files.dir);
         state::run_ok(self.t(), &argv(&["rm", "-f", "--", &file])).await?;
@@ -515,7 +535,7 @@ impl Backend for SlurmBackend {
             job: allocation.job,
             node: place.node.clone(),
             name: format!("fleet-{}-{}", self.home.host, planned.port),
-            gpus: 1,
+            gpus: planned.group.gpus.len().max(1) as u32,
             cpus,
             output: planned.files.log.clone(),
             argv: server,
