@@ -1,27 +1,22 @@
-//! The tuner: a sweep is a search. The search seam (`search`) with its first strategy, the grid
-//! with successive halving (`grid`); planning (`plan`); candidate configs from axes, GPU
-//! assignment, the schedule, the workload, trials, ranking, `sweep.json` and the report.
+//! The tuner: a sweep is a search. Its rooms: `search` (the seam, the candidate space and the
+//! search methods: the grid with successive halving, the adaptive search), `measure` (the
+//! candidates' servers, the workload, trials and what they measured), `rank` (the ranking, its
+//! ETA projection and the SLO) and `report`; at the top, planning (`plan`), GPU assignment,
+//! the schedule, the run loop, the candidates' profiles and `sweep.json` (`file`).
 
-pub mod adaptive;
 pub mod assign;
-pub mod batch;
 pub mod event;
 pub mod file;
-pub mod grid;
-pub mod load;
-pub mod measured;
+pub mod measure;
 pub mod plan;
 pub mod profiles;
-pub mod prune;
-pub mod range;
 pub mod rank;
 pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod search;
-pub mod servers;
-pub mod slo;
-pub mod space;
-pub mod stats;
-pub mod summary;
-pub mod trial;
+
+// The rooms' modules by their old names: callers name what they use, not where it lives.
+pub use measure::{batch, load, measured, servers, summary, trial};
+pub use rank::slo;
+pub use search::{adaptive, grid, prune, range, space, stats};

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::rank::{Measured, Percentiles};
-use super::stats;
 use crate::eta::Lengths;
 use crate::generate::concurrency::saturating;
 use crate::sglang::client::{ClientError, Endpoint, ServerInfo};
 use crate::sglang::overflow::Remedy;
+use crate::sweep::rank::{Measured, Percentiles};
+use crate::sweep::stats;
 
 /// A trial whose requests fail more often than this is a failed row, not a number.
 const MAX_ERROR_FRACTION: f64 = 0.05;

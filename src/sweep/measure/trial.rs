@@ -13,11 +13,6 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::load::Workload;
-use super::prune;
-use super::rank::Measured;
-pub use super::summary::{Group, Server, TrialFailure};
-use super::summary::{ServerReading, Stats, summarize, summarize_first};
 use crate::eta::Seen;
 use crate::generate::concurrency::ConcurrencyMode;
 use crate::generate::core::{
@@ -26,6 +21,11 @@ use crate::generate::core::{
 use crate::generate::drive::{self, Clock, Driver};
 use crate::generate::input::Id;
 use crate::sglang::client::{ClientError, Completion, CompletionRequest, Health, SglangClient};
+use crate::sweep::load::Workload;
+use crate::sweep::prune;
+use crate::sweep::rank::Measured;
+pub use crate::sweep::summary::{Group, Server, TrialFailure};
+use crate::sweep::summary::{ServerReading, Stats, summarize, summarize_first};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {

@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::stats::Estimate;
 use crate::eta::Lengths;
+use crate::sweep::stats::Estimate;
 
 /// Latency percentiles in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::measured::{Measured, Percentiles};
+use crate::sweep::measured::{Measured, Percentiles};
 
 /// A latency the limits may bound: the client's percentiles over the measured window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use super::assign::Slot;
-use super::search::{Screen, Verdict};
-use super::space::Candidate;
-use super::stats::Estimate;
+use crate::sweep::assign::Slot;
+use crate::sweep::search::{Screen, Verdict};
+use crate::sweep::space::Candidate;
+use crate::sweep::stats::Estimate;
 
 /// A candidate's first-window figure as the decision sees it.
 #[derive(Debug, Clone, PartialEq)]

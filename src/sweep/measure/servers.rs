@@ -8,12 +8,6 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::assign::Slot;
-use super::file::FileError;
-use super::load::Workload;
-use super::profiles::{ProfileError, Profiles};
-use super::space::Candidate;
-use super::trial::Timing;
 use crate::config::{HealthSettings, HostSpec, Profile};
 use crate::launch::Fleet;
 use crate::launch::backend::{Backend, StopState};
@@ -25,6 +19,12 @@ use crate::launch::state::{InstanceRecord, StateError};
 use crate::launch::up::{self, LOG_TAIL_LINES, UpError, UpOptions, UpOutcome};
 use crate::remote::RemoteError;
 use crate::sglang::client::{ClientError, http_client};
+use crate::sweep::assign::Slot;
+use crate::sweep::file::FileError;
+use crate::sweep::load::Workload;
+use crate::sweep::profiles::{ProfileError, Profiles};
+use crate::sweep::space::Candidate;
+use crate::sweep::trial::Timing;
 
 /// Everything a sweep runs with.
 pub struct Setup<'a> {

@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::space::{self, Axis, RangeProblem, SpaceError};
 use crate::sglang::help::HelpSpec;
+use crate::sweep::space::{self, Axis, RangeProblem, SpaceError};
 
 /// The key prefix of an axis over any SGLang flag, written without its dashes.
 pub const FLAG_PREFIX: &str = "flag.";
@@ -350,7 +350,9 @@ mod tests {
 
     #[test]
     fn flag_axes_are_checked_against_the_help_by_exact_name() {
-        let help = HelpSpec::parse(include_str!("../../tests/fixtures/sglang/help-0.5.23.txt"));
+        let help = HelpSpec::parse(include_str!(
+            "../../../tests/fixtures/sglang/help-0.5.23.txt"
+        ));
         let d = dims(
             &[],
             &s(&[

@@ -10,18 +10,18 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::assign::Slot;
-use super::event::Event;
-use super::rank::{CacheUse, Failure, FirstWindow, Measured, Outcome, Pruned, Trial};
-use super::search::{Screen, Verdict};
-use super::servers::{Running, Setup, SweepError, facts_by_host, plan_candidate};
-use super::space::Candidate;
-use super::trial::{self, Checkpoint, Ended, Group, Server, TrialFailure};
 use crate::launch::plan::Instance;
 use crate::launch::preflight;
 use crate::launch::up::{UpOutcome, UpState};
 use crate::remote::Tunnel;
 use crate::sglang::client::{Endpoint, HttpOptions, SglangClient, http_client};
+use crate::sweep::assign::Slot;
+use crate::sweep::event::Event;
+use crate::sweep::rank::{CacheUse, Failure, FirstWindow, Measured, Outcome, Pruned, Trial};
+use crate::sweep::search::{Screen, Verdict};
+use crate::sweep::servers::{Running, Setup, SweepError, facts_by_host, plan_candidate};
+use crate::sweep::space::Candidate;
+use crate::sweep::trial::{self, Checkpoint, Ended, Group, Server, TrialFailure};
 
 /// What a batch tells the sweep while it runs.
 #[derive(Debug)]

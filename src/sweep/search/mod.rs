@@ -3,6 +3,13 @@
 //! GPUs and tells it every trial that ends. What defines a search ([`SearchSpec`]) and what it
 //! has done ([`SearchState`]) are written to `sweep.json`, so that `--resume` continues it.
 
+pub mod adaptive;
+pub mod grid;
+pub mod prune;
+pub mod range;
+pub mod space;
+pub mod stats;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::assign::{Need, Slot};
 use super::range::Dim;
 use super::rank::Trial;
-use super::space::{self, Axis, Candidate};
 use super::stats::Estimate;
+use space::{Axis, Candidate};
 
 /// How far the search may go, from the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

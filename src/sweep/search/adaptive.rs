@@ -5,13 +5,13 @@
 //! leaders once more, so that one lucky window is not crowned. Pure: everything it decides on
 //! comes through the [`Strategy`] calls.
 
-use super::assign::Need;
-use super::prune::{self, Contender};
-use super::range::Dim;
-use super::rank::{Failure, Outcome, Trial};
-use super::search::{Limits, Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
-use super::slo::Slo;
-use super::space::Candidate;
+use crate::sweep::assign::Need;
+use crate::sweep::prune::{self, Contender};
+use crate::sweep::range::Dim;
+use crate::sweep::rank::{Failure, Outcome, Trial};
+use crate::sweep::search::{Limits, Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
+use crate::sweep::slo::Slo;
+use crate::sweep::space::Candidate;
 
 /// The first step of refinement, as a fraction of each range; each level halves it.
 const FIRST_STEP: f64 = 0.25;
@@ -242,14 +242,14 @@ impl Adaptive {
         let mut lists = Vec::new();
         for (d, dim) in self.dims.iter().enumerate() {
             let moves: Vec<f64> = match &dim.domain {
-                super::range::Domain::List { values } => {
+                crate::sweep::range::Domain::List { values } => {
                     let n = values.len() as f64;
                     (0..values.len())
                         .map(|i| (i as f64 + 0.5) / n)
                         .filter(|&u| !behind.iter().any(|&(e, b)| e == d && (b - u).abs() < 1e-9))
                         .collect()
                 }
-                super::range::Domain::Range { .. } => vec![best[d] - step, best[d] + step],
+                crate::sweep::range::Domain::Range { .. } => vec![best[d] - step, best[d] + step],
             };
             for m in moves {
                 let mut p = best.to_vec();
@@ -289,8 +289,8 @@ impl Adaptive {
             .dims
             .iter()
             .map(|d| match &d.domain {
-                super::range::Domain::List { values } => values.len().saturating_sub(1),
-                super::range::Domain::Range { .. } => 0,
+                crate::sweep::range::Domain::List { values } => values.len().saturating_sub(1),
+                crate::sweep::range::Domain::Range { .. } => 0,
             })
             .sum();
         2 * ranges + 2 * ranges * ranges.saturating_sub(1) + lists
@@ -305,7 +305,7 @@ impl Adaptive {
             .fold(0.0, f64::max);
         let mut out = Vec::new();
         for (d, dim) in self.dims.iter().enumerate() {
-            let super::range::Domain::List { values } = &dim.domain else {
+            let crate::sweep::range::Domain::List { values } = &dim.domain else {
                 continue;
             };
             for v in values {

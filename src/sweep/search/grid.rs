@@ -3,11 +3,11 @@
 //! a candidate after its first window when it is clearly behind the leader on the same hosts.
 //! Pure.
 
-use super::assign::Need;
-use super::prune::{self, Contender};
-use super::rank::{Outcome, Trial};
-use super::search::{Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
-use super::space::Candidate;
+use crate::sweep::assign::Need;
+use crate::sweep::prune::{self, Contender};
+use crate::sweep::rank::{Outcome, Trial};
+use crate::sweep::search::{Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
+use crate::sweep::space::Candidate;
 
 /// The grid, with the first windows seen so far.
 #[derive(Debug, Clone)]

@@ -1,6 +1,8 @@
 //! Trial results, the ranking by output tok/s per GPU, ETA projection and the deciding factor.
 //! Pure: the sweep's report and `sweep.json` are rendered from these values.
 
+pub mod slo;
+
 use serde::{Deserialize, Serialize};
 
 use crate::eta::{Expectation, Interval, LengthModel, LengthPrior, Lengths, Rate, Source};
