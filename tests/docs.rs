@@ -113,8 +113,14 @@ fn examples(rel: &Path) -> Vec<Example> {
         }
         let at = format!("{}:{n}", rel.display());
         if let Some(cmd) = line.strip_prefix("$ ") {
+            // `NAME=value ... fleet ...`: variables for this one command, then fleet.
+            let run = cmd
+                .split(' ')
+                .skip_while(|w| w.split_once('=').is_some_and(|(k, _)| is_env_name(k)))
+                .collect::<Vec<_>>()
+                .join(" ");
             assert!(
-                cmd == "fleet" || cmd.starts_with("fleet "),
+                run == "fleet" || run.starts_with("fleet "),
                 "{at}: a console example runs fleet, not `{cmd}`"
             );
             commands_in_block += 1;
@@ -609,4 +615,11 @@ fn the_environment_page_names_every_fleet_variable_the_code_reads() {
         missing.is_empty(),
         "docs/reference/environment.md does not name {missing:?}"
     );
+}
+
+/// `NAME` of a `NAME=value` prefix: what a shell takes as a variable for one command.
+fn is_env_name(word: &str) -> bool {
+    !word.is_empty()
+        && !word.starts_with(|c: char| c.is_ascii_digit())
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }

@@ -163,6 +163,11 @@ pub enum PlanError {
     UnknownGpus { gpus: String, have: String },
     #[error("profile env sets CUDA_VISIBLE_DEVICES; fleet pins each server to its GPU itself")]
     EnvPinsGpu,
+    #[error(
+        "profile {profile}: server.nnodes {nnodes}: fleet does not start servers over several \
+         nodes yet\n  hint: a server over one node's GPUs (tp_size up to its GPU count) runs today"
+    )]
+    MultiNode { profile: String, nnodes: u32 },
     /// Every host whose selection cannot hold whole servers of the layout.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Layout(Vec<PlaceError>),
@@ -185,6 +190,12 @@ pub fn plan(
 ) -> Result<Vec<Instance>, PlanError> {
     if profile.env.contains_key("CUDA_VISIBLE_DEVICES") {
         return Err(PlanError::EnvPinsGpu);
+    }
+    if profile.server.parallel.nnodes > 1 {
+        return Err(PlanError::MultiNode {
+            profile: profile.name.clone(),
+            nnodes: profile.server.parallel.nnodes,
+        });
     }
     if api_key.is_some() && flags::has_config(&profile.server.extra_args) {
         return Err(PlanError::ConfigTwice {
@@ -563,6 +574,12 @@ pub(crate) mod tests {
         assert!(matches!(
             plan(&p, &hosts, None, None, DEFAULT_RUN_ROOT),
             Err(PlanError::Port(_))
+        ));
+        let mut nodes = profile();
+        nodes.server.parallel.nnodes = 2;
+        assert!(matches!(
+            plan(&nodes, &hosts, None, None, DEFAULT_RUN_ROOT),
+            Err(PlanError::MultiNode { nnodes: 2, .. })
         ));
         let mut pinned = profile();
         pinned.env.insert("CUDA_VISIBLE_DEVICES".into(), "0".into());

@@ -45,11 +45,18 @@ pub fn plan_text(instances: &[Instance], versions: &BTreeMap<String, Option<Stri
         let env: Vec<String> = i.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let argv = shlex::try_join(i.display_argv().iter().map(String::as_str))
             .unwrap_or_else(|_| i.display_argv().join(" "));
-        out.push_str(&format!(
-            "{} (SGLang {version})\n  env: {}\n  $ {argv}\n",
-            i.label(),
-            env.join(" ")
-        ));
+        out.push_str(&format!("{} (SGLang {version})\n", i.label()));
+        if i.group.is_multi() {
+            let link = i
+                .group
+                .slowest
+                .map_or("unknown: no board read".to_string(), |l| l.to_string());
+            out.push_str(&format!(
+                "  gpus: {} (slowest link {link})\n",
+                i.group.visible_devices()
+            ));
+        }
+        out.push_str(&format!("  env: {}\n  $ {argv}\n", env.join(" ")));
     }
     out
 }
