@@ -8,8 +8,13 @@
 //! which makes each test-and-set atomic. The lock names its owner (pid, machine, command) and is
 //! kept fresh by a heartbeat; an owner that stops beating for [`STALE_AFTER`] lost it, and an
 //! owner on this machine whose process is gone lost it at once.
+//!
+//! Within one process (a sweep starts its batches side by side), starts on one run directory
+//! take turns on an in-process mutex first: the next one goes the moment the last releases,
+//! instead of polling the file and reporting its own process as "another `fleet up`".
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -186,6 +191,20 @@ pub struct HostLock {
     beat: CancellationToken,
     heartbeat: Option<JoinHandle<()>>,
     ops: Ops,
+    /// This process's turn on the run directory, held as long as the lock.
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// One turn per run directory (host and root) among this process's starts.
+static TURNS: LazyLock<Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn turn_of(host: &str, root: &str) -> Arc<tokio::sync::Mutex<()>> {
+    let mut turns = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    turns
+        .entry((host.to_string(), root.to_string()))
+        .or_default()
+        .clone()
 }
 
 /// Runs the lock script on one host.
@@ -236,6 +255,10 @@ pub async fn acquire(
     cancel: &CancellationToken,
 ) -> Result<HostLock, LockError> {
     let host = t.host().to_string();
+    let turn = tokio::select! {
+        _ = cancel.cancelled() => return Err(LockError::Interrupted),
+        turn = turn_of(&host, root).lock_owned() => turn,
+    };
     let ops = Ops {
         t,
         root: root.to_string(),
@@ -260,7 +283,7 @@ pub async fn acquire(
                         "{host}: took over the run directory lock of {who}, silent for {age}s"
                     );
                 }
-                return Ok(HostLock::start(host, ops));
+                return Ok(HostLock::start(host, ops, turn));
             }
             Take::Held { age, token, owner } => (age, token, owner),
         };
@@ -294,7 +317,7 @@ pub async fn acquire(
 }
 
 impl HostLock {
-    fn start(host: String, ops: Ops) -> HostLock {
+    fn start(host: String, ops: Ops, turn: tokio::sync::OwnedMutexGuard<()>) -> HostLock {
         let beat = CancellationToken::new();
         let heartbeat = Some(tokio::spawn(heartbeat(ops.clone(), beat.clone())));
         HostLock {
@@ -302,6 +325,7 @@ impl HostLock {
             beat,
             heartbeat,
             ops,
+            _turn: turn,
         }
     }
 
@@ -395,5 +419,26 @@ mod tests {
             ..me.clone()
         };
         assert!(!elsewhere.gone(&me), "judged by its heartbeat alone");
+    }
+
+    #[tokio::test]
+    async fn starts_of_one_process_take_turns_without_waiting_on_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let t: Arc<dyn Transport> = Arc::new(crate::remote::LocalTransport::new("local"));
+        let me = Owner::me();
+        let cancel = CancellationToken::new();
+        let first = acquire(t.clone(), root, &me, &token(), &cancel).await.unwrap();
+        let second = tokio::spawn({
+            let (t, root, me, cancel) = (t.clone(), root.to_string(), me.clone(), cancel.clone());
+            async move { acquire(t, &root, &me, &token(), &cancel).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!second.is_finished(), "the second start waits for its turn");
+        first.release().await;
+        // Its turn comes as the first releases: it never met the file held by its own process.
+        let second = second.await.unwrap().unwrap();
+        second.release().await;
+        assert!(!dir.path().join(".up.lock").exists());
     }
 }
