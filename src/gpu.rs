@@ -166,11 +166,16 @@ pub struct Nvml {
 /// The driver, loaded at the first read of this run and kept: `fleet status` reads every local
 /// host's GPUs and `down` confirms each release, and loading libnvidia-ml (or failing to) each
 /// time costs more than the read. A failure is kept too, so later reads go to `nvidia-smi` at once.
-static DRIVER: OnceLock<Result<Arc<nvml_wrapper::Nvml>, String>> = OnceLock::new();
+static DRIVER: OnceLock<Result<Arc<nvml_wrapper::Nvml>, NoNvml>> = OnceLock::new();
+
+/// Why NVML could not be loaded here: the library's own words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoNvml(String);
 
 impl Nvml {
     /// This run's NVML handle for `host`; fails on machines without the NVIDIA driver.
-    pub async fn init(host: &str) -> Result<Self, String> {
+    pub async fn init(host: &str) -> Result<Self, NoNvml> {
         let driver = match DRIVER.get() {
             Some(driver) => driver.clone(),
             // Loading the library blocks in the dynamic loader and the driver.
@@ -179,12 +184,12 @@ impl Nvml {
                     .get_or_init(|| {
                         nvml_wrapper::Nvml::init()
                             .map(Arc::new)
-                            .map_err(|e| e.to_string())
+                            .map_err(|e| NoNvml(e.to_string()))
                     })
                     .clone()
             })
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| NoNvml(e.to_string()))?,
         };
         driver.map(|nvml| Nvml {
             nvml,
@@ -251,7 +256,7 @@ pub async fn read_host(
     match (NvidiaSmi { transport }).read().await {
         Err(GpuError::NoNvidiaSmi { host }) if nvml_error.is_some() => Err(GpuError::NoDriver {
             host,
-            nvml: nvml_error.unwrap_or_default(),
+            nvml: nvml_error.map(|e| e.to_string()).unwrap_or_default(),
         }),
         other => other,
     }

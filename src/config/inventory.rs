@@ -120,7 +120,7 @@ fn host(c: &mut Checker, node: &Node, path: &str) -> Option<Read> {
                 c.report(
                     n.loc,
                     &field,
-                    e,
+                    e.to_string(),
                     Some("write user@host or user@host:port; omit ssh for this machine".into()),
                 )
             })
@@ -232,20 +232,42 @@ fn host_name(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
     None
 }
 
+/// Why a `[user@]host[:port]` target does not read; each names the text as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SshTargetError {
+    #[error("`{0}` contains whitespace")]
+    Whitespace(String),
+    #[error("`{0}` has an empty user before `@`")]
+    EmptyUser(String),
+    #[error("`{0}` has an unclosed `[`")]
+    Unclosed(String),
+    #[error("`{0}`: expected `:port` after `]`")]
+    AfterBracket(String),
+    #[error("`{0}`: an IPv6 address needs brackets, e.g. root@[::1]:22")]
+    Ipv6(String),
+    #[error("`{0}` has no host")]
+    NoHost(String),
+    #[error("`{target}`: `{host}` is not a host name or address")]
+    BadHost { target: String, host: String },
+    #[error("`{target}`: port `{port}` is not 1..=65535")]
+    BadPort { target: String, port: String },
+}
+
 /// `[user@]host[:port]`, with `[v6::addr]` in brackets when a port follows or not.
-pub fn parse_ssh_target(s: &str) -> Result<SshTarget, String> {
+pub fn parse_ssh_target(s: &str) -> Result<SshTarget, SshTargetError> {
+    let whole = || s.to_string();
     if s.contains(char::is_whitespace) {
-        return Err(format!("`{s}` contains whitespace"));
+        return Err(SshTargetError::Whitespace(whole()));
     }
     let (user, rest) = match s.split_once('@') {
-        Some(("", _)) => return Err(format!("`{s}` has an empty user before `@`")),
+        Some(("", _)) => return Err(SshTargetError::EmptyUser(whole())),
         Some((user, rest)) => (Some(user.to_string()), rest),
         None => (None, s),
     };
     let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
         let (host, after) = bracketed
             .split_once(']')
-            .ok_or_else(|| format!("`{s}` has an unclosed `[`"))?;
+            .ok_or_else(|| SshTargetError::Unclosed(whole()))?;
         match after {
             "" => (host, None),
             _ => (
@@ -253,14 +275,12 @@ pub fn parse_ssh_target(s: &str) -> Result<SshTarget, String> {
                 Some(
                     after
                         .strip_prefix(':')
-                        .ok_or_else(|| format!("`{s}`: expected `:port` after `]`"))?,
+                        .ok_or_else(|| SshTargetError::AfterBracket(whole()))?,
                 ),
             ),
         }
     } else if rest.matches(':').count() > 1 {
-        return Err(format!(
-            "`{s}`: an IPv6 address needs brackets, e.g. root@[::1]:22"
-        ));
+        return Err(SshTargetError::Ipv6(whole()));
     } else {
         match rest.split_once(':') {
             Some((host, port)) => (host, Some(port)),
@@ -268,15 +288,21 @@ pub fn parse_ssh_target(s: &str) -> Result<SshTarget, String> {
         }
     };
     if host.is_empty() {
-        return Err(format!("`{s}` has no host"));
+        return Err(SshTargetError::NoHost(whole()));
     }
     if host.starts_with('-') || host.contains('@') {
-        return Err(format!("`{s}`: `{host}` is not a host name or address"));
+        return Err(SshTargetError::BadHost {
+            target: whole(),
+            host: host.to_string(),
+        });
     }
     let port = port
         .map(|p| match p.parse::<u16>() {
             Ok(port) if port > 0 => Ok(port),
-            _ => Err(format!("`{s}`: port `{p}` is not 1..=65535")),
+            _ => Err(SshTargetError::BadPort {
+                target: whole(),
+                port: p.to_string(),
+            }),
         })
         .transpose()?;
     Ok(SshTarget {
@@ -445,7 +471,7 @@ fn proxy_jump(c: &mut Checker, node: &Node, field: &str) -> Option<String> {
             c.report(
                 node.loc,
                 field,
-                e,
+                e.to_string(),
                 Some(
                     "write jump hosts as `[user@]host[:port]`, separated by commas, or `none`"
                         .into(),
@@ -597,7 +623,11 @@ mod tests {
 
     #[test]
     fn ssh_targets() {
-        let t = |s: &str| parse_ssh_target(s).map(|t| t.to_string());
+        let t = |s: &str| {
+            parse_ssh_target(s)
+                .map(|t| t.to_string())
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(t("root@host:2222"), Ok("root@host:2222".into()));
         assert_eq!(t("host"), Ok("host".into()));
         assert_eq!(t("admin@[::1]:22"), Ok("admin@[::1]:22".into()));

@@ -12,7 +12,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use inventory::{SSH_OPTIONS, inventory_from_str, load_inventory, parse_ssh_target};
+pub use inventory::{
+    SSH_OPTIONS, SshTargetError, inventory_from_str, load_inventory, parse_ssh_target,
+};
 pub use profile::{
     Override, derived_profile_yaml, load_profile, load_profile_file, load_profile_with,
     profile_files, profile_from_str, resolve_profile_path,

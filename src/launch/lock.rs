@@ -195,11 +195,14 @@ pub struct HostLock {
     _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
-/// One turn per run directory (host and root) among this process's starts.
-static TURNS: LazyLock<Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>> =
+/// A run directory's turn among this process's starts.
+type Turn = Arc<tokio::sync::Mutex<()>>;
+
+/// One turn per run directory (host and root).
+static TURNS: LazyLock<Mutex<HashMap<(String, String), Turn>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-fn turn_of(host: &str, root: &str) -> Arc<tokio::sync::Mutex<()>> {
+fn turn_of(host: &str, root: &str) -> Turn {
     let mut turns = TURNS.lock().unwrap_or_else(|p| p.into_inner());
     turns
         .entry((host.to_string(), root.to_string()))
@@ -428,7 +431,9 @@ mod tests {
         let t: Arc<dyn Transport> = Arc::new(crate::remote::LocalTransport::new("local"));
         let me = Owner::me();
         let cancel = CancellationToken::new();
-        let first = acquire(t.clone(), root, &me, &token(), &cancel).await.unwrap();
+        let first = acquire(t.clone(), root, &me, &token(), &cancel)
+            .await
+            .unwrap();
         let second = tokio::spawn({
             let (t, root, me, cancel) = (t.clone(), root.to_string(), me.clone(), cancel.clone());
             async move { acquire(t, &root, &me, &token(), &cancel).await }

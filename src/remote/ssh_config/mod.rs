@@ -354,7 +354,7 @@ fn proxy_jump(s: &Settings) -> Result<Vec<(SshTarget, Origin)>, SshConfigError> 
             let hop = hop.strip_prefix("ssh://").unwrap_or(hop);
             parse_ssh_target(hop)
                 .map(|t| (t, j.origin.clone()))
-                .map_err(|message| invalid(j, &message))
+                .map_err(|e| invalid(j, &e.to_string()))
         })
         .collect()
 }

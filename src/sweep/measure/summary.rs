@@ -206,7 +206,17 @@ pub struct ServerReading {
     /// `sglang:generation_tokens_total` at the window's start and end.
     pub generation_tokens: (Option<f64>, Option<f64>),
     /// `/health` after the window: `Err` with why it is not healthy.
-    pub health: Result<(), String>,
+    pub health: Result<(), Unhealthy>,
+}
+
+/// Why a server's `/health` after a window was not a 200.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unhealthy {
+    #[error("/health answered {0}")]
+    Status(u16),
+    /// No answer: the client's error, as it reads.
+    #[error("{0}")]
+    NoAnswer(String),
 }
 
 /// Turns one candidate's stats over a window of `window` (sampled in bins of `bin`) into its
@@ -506,7 +516,7 @@ mod tests {
                 stats(100, 10, 0),
                 ServerReading {
                     generation_tokens: (None, None),
-                    health: Err("connection refused".into()),
+                    health: Err(Unhealthy::NoAnswer("connection refused".into())),
                 },
             )],
             Duration::from_secs(1),

@@ -25,7 +25,7 @@ use crate::sweep::load::Workload;
 use crate::sweep::prune;
 use crate::sweep::rank::Measured;
 pub use crate::sweep::summary::{Group, Server, TrialFailure};
-use crate::sweep::summary::{ServerReading, Stats, summarize, summarize_first};
+use crate::sweep::summary::{ServerReading, Stats, Unhealthy, summarize, summarize_first};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
@@ -186,12 +186,12 @@ async fn read_counters(clients: &[Vec<SglangClient>], wanted: &[bool]) -> Vec<Ve
     futures::future::join_all(reads).await
 }
 
-async fn read_health(clients: &[SglangClient]) -> Vec<Result<(), String>> {
+async fn read_health(clients: &[SglangClient]) -> Vec<Result<(), Unhealthy>> {
     let reads = clients.iter().map(|c| async move {
         match c.health().await {
             Ok(Health::Ready) => Ok(()),
-            Ok(Health::NotReady { status }) => Err(format!("/health answered {status}")),
-            Err(e) => Err(e.to_string()),
+            Ok(Health::NotReady { status }) => Err(Unhealthy::Status(status)),
+            Err(e) => Err(Unhealthy::NoAnswer(e.to_string())),
         }
     });
     futures::future::join_all(reads).await
