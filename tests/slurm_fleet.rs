@@ -316,3 +316,94 @@ fn tensor_parallel_servers_are_steps_of_four_gpus_on_one_node() {
     assert_eq!(f.fleet_jobs(), "");
     assert!(f.sims().is_empty());
 }
+
+#[test]
+fn a_tp16_server_over_both_nodes_runs_a_job_and_is_lost_with_a_rank() {
+    let cluster = SlurmCluster::start(Options::default());
+    let ports = reserve_ports(16);
+    let f = SlurmFleet::new(cluster, &allocation(16, 30), ports.base);
+    let sim = std::fs::read_to_string(f.path().join("profiles/sim.yaml")).unwrap();
+    std::fs::write(
+        f.path().join("profiles/tp16.yaml"),
+        sim.replace("server:\n", "server:\n  tp_size: 16\n  nnodes: 2\n"),
+    )
+    .unwrap();
+    let up = f.ok(&["--json", "up", "--profile", "tp16"]);
+    let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
+    let outcomes = outcomes.as_array().expect("one outcome per server");
+    assert_eq!(outcomes.len(), 1, "one server over both nodes:\n{up}");
+    assert_eq!(outcomes[0]["state"], "ready", "{up}");
+
+    // Two ranks, a step each on its own node with its eight GPUs, meeting at rank 0's node.
+    let sims = f.sims();
+    assert_eq!(sims.len(), 2, "{sims:?}");
+    let rank = |p: &common::slurm::Proc| {
+        let at = p.cmdline.iter().position(|a| a == "--node-rank").unwrap();
+        p.cmdline[at + 1].clone()
+    };
+    let nodes: BTreeSet<String> = sims
+        .iter()
+        .map(|p| p.env["SLURMD_NODENAME"].clone())
+        .collect();
+    assert_eq!(nodes.len(), 2, "{sims:?}");
+    assert!(
+        sims.iter()
+            .all(|p| p.env["CUDA_VISIBLE_DEVICES"].split(',').count() == 8)
+    );
+    let dist: BTreeSet<String> = sims
+        .iter()
+        .map(|p| {
+            let at = p
+                .cmdline
+                .iter()
+                .position(|a| a == "--dist-init-addr")
+                .unwrap();
+            p.cmdline[at + 1].clone()
+        })
+        .collect();
+    assert_eq!(dist.len(), 1, "one rendezvous for both ranks: {dist:?}");
+
+    let status: serde_json::Value = serde_json::from_str(&f.ok(&["--json", "status"])).unwrap();
+    let rows = status.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{status:#}");
+    assert_eq!(rows[0]["state"], "ready", "{status:#}");
+
+    write_prompts(&f.path().join("prompts.jsonl"), 300);
+    f.ok(&[
+        "-q",
+        "generate",
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out",
+        "--max-tokens",
+        "16",
+    ]);
+    assert_eq!(completion_ids(&f.path().join("out")).len(), 300);
+
+    // Rank 1 killed: the server is lost, as status tells within 30 s.
+    let rank1 = sims.iter().find(|p| rank(p) == "1").expect("rank 1");
+    let killed = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-9", &rank1.pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // status exits 1 once a server is not ready: its JSON still says why.
+    wait_until("the server reported lost", || {
+        let out = f.fleet(&["--json", "status"]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        s[0]["state"] != "ready"
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        killed.elapsed()
+    );
+
+    f.ok(&["-q", "down", "--grace", "5s"]);
+    assert_eq!(f.fleet_jobs(), "");
+    assert!(f.sims().is_empty());
+}

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{ConfigError, GpuSelection, HostSpec, Profile};
 use crate::layout::{self, Board, Group, PlaceError};
 use crate::server::ServerId;
-use crate::sglang::flags::{self, Render};
+use crate::sglang::flags::{self, NodeRank, Render};
 use crate::sglang::help::HelpSpec;
 
 pub const DEFAULT_RUN_ROOT: &str = "/tmp/fleet";
@@ -93,6 +93,22 @@ pub struct Instance {
     pub api_key_env: Option<String>,
     /// What `files.secrets` must hold before the server starts.
     pub secrets: Option<Secret>,
+    /// The server's other nodes, rank 1 on, when it spans several (`server.nnodes`): each runs
+    /// the same command with its own rank, and only this one (rank 0) serves the API.
+    pub ranks: Vec<Rank>,
+}
+
+/// A rank ≥ 1 of a server over several nodes: SGLang runs a dummy `/health` there, on the
+/// server's port of the node's own address.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rank {
+    /// Its GPUs (places) on its node.
+    pub group: Group,
+    /// Its node's address.
+    pub address: String,
+    pub argv: Vec<String>,
+    /// Its own log, pidfile and step file, in `rank<N>/` of the server's run directory.
+    pub files: RunFiles,
 }
 
 /// Text holding a secret; `Debug` never shows it.
@@ -143,7 +159,15 @@ pub const SECRETS_FILE: &str = "secrets.yaml";
 
 impl RunFiles {
     pub fn new(run_root: &str, port: u16) -> RunFiles {
-        let dir = format!("{}/{port}", run_root.trim_end_matches('/'));
+        RunFiles::in_dir(format!("{}/{port}", run_root.trim_end_matches('/')))
+    }
+
+    /// Rank `rank`'s files of a server over several nodes: in `rank<N>/` of its directory.
+    pub fn of_rank(&self, rank: usize) -> RunFiles {
+        RunFiles::in_dir(format!("{}/rank{rank}", self.dir))
+    }
+
+    fn in_dir(dir: String) -> RunFiles {
         RunFiles {
             log: format!("{dir}/server.log"),
             pidfile: format!("{dir}/pid"),
@@ -164,8 +188,9 @@ pub enum PlanError {
     #[error("profile env sets CUDA_VISIBLE_DEVICES; fleet pins each server to its GPU itself")]
     EnvPinsGpu,
     #[error(
-        "profile {profile}: server.nnodes {nnodes}: fleet does not start servers over several \
-         nodes yet\n  hint: a server over one node's GPUs (tp_size up to its GPU count) runs today"
+        "profile {profile}: server.nnodes {nnodes}: fleet starts servers over several nodes \
+         on Slurm hosts only, for now\n  hint: on SSH hosts, a server over one host's GPUs \
+         (tp_size up to its GPU count) runs today"
     )]
     MultiNode { profile: String, nnodes: u32 },
     /// Every host whose selection cannot hold whole servers of the layout.
@@ -191,10 +216,11 @@ pub fn plan(
     if profile.env.contains_key("CUDA_VISIBLE_DEVICES") {
         return Err(PlanError::EnvPinsGpu);
     }
-    if profile.server.parallel.nnodes > 1 {
+    let parallel = &profile.server.parallel;
+    if parallel.nnodes > 1 && hosts.iter().any(|(h, _)| matches!(h, HostSpec::Machine(_))) {
         return Err(PlanError::MultiNode {
             profile: profile.name.clone(),
-            nnodes: profile.server.parallel.nnodes,
+            nnodes: parallel.nnodes,
         });
     }
     if api_key.is_some() && flags::has_config(&profile.server.extra_args) {
@@ -231,7 +257,21 @@ pub fn plan(
         if selected.is_empty() {
             continue;
         }
-        let parallel = &profile.server.parallel;
+        if parallel.nnodes > 1 {
+            let places: Vec<(u32, String)> = selected
+                .iter()
+                .map(|p| (*p, facts.address_of(*p).to_string()))
+                .collect();
+            match layout::nodes::spread(host.name(), parallel, &places) {
+                Ok(servers) => {
+                    for ranks in servers {
+                        instances.push(over_nodes(profile, host, facts, ranks, api_key, run_root)?);
+                    }
+                }
+                Err(e) => refused.push(e),
+            }
+            continue;
+        }
         let groups = match layout::place(host.name(), parallel, &selected, facts.topology.board()) {
             Ok(groups) => groups,
             Err(e) => {
@@ -242,7 +282,7 @@ pub fn plan(
         for group in groups {
             let port = profile.port_for_gpu(host.name(), group.lead())?;
             instances.push(instance(
-                profile, host, facts, group, port, api_key, run_root,
+                profile, host, facts, group, port, api_key, run_root, None,
             ));
         }
     }
@@ -284,6 +324,71 @@ pub fn group_label(id: &ServerId, gpus: &[u32], port: u16) -> String {
     }
 }
 
+/// One server over several nodes of a Slurm host: rank 0 serves on its port, and rank 0's node
+/// hosts the ranks' rendezvous on the port of rank 1's first place, which no server of that
+/// node listens on (every place of rank 1 is on another node).
+fn over_nodes(
+    profile: &Profile,
+    host: &HostSpec,
+    facts: &HostFacts,
+    ranks: Vec<layout::nodes::RankPlace>,
+    api_key: Option<&str>,
+    run_root: &str,
+) -> Result<Instance, PlanError> {
+    let mut ranks = ranks.into_iter();
+    let first = ranks.next().expect("a server has rank 0");
+    let rest: Vec<_> = ranks.collect();
+    let port = profile.port_for_gpu(host.name(), first.group.lead())?;
+    let rendezvous = rest.first().map_or(first.group.lead(), |r| r.group.lead());
+    let dist = format!(
+        "{}:{}",
+        first.node,
+        profile.port_for_gpu(host.name(), rendezvous)?
+    );
+    let rank0 = NodeRank {
+        rank: 0,
+        dist_init_addr: &dist,
+    };
+    let group = first.group;
+    let mut server = instance(
+        profile,
+        host,
+        facts,
+        group,
+        port,
+        api_key,
+        run_root,
+        Some(rank0),
+    );
+    server.ranks = rest
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let files = server.files.of_rank(i + 1);
+            let render = Render {
+                help: facts.help.as_ref(),
+                bind_host: &r.node,
+                port,
+                secrets_file: api_key.map(|_| server.files.secrets.as_str()),
+                node: Some(NodeRank {
+                    rank: i as u32 + 1,
+                    dist_init_addr: &dist,
+                }),
+            };
+            let mut argv = profile.launcher.clone();
+            argv.extend(flags::server_args(profile, &render));
+            Rank {
+                group: r.group,
+                address: r.node,
+                argv,
+                files,
+            }
+        })
+        .collect();
+    Ok(server)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn instance(
     profile: &Profile,
     host: &HostSpec,
@@ -292,6 +397,7 @@ fn instance(
     port: u16,
     api_key: Option<&str>,
     run_root: &str,
+    node: Option<NodeRank<'_>>,
 ) -> Instance {
     let gpu = group.lead();
     let address = facts.address_of(gpu);
@@ -302,6 +408,7 @@ fn instance(
         bind_host,
         port,
         secrets_file: api_key.map(|_| files.secrets.as_str()),
+        node,
     };
     let mut argv = profile.launcher.clone();
     argv.extend(flags::server_args(profile, &render));
@@ -329,6 +436,7 @@ fn instance(
         profile: profile.name.clone(),
         api_key_env: profile.api_key_env.clone(),
         secrets: api_key.map(|k| Secret(flags::secrets_yaml(k))),
+        ranks: Vec::new(),
     }
 }
 

@@ -40,6 +40,18 @@ pub struct InstanceRecord {
     /// first); absent for one GPU, and in records written before layouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<crate::layout::Group>,
+    /// The server's other nodes (rank 1 on) when it spans several; `handle` is rank 0's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankRecord>,
+}
+
+/// A rank ≥ 1 of a server over several nodes, as started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankRecord {
+    #[serde(flatten)]
+    pub handle: Handle,
+    pub log: String,
+    pub pidfile: String,
 }
 
 /// How a backend finds a server it started again. The kind of backend decides the kind of
@@ -106,6 +118,11 @@ impl InstanceRecord {
     /// `ct200 gpu5 :30005`, as up, down and the sweep name a server in messages.
     pub fn label(&self) -> String {
         crate::launch::plan::group_label(&self.id, self.gpus(), self.port)
+    }
+
+    /// How the backend finds every process of the server: rank 0's, then the other ranks'.
+    pub fn handles(&self) -> impl Iterator<Item = &Handle> {
+        std::iter::once(&self.handle).chain(self.ranks.iter().map(|r| &r.handle))
     }
 
     /// Every GPU of the server, its id's first.

@@ -3,6 +3,7 @@
 //! Pure: the config, the plan, the backends and the sweep all read this one type.
 
 pub mod groups;
+pub mod nodes;
 pub mod topology;
 
 use std::fmt;
@@ -139,6 +140,17 @@ pub enum PlaceError {
         need: u32,
         have: usize,
         gpus: String,
+    },
+    #[error(
+        "host `{host}`: a {parallel} server runs {share} GPUs on each of its nodes, and the \
+         allocation has {have}"
+    )]
+    Nodes {
+        host: String,
+        parallel: Parallel,
+        share: u32,
+        /// Each node with its GPUs, as `n1: 8, n2: 6`.
+        have: String,
     },
 }
 

@@ -33,6 +33,17 @@ pub struct Render<'a> {
     /// any: SGLang reads the key only from `--api-key` or a config file, and an argv is
     /// readable by every user of the host (`ps`).
     pub secrets_file: Option<&'a str>,
+    /// This node's rank of a server over several nodes.
+    pub node: Option<NodeRank<'a>>,
+}
+
+/// One node's part of a server over several: SGLang's rule is the same command on every node
+/// with its own `--node-rank` and rank 0's `--dist-init-addr` (srt/server_args.py).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeRank<'a> {
+    pub rank: u32,
+    /// `HOST:PORT` where rank 0's torch.distributed store listens.
+    pub dist_init_addr: &'a str,
 }
 
 /// SGLang's `--config`: one per command line (srt/utils/server_args_config_parser.py).
@@ -105,6 +116,16 @@ pub fn server_args(profile: &Profile, r: &Render<'_>) -> Vec<String> {
     }
     if s.parallel.dp_attention {
         args.push("--enable-dp-attention".to_string());
+    }
+    if let Some(node) = r.node {
+        for (flag, value) in [
+            ("--nnodes", s.parallel.nnodes.to_string()),
+            ("--node-rank", node.rank.to_string()),
+            ("--dist-init-addr", node.dist_init_addr.to_string()),
+        ] {
+            args.push(flag.to_string());
+            args.push(value);
+        }
     }
     if s.enable_metrics {
         args.push("--enable-metrics".to_string());
@@ -432,6 +453,7 @@ pub(crate) mod tests {
                 bind_host: "127.0.0.1",
                 port: 30005,
                 secrets_file,
+                node: None,
             },
         )
     }

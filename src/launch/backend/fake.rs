@@ -41,6 +41,7 @@ pub(crate) fn record(host: &str, gpu: u32, port: u16, fingerprint: &str) -> Inst
         pidfile: files.pidfile,
         record: files.record,
         group: None,
+        ranks: Vec::new(),
     }
 }
 
@@ -62,6 +63,7 @@ pub(crate) fn planned(host: &str, gpu: u32, port: u16, fingerprint: &str) -> Ins
         profile: "p".into(),
         api_key_env: None,
         secrets: None,
+        ranks: Vec::new(),
     }
 }
 

@@ -69,6 +69,7 @@ impl Machine {
             pidfile: planned.files.pidfile.clone(),
             record: planned.files.record.clone(),
             group: planned.group.if_multi(),
+            ranks: Vec::new(),
         };
         state::write_record(self.t(), &record).await?;
         Ok(record)

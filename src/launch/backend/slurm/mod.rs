@@ -16,6 +16,10 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod steps;
+
+use steps::StepOf;
+
 use super::machine::AFTER_KILL;
 use super::{Backend, Ending, Home, JobCommand, JobStop, Seen, StopState, Stopped};
 use crate::backoff::Backoff;
@@ -23,11 +27,11 @@ use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
 use crate::launch::plan::{HostFacts, Instance, Topology};
 use crate::launch::preflight::{self, FactsError, Learn};
-use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
+use crate::launch::state::{self, Handle, InstanceRecord, Liveness, RankRecord, StateError};
 use crate::remote::{RemoteError, Transport, Tunnel, argv};
 use crate::slurm::{
     AllocationRequest, JobId, JobRecord, JobState, JobStatus, Shape, Slurm, SlurmSpec, SlurmTime,
-    Step, StepId, StepRequest,
+    Step, StepId,
 };
 
 /// How often squeue is asked while an allocation pends, a step starts or a step ends.
@@ -227,79 +231,6 @@ impl SlurmBackend {
             .collect())
     }
 
-    /// What the step wrapper wrote once the step ran (`JOB STEP GPUS`), while `srun` runs.
-    async fn started_step(
-        &self,
-        planned: &Instance,
-        srun: u32,
-        srun_log: &str,
-    ) -> Result<(JobId, u32, String), StateError> {
-        let file = step_file(&planned.files.dir);
-        let script = r#"if [ -f "$1" ]; then cat "$1"; elif kill -0 "$2" 2>/dev/null; then echo waiting; else echo gone; tail -n 5 "$3"; fi"#;
-        let pid = srun.to_string();
-        let deadline = Instant::now() + STEP_START;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let out = state::run_ok(
-                self.t(),
-                &argv(&["sh", "-c", script, "sh", &file, &pid, srun_log]),
-            )
-            .await?;
-            let text = out.trim();
-            if let Some(started) = read_step_file(text) {
-                return Ok(started);
-            }
-            let gone = text.strip_prefix("gone");
-            if gone.is_some() || Instant::now() >= deadline {
-                return Err(StateError::Command {
-                    host: self.home.host.clone(),
-                    command: format!("srun for {}", planned.label()),
-                    stderr: match gone {
-                        Some(tail) => format!("srun ended before the step ran: {}", tail.trim()),
-                        None => format!("no step after {}s", STEP_START.as_secs()),
-                    },
-                });
-            }
-            tokio::time::sleep(POLL.random_delay(attempt)).await;
-        }
-    }
-
-    /// Waits until the step is gone from squeue (or `within` passes); `true` when it is.
-    async fn wait_step_gone(
-        &self,
-        job: JobId,
-        step: u32,
-        within: Duration,
-    ) -> Result<bool, StateError> {
-        let deadline = Instant::now() + within;
-        let mut attempt = 0;
-        loop {
-            if !self.steps(job).await?.contains(&step) {
-                return Ok(true);
-            }
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
-            attempt += 1;
-            tokio::time::sleep(POLL.random_delay(attempt)).await;
-        }
-    }
-
-    /// Waits (up to [`AFTER_KILL`]) for the step's `srun` to exit once its step ended.
-    async fn wait_srun_gone(&self, pidfile: &str) -> Result<(), StateError> {
-        let script = r#"p=$(cat "$1" 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; i=0; while kill -0 "$p" 2>/dev/null; do i=$((i+1)); [ "$i" -gt "$2" ] && exit 1; sleep 0.05; done"#;
-        let rounds = (AFTER_KILL.as_millis() / 50).to_string();
-        let out = self
-            .t()
-            .run(&argv(&["sh", "-c", script, "sh", pidfile, &rounds]))
-            .await?;
-        if !out.success() {
-            tracing::warn!("{}: srun of {pidfile} still runs", self.home.host);
-        }
-        Ok(())
-    }
-
     /// Cancels the allocation when fleet made it and no server of fleet's is left in it; an
     /// allocation the user holds (`job:`) is never touched. Waits until Slurm has ended it.
     pub async fn release_allocation(&self) -> Result<Option<JobId>, StateError> {
@@ -445,10 +376,11 @@ impl Backend for SlurmBackend {
         // A dead node's steps stay listed in squeue: the node's state tells a lost server.
         let listed: BTreeSet<&str> = records
             .iter()
-            .filter_map(|r| match &r.handle {
+            .flat_map(InstanceRecord::handles)
+            .filter_map(|h| match h {
                 Handle::Step {
                     job, step, node, ..
-                } if running[job].contains(step) => Some(node.as_str()),
+                } if running.get(job).is_some_and(|s| s.contains(step)) => Some(node.as_str()),
                 _ => None,
             })
             .collect();
@@ -464,18 +396,24 @@ impl Backend for SlurmBackend {
         Ok(records
             .into_iter()
             .map(|record| {
-                let liveness = match &record.handle {
+                let runs = |h: &Handle| match h {
                     Handle::Step {
                         job, step, node, ..
-                    } if running[job].contains(step) && !down.contains(node) => Liveness::Running,
-                    Handle::Step { .. } => Liveness::Dead,
+                    } => running.get(job).is_some_and(|s| s.contains(step)) && !down.contains(node),
+                    Handle::Process { .. } => false,
+                };
+                let ranks_running = record.handles().filter(|h| runs(h)).count();
+                let (liveness, lingering) = match &record.handle {
                     // Not a step: never fleet's to touch here.
-                    Handle::Process { .. } => Liveness::Reused,
+                    Handle::Process { .. } => (Liveness::Reused, false),
+                    // A rank lost is the server lost; the ranks left run on until stopped.
+                    _ if ranks_running == record.handles().count() => (Liveness::Running, false),
+                    _ => (Liveness::Dead, ranks_running > 0),
                 };
                 Seen {
                     record,
                     liveness,
-                    lingering: false,
+                    lingering,
                 }
             })
             .collect())
@@ -489,70 +427,53 @@ impl Backend for SlurmBackend {
 
     async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError> {
         let allocation = self.allocation().await?;
-        let place = planned
-            .id
-            .gpu_index()
-            .and_then(|g| allocation.places.get(g as usize))
-            .ok_or_else(|| StateError::Command {
-                host: self.home.host.clone(),
-                command: format!("srun for {}", planned.label()),
-                stderr: format!(
-                    "job {} has {} place(s) for servers",
-                    allocation.job,
-                    allocation.places.len()
-                ),
-            })?;
-        // A server over several GPUs is one step with all of them, so they must share a node:
-        // the plan's groups are contiguous places, which lie node by node.
-        let spans: Vec<&Place> = planned
-            .group
-            .gpus
-            .iter()
-            .filter_map(|g| allocation.places.get(*g as usize))
-            .collect();
-        if spans.iter().any(|p| p.node != place.node) {
-            return Err(StateError::Command {
-                host: self.home.host.clone(),
-                command: format!("srun for {}", planned.label()),
-                stderr: format!(
-                    "its {} GPUs span nodes of job {}: ask the allocation for a multiple of                      {} GPUs on each node",
-                    spans.len(),
-                    allocation.job,
-                    spans.len()
-                ),
-            });
-        }
-        state::prepare_run_dir(self.t(), &planned.files, planned.secrets.as_ref()).await?;
-        let file = step_file(&planned.files.dir);
-        state::run_ok(self.t(), &argv(&["rm", "-f", "--", &file])).await?;
-        let mut server = argv(&["sh", "-c", STEP_WRAPPER, &file]);
-        server.extend(planned.argv.iter().cloned());
-        let cpus = match &self.spec.slurm {
-            SlurmSpec::New(n) => n.cpus_per_task,
-            SlurmSpec::Existing { .. } => None,
-        };
-        let step = StepRequest {
-            job: allocation.job,
-            node: place.node.clone(),
-            name: format!("fleet-{}-{}", self.home.host, planned.port),
-            gpus: planned.group.gpus.len().max(1) as u32,
-            cpus,
-            output: planned.files.log.clone(),
-            argv: server,
-        };
-        let srun_log = format!("{}/srun.log", planned.files.dir);
-        let srun = self
-            .slurm
-            .start_step(&step, &planned.env, &srun_log, &planned.files.pidfile)
+        let handle = self
+            .run_step(
+                &allocation,
+                &StepOf {
+                    label: planned.label(),
+                    group: &planned.group,
+                    files: &planned.files,
+                    secrets: planned.secrets.as_ref(),
+                    argv: &planned.argv,
+                    env: &planned.env,
+                    port: planned.port,
+                },
+            )
             .await?;
-        let (job, number, gpus) = match self.started_step(planned, srun, &srun_log).await {
-            Ok(s) => s,
-            Err(e) => {
-                // Unrecorded, nothing would stop it: srun goes, and its step with it.
-                let _ = self.t().run(&argv(&["kill", &srun.to_string()])).await;
-                return Err(e);
+        // The other nodes' ranks, each a step on its node; one that does not start takes the
+        // whole server down with it, since rank 0 waits for every rank at its rendezvous.
+        let mut ranks: Vec<RankRecord> = Vec::new();
+        for (i, rank) in planned.ranks.iter().enumerate() {
+            let started = self
+                .run_step(
+                    &allocation,
+                    &StepOf {
+                        label: format!("{} rank {}", planned.label(), i + 1),
+                        group: &rank.group,
+                        files: &rank.files,
+                        secrets: None,
+                        argv: &rank.argv,
+                        env: &planned.env,
+                        port: planned.port,
+                    },
+                )
+                .await;
+            match started {
+                Ok(handle) => ranks.push(RankRecord {
+                    handle,
+                    log: rank.files.log.clone(),
+                    pidfile: rank.files.pidfile.clone(),
+                }),
+                Err(e) => {
+                    self.cancel_steps(
+                        std::iter::once(&handle).chain(ranks.iter().map(|r| &r.handle)),
+                    )
+                    .await;
+                    return Err(e);
+                }
             }
-        };
+        }
         let record = InstanceRecord {
             id: planned.id.clone(),
             port: planned.port,
@@ -560,12 +481,7 @@ impl Backend for SlurmBackend {
             fingerprint: planned.fingerprint.clone(),
             argv: planned.display_argv(),
             address: planned.address.clone(),
-            handle: Handle::Step {
-                job,
-                step: number,
-                node: place.node.clone(),
-                gpus,
-            },
+            handle,
             started_at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -575,53 +491,40 @@ impl Backend for SlurmBackend {
             pidfile: planned.files.pidfile.clone(),
             record: planned.files.record.clone(),
             group: planned.group.if_multi(),
+            ranks,
         };
         if let Err(e) = state::write_record(self.t(), &record).await {
-            let _ = self.slurm.cancel_step(step_id(job, number)).await;
+            self.cancel_steps(record.handles()).await;
             return Err(e);
         }
         Ok(record)
     }
 
+    /// Every rank's step runs: a server over several nodes with a rank lost is lost.
     async fn alive(&self, record: &InstanceRecord) -> Result<bool, StateError> {
-        match &record.handle {
-            Handle::Step { job, step, .. } => Ok(self.steps(*job).await?.contains(step)),
-            Handle::Process { .. } => Ok(false),
+        for handle in record.handles() {
+            match handle {
+                Handle::Step { job, step, .. } if self.steps(*job).await?.contains(step) => {}
+                _ => return Ok(false),
+            }
         }
+        Ok(true)
     }
 
+    /// Rank 0 first (SGLang's rank 0 tells the others to stop), then every other rank.
     async fn stop(&self, record: &InstanceRecord, grace: Duration) -> Result<Stopped, StateError> {
-        let Handle::Step {
-            job, step, node, ..
-        } = &record.handle
-        else {
+        if !matches!(record.handle, Handle::Step { .. }) {
             return Ok(Stopped {
                 state: StopState::PidReused,
                 port_closed: false,
             });
-        };
-        // A DOWN node's step stays listed, even after scancel: nothing of it runs any more.
-        let lost = self
-            .slurm
-            .nodes(node)
-            .await?
-            .iter()
-            .any(|n| n.state.is_down());
-        let state = if !lost && self.steps(*job).await?.contains(step) {
-            // scancel sends SIGTERM, and SIGKILL after the cluster's KillWait.
-            self.slurm.cancel_step(step_id(*job, *step)).await?;
-            if !self.wait_step_gone(*job, *step, grace + AFTER_KILL).await? {
-                return Err(StateError::Command {
-                    host: self.home.host.clone(),
-                    command: format!("scancel {job}.{step}"),
-                    stderr: "the step is still there".to_string(),
-                });
-            }
-            StopState::Stopped
-        } else {
-            StopState::AlreadyDead
-        };
-        self.wait_srun_gone(&record.pidfile).await?;
+        }
+        let state = self
+            .stop_step(&record.handle, &record.pidfile, grace)
+            .await?;
+        for rank in &record.ranks {
+            self.stop_step(&rank.handle, &rank.pidfile, grace).await?;
+        }
         if let Err(e) = state::remove_record(self.t(), record).await {
             tracing::warn!("{e}");
         }
@@ -710,6 +613,18 @@ pub(super) async fn interrupt_step(
         slurm.signal_step(step.id, "INT").await?;
     }
     Ok(())
+}
+
+impl SlurmBackend {
+    /// Cancels steps started for a server that could not be completed (best effort: what
+    /// fails to cancel ends with the allocation).
+    async fn cancel_steps(&self, handles: impl Iterator<Item = &Handle>) {
+        for h in handles {
+            if let Handle::Step { job, step, .. } = h {
+                let _ = self.slurm.cancel_step(step_id(*job, *step)).await;
+            }
+        }
+    }
 }
 
 fn step_id(job: JobId, step: u32) -> StepId {
