@@ -40,6 +40,10 @@ pub struct InstanceRecord {
     /// first); absent for one GPU, and in records written before layouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<crate::layout::Group>,
+    /// Who started it; absent in records written before owners were, which count as another
+    /// fleet's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<crate::launch::owner::Owner>,
 }
 
 /// How a backend finds a server it started again. The kind of backend decides the kind of

@@ -487,7 +487,11 @@ impl Backend for SlurmBackend {
         Ok(BTreeSet::new())
     }
 
-    async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError> {
+    async fn start(
+        &self,
+        planned: &Instance,
+        owner: &crate::launch::owner::Owner,
+    ) -> Result<InstanceRecord, StateError> {
         let allocation = self.allocation().await?;
         let place = planned
             .id
@@ -555,6 +559,7 @@ impl Backend for SlurmBackend {
             pidfile: planned.files.pidfile.clone(),
             record: planned.files.record.clone(),
             group: planned.group.if_multi(),
+            owner: Some(owner.clone()),
         };
         if let Err(e) = state::write_record(self.t(), &record).await {
             let _ = self.slurm.cancel_step(step_id(job, number)).await;
