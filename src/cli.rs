@@ -85,10 +85,10 @@ pub enum Command {
     /// Preflight, start one server per GPU, wait until ready and print the fleet.
     #[command(after_help = "Manual: docs/reference/up.md")]
     Up(UpArgs),
-    /// Health, load and GPU use of every instance fleet started.
+    /// Health, load and GPU use of every server fleet started on the hosts, whosever.
     #[command(after_help = "Manual: docs/reference/status.md")]
     Status(StatusArgs),
-    /// Stop what fleet started (SIGTERM, then SIGKILL after the grace period).
+    /// Stop what this fleet started (SIGTERM, then SIGKILL after the grace period).
     #[command(after_help = "Manual: docs/reference/down.md")]
     Down(DownArgs),
     /// Show an instance's server log.
@@ -177,13 +177,27 @@ pub struct UpArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct StatusArgs {}
+pub struct StatusArgs {
+    /// Only this fleet's servers; without it, every server on the hosts, others marked.
+    #[arg(long)]
+    pub mine: bool,
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct DownArgs {
     /// Only instances started with this profile.
     #[arg(long)]
     pub profile: Option<String>,
+    /// Stop every server fleet started on the inventory's GPUs, whichever fleet started it.
+    ///
+    /// Servers from before fleet recorded owners too. Says what it stops before stopping it.
+    #[arg(long, conflicts_with = "fleet")]
+    pub all: bool,
+    /// Stop fleet NAME's servers on the inventory's GPUs instead of this fleet's.
+    ///
+    /// NAME is the FLEET column of `fleet status`. Says what it stops before stopping it.
+    #[arg(long, value_name = "NAME")]
+    pub fleet: Option<String>,
     /// How long to wait after SIGTERM before SIGKILL.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub grace: Duration,
@@ -357,6 +371,11 @@ pub struct GenerateArgs {
     /// `NAME=http://HOST:PORT` names the server in completions and progress.
     #[arg(long)]
     pub url: Vec<String>,
+    /// Use fleet NAME's servers instead of this fleet's (NAME as `fleet status` shows it).
+    ///
+    /// Without --url and --fleet, a job uses only the servers this inventory's fleet started.
+    #[arg(long, value_name = "NAME")]
+    pub fleet: Option<String>,
     /// Profile whose `expected:` numbers the watchdog compares against.
     #[arg(long)]
     pub profile: Option<String>,

@@ -110,44 +110,124 @@ pub struct NvidiaSmi {
 impl GpuProbe for NvidiaSmi {
     async fn read(&self) -> Result<Vec<GpuReading>, GpuError> {
         let host = self.transport.host().to_string();
-        let argv = [
-            "nvidia-smi".to_string(),
-            format!("--query-gpu={NVIDIA_SMI_QUERY}"),
-            "--format=csv,noheader,nounits".to_string(),
-        ];
-        let out = match self.transport.run(&argv).await {
-            Err(RemoteError::Spawn { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                return Err(GpuError::NoNvidiaSmi { host });
-            }
-            other => other?,
-        };
-        if !out.success() {
-            // 127: the shell (or pct's exec) could not find the program.
-            let stderr = out.stderr_lossy();
-            if out.status == Some(127)
-                || stderr.contains("No such file")
-                || stderr.contains("not found")
-            {
-                return Err(GpuError::NoNvidiaSmi { host });
-            }
-            let message = first_line(&stderr).or_else(|| first_line(&out.stdout_lossy()));
-            return Err(GpuError::NvidiaSmiFailed {
-                host,
-                status: out
-                    .status
-                    .map_or("unknown (killed?)".into(), |s| s.to_string()),
-                message: message.unwrap_or_else(|| "no output".into()),
-            });
-        }
-        parse_nvidia_smi_csv(&out.stdout_lossy()).map_err(|(line, message, text)| GpuError::Parse {
+        let text = nvidia_smi(
+            self.transport.as_ref(),
+            &format!("--query-gpu={NVIDIA_SMI_QUERY}"),
+        )
+        .await?;
+        parse_nvidia_smi_csv(&text).map_err(|(line, message, text)| GpuError::Parse {
             host,
             line,
             message,
             text,
         })
     }
+}
+
+/// A process using a GPU's memory, as `nvidia-smi --query-compute-apps` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    pub gpu: u32,
+    pub pid: u32,
+    pub used_mib: u64,
+    pub name: String,
+}
+
+/// The processes using each GPU, from `nvidia-smi --query-compute-apps` (which names the GPU by
+/// uuid) and the GPUs' indices by uuid.
+pub async fn read_processes(t: &dyn Transport) -> Result<Vec<GpuProcess>, GpuError> {
+    let (gpus, apps) = tokio::try_join!(
+        nvidia_smi(t, "--query-gpu=index,uuid"),
+        nvidia_smi(
+            t,
+            "--query-compute-apps=pid,gpu_uuid,used_memory,process_name"
+        ),
+    )?;
+    parse_processes(&gpus, &apps).map_err(|(line, message, text)| GpuError::Parse {
+        host: t.host().to_string(),
+        line,
+        message,
+        text,
+    })
+}
+
+/// Parses the two CSVs [`read_processes`] reads. A process name may hold commas, so it comes
+/// last and keeps them.
+fn parse_processes(gpus: &str, apps: &str) -> Result<Vec<GpuProcess>, (usize, String, String)> {
+    let bad = |i: usize, what: &str, line: &str| (i + 1, what.to_string(), line.to_string());
+    let mut index = std::collections::BTreeMap::new();
+    for (i, line) in gpus
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let (n, uuid) = line
+            .split_once(',')
+            .ok_or_else(|| bad(i, "expected index, uuid", line))?;
+        let n: u32 = n.trim().parse().map_err(|_| bad(i, "a GPU index", line))?;
+        index.insert(uuid.trim().to_string(), n);
+    }
+    let mut out = Vec::new();
+    for (i, line) in apps
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let f: Vec<&str> = line.splitn(4, ',').map(str::trim).collect();
+        let [pid, uuid, used, name] = f[..] else {
+            return Err(bad(
+                i,
+                "expected pid, gpu_uuid, used_memory, process_name",
+                line,
+            ));
+        };
+        let Some(&gpu) = index.get(uuid) else {
+            return Err(bad(i, "a GPU uuid that --query-gpu did not list", line));
+        };
+        out.push(GpuProcess {
+            gpu,
+            pid: pid.parse().map_err(|_| bad(i, "a pid", line))?,
+            // `[N/A]` where the driver cannot say (some containers): nothing known in use.
+            used_mib: used.parse().unwrap_or(0),
+            name: name.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `nvidia-smi QUERY --format=csv,noheader,nounits` through `t`, its output or why not.
+async fn nvidia_smi(t: &dyn Transport, query: &str) -> Result<String, GpuError> {
+    let host = t.host().to_string();
+    let argv = [
+        "nvidia-smi".to_string(),
+        query.to_string(),
+        "--format=csv,noheader,nounits".to_string(),
+    ];
+    let out = match t.run(&argv).await {
+        Err(RemoteError::Spawn { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Err(GpuError::NoNvidiaSmi { host });
+        }
+        other => other?,
+    };
+    if !out.success() {
+        // 127: the shell (or pct's exec) could not find the program.
+        let stderr = out.stderr_lossy();
+        if out.status == Some(127)
+            || stderr.contains("No such file")
+            || stderr.contains("not found")
+        {
+            return Err(GpuError::NoNvidiaSmi { host });
+        }
+        let message = first_line(&stderr).or_else(|| first_line(&out.stdout_lossy()));
+        return Err(GpuError::NvidiaSmiFailed {
+            host,
+            status: out
+                .status
+                .map_or("unknown (killed?)".into(), |s| s.to_string()),
+            message: message.unwrap_or_else(|| "no output".into()),
+        });
+    }
+    Ok(out.stdout_lossy())
 }
 
 fn first_line(s: &str) -> Option<String> {
@@ -307,6 +387,36 @@ fn optional(field: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compute_apps_are_placed_on_their_gpus_by_uuid() {
+        let gpus = "0, GPU-aaa\n1, GPU-bbb\n";
+        let apps = "4242, GPU-bbb, 30000, /usr/bin/python3, with, commas\n77, GPU-aaa, [N/A], x\n";
+        let found = parse_processes(gpus, apps).unwrap();
+        assert_eq!(
+            found,
+            [
+                GpuProcess {
+                    gpu: 1,
+                    pid: 4242,
+                    used_mib: 30000,
+                    name: "/usr/bin/python3, with, commas".into()
+                },
+                GpuProcess {
+                    gpu: 0,
+                    pid: 77,
+                    used_mib: 0,
+                    name: "x".into()
+                }
+            ]
+        );
+        assert_eq!(parse_processes(gpus, "").unwrap(), []);
+        let (line, message, _) = parse_processes(gpus, "1, GPU-zzz, 5, p\n").unwrap_err();
+        assert_eq!(
+            (line, message.as_str()),
+            (1, "a GPU uuid that --query-gpu did not list")
+        );
+    }
 
     #[test]
     fn parses_blackwell_rows_and_missing_readings() {

@@ -724,7 +724,18 @@ fn down_with_a_profile_stops_only_that_profiles_instances() {
     assert_eq!(f.json(&["up", "--profile", "b", "--gpus", "1"]).0, 0);
     let (code, down, stderr) = f.json(&["down", "--profile", "b"]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(field(rows(&down), "port"), [f.port(1)]);
+    // The other profile's server is listed as left running, never signalled.
+    let states: Vec<(u64, &str)> = rows(&down)
+        .iter()
+        .map(|d| (d["port"].as_u64().unwrap(), d["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (u64::from(f.port(1)), "stopped"),
+            (u64::from(f.port(0)), "left_running")
+        ]
+    );
     let (_, status, _) = f.json(&["status"]);
     assert_eq!(field(rows(&status), "profile"), ["a"]);
     assert!(listening(f.port(0)) && !listening(f.port(1)));

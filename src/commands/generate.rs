@@ -97,6 +97,12 @@ impl Model for Ended {
 }
 
 pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
+    if let (Some(name), false) = (&args.fleet, args.url.is_empty()) {
+        return Err(UsageError::new(format!(
+            "--fleet {name} and --url both say which servers to use: give one of them"
+        ))
+        .into());
+    }
     if args.detach {
         // The flags are checked here; the prompts may be HOST:PATH, checked where they are.
         config_from(args)?;
@@ -122,11 +128,12 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
             );
         }
     }
-    // Without --url: every instance `fleet up` started, through port forwards held for the run
-    // over the fleet's connections, which outlive it.
+    // Without --url: every instance this fleet's `fleet up` started, through port forwards held
+    // for the run over the fleet's connections, which outlive it.
     let (fleet, targets, serving) = match args.url.is_empty() {
         true => {
-            let (fleet, targets, serving, profiles) = fleet_targets(ctx).await?;
+            let (fleet, targets, serving, profiles) =
+                fleet_targets(ctx, args.fleet.as_deref()).await?;
             // The profile `up` started the servers from carries the sweep's numbers: the
             // watchdog's expectation and the ETA's prior.
             if profile.is_none()
@@ -273,20 +280,37 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
 }
 
-/// The running servers of every host of the inventory, each behind a port forward (none is a
-/// usage error), the hosts serving, and the profiles the servers run.
+/// The running servers of this fleet (or of fleet `name`) on every host of the inventory, each
+/// behind a port forward (none is a usage error), the hosts serving, and the profiles the
+/// servers run. Other fleets' servers are theirs: a job never shares them unasked.
 async fn fleet_targets(
     ctx: &Ctx,
+    name: Option<&str>,
 ) -> anyhow::Result<(Fleet, Targets, BTreeSet<String>, Vec<String>)> {
     let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
     fleet.log_unreachable();
-    let registry = fleet.servers().await;
-    registry.log_unread();
+    let all = fleet.servers().await;
+    all.log_unread();
+    let whose = name.unwrap_or(&fleet.owner.fleet).to_string();
+    let others: BTreeSet<String> = all
+        .running()
+        .filter(|s| !crate::launch::owner::is_of(&s.record, &whose))
+        .map(|s| (s.record.owner.as_ref()).map_or("unknown".into(), |o| o.fleet.clone()))
+        .collect();
+    let registry = all.only(&whose);
     let targets = fleet.reach(&registry).await;
     if targets.endpoints.is_empty() {
+        let besides = match others.is_empty() {
+            true => String::new(),
+            false => format!(
+                "; other fleets run servers there ({}): --fleet NAME uses theirs",
+                others.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        };
         return Err(UsageError::new(format!(
-            "no running instances found on the hosts of {} (run directory {}): start them \
-             with `fleet up --profile P`, or pass --url http://HOST:PORT once per server",
+            "no running instances of fleet {whose} found on the hosts of {} (run directory {}): \
+             start them with `fleet up --profile P`, or pass --url http://HOST:PORT once per \
+             server{besides}",
             ctx.global.config.display(),
             fleet.run_root()
         ))

@@ -133,7 +133,7 @@ fn new_id() -> String {
 
 /// The flags of `fleet generate` the detached job does not get as they were given, and why.
 /// Every other flag given reaches it as the user wrote it.
-const REWRITTEN: [(&str, &str); 5] = [
+const REWRITTEN: [(&str, &str); 6] = [
     (
         "prompts",
         "a local file is sent into the job's directory; HOST:PATH becomes PATH",
@@ -151,6 +151,10 @@ const REWRITTEN: [(&str, &str); 5] = [
         "dropped: the job itself runs in the foreground there",
     ),
     ("host", "dropped: the job already runs on that host"),
+    (
+        "fleet",
+        "dropped: the job's --url already names that fleet's servers",
+    ),
 ];
 
 /// The `fleet generate` command line of this process, as clap parsed it: the detached job's
@@ -215,8 +219,8 @@ pub async fn detach(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     let fleet = connect(ctx).await?;
     let transports = fleet.shells();
     let run_root = fleet.run_root().to_string();
-    // The servers `up` started, per host, as the job will reach them there.
-    let registry = fleet.servers().await.whole()?;
+    // This fleet's servers (or --fleet's), per host, as the job will reach them there.
+    let registry = fleet.servers_of(args.fleet.as_deref()).await.whole()?;
     let answered: Vec<&str> = transports.keys().map(String::as_str).collect();
     let placed = place(
         &registry,
@@ -507,6 +511,7 @@ mod tests {
             "abort_below" => "0.25",
             "grace" => "13s",
             "host" => "ct201",
+            "fleet" => "a-1f2e3d",
             other => panic!("a new flag of generate, {other}: give it a sample value here"),
         };
         Some(value.to_string())
@@ -554,9 +559,10 @@ mod tests {
         expected.profile = Some("/run/fleet/jobs/j/profile.yaml".into());
         expected.detach = false;
         expected.host = None;
+        expected.fleet = None;
         assert_eq!(format!("{on_host:?}"), format!("{expected:?}"), "{job:?}");
         for id in &walked {
-            let dropped = ["detach", "host"].contains(&id.as_str());
+            let dropped = ["detach", "host", "fleet"].contains(&id.as_str());
             let long = format!("--{}", id.replace('_', "-"));
             let present = job
                 .iter()

@@ -3,9 +3,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::cli::StatusArgs;
+use crate::launch::owner::unowned_labels_note;
 use crate::launch::report;
 use crate::launch::state::Liveness;
-use crate::launch::status::{InstanceStatus, attach_gpus, host_status};
+use crate::launch::status::{InstanceStatus, Look, attach_gpus, host_status};
 use crate::launch::{Fleet, PROBE_HTTP};
 use crate::sglang::client::http_client;
 
@@ -36,17 +37,22 @@ impl Model for Statuses {
     }
 }
 
-pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
+pub async fn run(ctx: &Ctx, args: &StatusArgs) -> anyhow::Result<Outcome> {
     let fleet = Fleet::open(&ctx.global.config, &ctx.connect_options()).await?;
     let mut partial = fleet.log_unreachable();
     let http = http_client(PROBE_HTTP)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let verbose = ctx.global.verbose > 0;
+    let look = Look {
+        dead_log_tails: ctx.global.verbose > 0,
+        now_unix: now,
+        me: &fleet.owner.fleet,
+        only_mine: args.mine,
+    };
     let http = &http;
     let looks = fleet.backends().map(|b| async move {
-        let (status, gpus) = tokio::join!(host_status(b.as_ref(), http, verbose, now), b.gpus());
+        let (status, gpus) = tokio::join!(host_status(b.as_ref(), http, look), b.gpus());
         (b.host(), status, gpus)
     });
     let results = tokio::select! {
@@ -78,10 +84,24 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
         eoutln!("no instances: `fleet up --profile P` starts some");
     } else if text {
         eout!("{}", report::dead_tails(&statuses));
+        let others = statuses.iter().filter(|s| !s.mine).count();
+        if others > 0 {
+            eoutln!(
+                "{others} server(s) marked (other) are not this fleet's ({}): `fleet down` \
+                 leaves them, `fleet generate` does not use them; --mine hides them",
+                fleet.owner.fleet
+            );
+        }
+        let unowned = statuses.iter().filter(|s| s.owner.is_none());
+        if let Some(note) = unowned_labels_note(unowned.map(|s| s.id.label(s.port)).collect()) {
+            eoutln!("{note}");
+        }
     }
-    // Loading is not a failure; dead, gone or unreachable is.
+    // Loading is not a failure; dead, gone or unreachable is, for this fleet's servers: another
+    // fleet's trouble is shown, not this fleet's failure.
     partial |= statuses
         .iter()
+        .filter(|s| s.mine)
         .any(|s| s.liveness != Liveness::Running || s.health.is_none());
     Ok(if partial {
         Outcome::Partial

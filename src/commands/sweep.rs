@@ -431,7 +431,7 @@ async fn connect_every_host(ctx: &Ctx) -> anyhow::Result<Fleet> {
 
 /// The profile the running fleet was started with, from the live records on every host.
 async fn fleet_profile(fleet: &Fleet) -> anyhow::Result<String> {
-    let registry = fleet.servers().await.whole()?;
+    let registry = fleet.servers_of(None).await.whole()?;
     let inventory = fleet.inventory.path.clone();
     registry
         .running_profile(inventory, fleet.run_root())

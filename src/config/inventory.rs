@@ -66,15 +66,18 @@ pub fn load_inventory(path: &Path) -> Result<Inventory, ConfigError> {
 pub fn inventory_from_str(text: &str, path: &Path) -> Result<Inventory, ConfigError> {
     let mut c = Checker::default();
     let file = c.add_file(path.to_path_buf());
-    let hosts = c.parse(text, file).and_then(|root| hosts(&mut c, &root));
-    c.finish(hosts.map(|hosts| Inventory {
+    let read = c.parse(text, file).and_then(|root| hosts(&mut c, &root));
+    c.finish(read.map(|(fleet, hosts)| Inventory {
         path: path.to_path_buf(),
+        fleet,
         hosts,
     }))
 }
 
-fn hosts(c: &mut Checker, root: &Node) -> Option<Vec<HostSpec>> {
-    let top = c.fields(root, "", &["hosts"])?;
+/// The fleet's name (`fleet:`, optional) and its hosts.
+fn hosts(c: &mut Checker, root: &Node) -> Option<(Option<String>, Vec<HostSpec>)> {
+    let top = c.fields(root, "", &["hosts", "fleet"])?;
+    let fleet = top.get("fleet").and_then(|n| fleet_name(c, n));
     let node = top.required(c, "hosts")?;
     let Value::Seq(items) = &node.value else {
         c.wrong_type(node.loc, "hosts", "a list of hosts", &node.value);
@@ -96,7 +99,24 @@ fn hosts(c: &mut Checker, root: &Node) -> Option<Vec<HostSpec>> {
     let read: Vec<Read> = read.into_iter().flatten().collect();
     unique_names(c, &read);
     collisions(c, &read);
-    Some(read.into_iter().map(|r| r.spec).collect())
+    Some((fleet, read.into_iter().map(|r| r.spec).collect()))
+}
+
+/// `fleet: NAME`: what the servers this inventory starts are recorded as theirs by, and what
+/// `--fleet NAME` names; a word, since users type it.
+fn fleet_name(c: &mut Checker, n: &Node) -> Option<String> {
+    let name = c.string(n, "fleet")?;
+    let fits = |ch: char| ch.is_ascii_alphanumeric() || "._-".contains(ch);
+    if name.is_empty() || name.len() > 64 || !name.chars().all(fits) {
+        c.report(
+            n.loc,
+            "fleet",
+            format!("`{name}` is not a fleet name"),
+            Some("use 1 to 64 letters, digits, `.`, `_` or `-`, e.g. `fleet: alice-27b`".into()),
+        );
+        return None;
+    }
+    Some(name)
 }
 
 /// A valid host, with what cross-host problems point at.

@@ -27,6 +27,9 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Inventory {
     pub path: PathBuf,
+    /// `fleet: NAME`: the fleet's id when set; otherwise one is derived from the file and the
+    /// user (`launch::owner`).
+    pub fleet: Option<String>,
     pub hosts: Vec<HostSpec>,
 }
 

@@ -1,4 +1,5 @@
-//! Stopping what fleet started, from its records on each host (never by name): each server
+//! Stopping what fleet started, from its records on each host (never by name): which servers
+//! `down` stops and which it leaves to other fleets ([`choose`], pure), then each server
 //! through its backend, which asks it to stop, forces it after the grace period, and confirms
 //! its port closed; then, where a host's GPUs can be read, that their memory is released.
 
@@ -8,8 +9,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::launch::backend::machine::AFTER_KILL;
-use crate::launch::backend::{Backend, StopState};
-use crate::launch::state::{InstanceRecord, StateError};
+use crate::launch::backend::{Backend, Seen, StopState};
+use crate::launch::owner::{Owner, is_of};
+use crate::launch::state::InstanceRecord;
 use crate::server::{ServerId, host_gpu};
 
 /// How often GPU memory is looked at while it is released.
@@ -29,6 +31,8 @@ pub struct StopOutcome {
     pub port: u16,
     pub pid: Option<u32>,
     pub profile: String,
+    /// Who started it; `None` for a server from before owners were recorded.
+    pub owner: Option<Owner>,
     pub state: StopState,
     #[serde(with = "secs")]
     pub took: Duration,
@@ -48,19 +52,75 @@ mod secs {
     }
 }
 
-/// Stops every recorded instance on one host (those of `profile` only, when given), in
-/// parallel. What was already gone is reported and its record removed.
-pub async fn down_host(
-    b: &dyn Backend,
+/// Whose servers `down` stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose<'a> {
+    /// This fleet's (its id).
+    Mine(&'a str),
+    /// Fleet NAME's (`--fleet NAME`).
+    Fleet(&'a str),
+    /// Every server fleet started, whoever started it (`--all`).
+    All,
+}
+
+/// What `down` does with one host's recorded servers.
+#[derive(Debug, Default, PartialEq)]
+pub struct Choice<'a> {
+    pub stop: Vec<&'a InstanceRecord>,
+    /// Servers still holding their GPUs that `down` leaves alone: other fleets', and this
+    /// fleet's that `--profile` or the inventory's GPUs leave out.
+    pub left: Vec<&'a InstanceRecord>,
+}
+
+/// Which of a host's servers to stop: `whose`, of `profile` when given, with a GPU among
+/// `gpus` (the inventory's list for the host; `None` for all of them). A dead record of those
+/// is chosen too, so that its record goes.
+pub fn choose<'a>(
+    seen: &'a [Seen],
+    whose: Whose<'_>,
     profile: Option<&str>,
-    grace: Duration,
-) -> Result<Vec<StopOutcome>, StateError> {
-    let seen = b.survey().await?;
-    let selected = seen
-        .iter()
-        .map(|s| &s.record)
-        .filter(|r| profile.is_none_or(|p| r.profile == p));
-    Ok(futures::future::join_all(selected.map(|r| stop(b, r, grace))).await)
+    gpus: Option<&[u32]>,
+) -> Choice<'a> {
+    let mut choice = Choice::default();
+    for s in seen {
+        let r = &s.record;
+        let theirs = match whose {
+            Whose::Mine(id) | Whose::Fleet(id) => is_of(r, id),
+            Whose::All => true,
+        };
+        let on_gpus = gpus.is_none_or(|g| r.gpus().iter().any(|x| g.contains(x)));
+        if theirs && on_gpus && profile.is_none_or(|p| r.profile == p) {
+            choice.stop.push(r);
+        } else if s.holds_gpu() {
+            choice.left.push(r);
+        }
+    }
+    choice
+}
+
+/// A server `down` leaves running, as its outcome.
+pub fn left_running(record: &InstanceRecord) -> StopOutcome {
+    StopOutcome {
+        state: StopState::LeftRunning,
+        port_closed: false,
+        ..outcome_of(record)
+    }
+}
+
+fn outcome_of(record: &InstanceRecord) -> StopOutcome {
+    StopOutcome {
+        id: record.id.clone(),
+        group: record.group.clone(),
+        port: record.port,
+        pid: record.handle.pid(),
+        profile: record.profile.clone(),
+        owner: record.owner.clone(),
+        state: StopState::Failed,
+        took: Duration::ZERO,
+        port_closed: false,
+        gpu_memory_used_mib: None,
+        error: None,
+    }
 }
 
 /// Stops one recorded instance and forgets it.
@@ -79,16 +139,11 @@ pub async fn stop(b: &dyn Backend, record: &InstanceRecord, grace: Duration) -> 
         Err(e) => (StopState::Failed, false, Some(e.to_string())),
     };
     StopOutcome {
-        id: record.id.clone(),
-        group: record.group.clone(),
-        port: record.port,
-        pid: record.handle.pid(),
-        profile: record.profile.clone(),
         state,
         took: started.elapsed(),
         port_closed,
-        gpu_memory_used_mib: None,
         error,
+        ..outcome_of(record)
     }
 }
 
@@ -106,7 +161,9 @@ pub async fn confirm_gpus_released(b: &dyn Backend, outcomes: &mut [StopOutcome]
             }
         };
         let mut released = true;
-        for o in outcomes.iter_mut().filter(|o| o.state != StopState::Failed) {
+        let stopped =
+            |o: &&mut StopOutcome| !matches!(o.state, StopState::Failed | StopState::LeftRunning);
+        for o in outcomes.iter_mut().filter(stopped) {
             o.gpu_memory_used_mib = readings
                 .iter()
                 .find(|g| Some(g.index) == o.id.gpu_index())
@@ -117,5 +174,74 @@ pub async fn confirm_gpus_released(b: &dyn Backend, outcomes: &mut [StopOutcome]
             return;
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::backend::fake::record;
+    use crate::launch::state::Liveness;
+
+    fn server(gpu: u32, fleet: Option<&str>, profile: &str, liveness: Liveness) -> Seen {
+        let mut r = record("ct200", gpu, 30000 + gpu as u16, "f");
+        r.profile = profile.into();
+        r.owner = fleet.map(|f| Owner {
+            fleet: f.into(),
+            by: "u@m".into(),
+            inventory: format!("/w/{f}.yaml"),
+        });
+        Seen {
+            record: r,
+            liveness,
+            lingering: false,
+        }
+    }
+
+    fn ports(records: &[&InstanceRecord]) -> Vec<u16> {
+        records.iter().map(|r| r.port).collect()
+    }
+
+    /// a on GPUs 0 and 1, b on 2 (and a dead record on 3), one from before owners on 4.
+    fn host() -> Vec<Seen> {
+        vec![
+            server(0, Some("a"), "acc", Liveness::Running),
+            server(1, Some("a"), "acc", Liveness::Running),
+            server(2, Some("b"), "accb", Liveness::Running),
+            server(3, Some("b"), "accb", Liveness::Dead),
+            server(4, None, "old", Liveness::Running),
+        ]
+    }
+
+    #[test]
+    fn down_stops_its_own_fleets_servers_on_its_gpus_and_leaves_the_rest_running() {
+        let seen = host();
+        let b = choose(&seen, Whose::Mine("b"), None, Some(&[2, 3]));
+        assert_eq!(ports(&b.stop), [30002, 30003]);
+        assert_eq!(ports(&b.left), [30000, 30001, 30004]);
+        // Its own server outside the inventory's GPUs is left too.
+        let narrowed = choose(&seen, Whose::Mine("b"), None, Some(&[3]));
+        assert_eq!(ports(&narrowed.stop), [30003]);
+        assert_eq!(ports(&narrowed.left), [30000, 30001, 30002, 30004]);
+        let other_profile = choose(&seen, Whose::Mine("a"), Some("other"), None);
+        assert!(other_profile.stop.is_empty());
+    }
+
+    #[test]
+    fn all_and_fleet_name_stop_others_but_only_on_the_inventorys_gpus() {
+        let seen = host();
+        let all = choose(&seen, Whose::All, None, Some(&[0, 1, 4]));
+        assert_eq!(ports(&all.stop), [30000, 30001, 30004]);
+        assert_eq!(ports(&all.left), [30002]);
+        let a = choose(&seen, Whose::Fleet("a"), None, Some(&[1, 2, 3]));
+        assert_eq!(ports(&a.stop), [30001]);
+        assert_eq!(ports(&a.left), [30000, 30002, 30004]);
+        let everything = choose(&seen, Whose::All, None, None);
+        assert_eq!(everything.stop.len(), 5);
+        let left = left_running(all.left[0]);
+        assert_eq!(
+            (left.state, left.owner.map(|o| o.fleet)),
+            (StopState::LeftRunning, Some("b".into()))
+        );
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::config::{self, ConfigError, HostSpec, Inventory};
 use crate::generate::Targets;
 use crate::launch::backend::{self, Backend};
+use crate::launch::owner::Owner;
 use crate::launch::plan::HostFacts;
 use crate::launch::preflight::{FactsError, Learn};
 use crate::launch::registry::Registry;
@@ -19,6 +20,9 @@ use crate::remote::{ConnectOptions, RemoteError, Transport};
 #[derive(Debug)]
 pub struct Fleet {
     pub inventory: Inventory,
+    /// Who the servers this fleet starts are recorded as started by; its `fleet` is the id
+    /// that down, status, generate and the sweep keep to.
+    pub owner: Owner,
     /// The hosts that answered, in inventory order.
     backends: Vec<Arc<dyn Backend>>,
     /// The hosts that did not, in inventory order.
@@ -64,6 +68,7 @@ impl Fleet {
         run_root: String,
     ) -> Fleet {
         Fleet {
+            owner: Owner::here(&inventory),
             inventory,
             backends,
             unreachable,
@@ -167,9 +172,15 @@ impl Fleet {
         &self.facts
     }
 
-    /// Every server recorded on the connected hosts, with what became of each.
+    /// Every server recorded on the connected hosts, with what became of each: every fleet's.
     pub async fn servers(&self) -> Registry {
         Registry::survey(&self.backends).await
+    }
+
+    /// The servers of fleet `name` (this fleet's when `None`) on the connected hosts.
+    pub async fn servers_of(&self, name: Option<&str>) -> Registry {
+        let all = self.servers().await;
+        all.only(name.unwrap_or(&self.owner.fleet))
     }
 
     /// A local port forwarded to every running server of `registry`, as the targets of a

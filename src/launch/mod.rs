@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::sglang::client::HttpOptions;
 
 pub mod backend;
+pub mod claim;
 pub mod deadline;
 pub mod down;
 pub mod env;
@@ -14,6 +15,7 @@ pub mod fleet;
 pub mod help_cache;
 pub mod lock;
 pub mod logs;
+pub mod owner;
 pub mod plan;
 pub mod preflight;
 pub mod registry;

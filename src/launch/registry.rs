@@ -60,6 +60,18 @@ impl Registry {
         }
     }
 
+    /// The servers of fleet `fleet` only; the hosts that could not be read stay unread.
+    pub fn only(self, fleet: &str) -> Registry {
+        Registry {
+            servers: self
+                .servers
+                .into_iter()
+                .filter(|s| crate::launch::owner::is_of(&s.record, fleet))
+                .collect(),
+            unread: self.unread,
+        }
+    }
+
     /// Every recorded server, live or not.
     pub fn all(&self) -> &[Seen] {
         &self.servers

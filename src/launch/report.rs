@@ -173,6 +173,7 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
                 .and_then(|g| g.utilization_pct)
                 .map(|u| format!("{u}%"))),
             s.profile.clone(),
+            fleet_cell(s.owner.as_ref(), s.mine),
         ]
     });
     table(
@@ -191,6 +192,7 @@ pub fn status_table(statuses: &[InstanceStatus]) -> String {
             "GPU MEM",
             "GPU UTIL",
             "PROFILE",
+            "FLEET",
         ],
         rows,
     )
@@ -221,6 +223,16 @@ fn format_uptime(secs: u64) -> String {
 }
 
 /// `fleet down`.
+/// The FLEET cell: the fleet's id, `(other)` after it when it is not this fleet's; `unknown`
+/// for a server from before owners were recorded.
+fn fleet_cell(owner: Option<&crate::launch::owner::Owner>, mine: bool) -> String {
+    match (owner, mine) {
+        (Some(o), true) => o.fleet.clone(),
+        (Some(o), false) => format!("{} (other)", o.fleet),
+        (None, _) => "unknown (other)".into(),
+    }
+}
+
 pub fn down_table(outcomes: &[StopOutcome]) -> String {
     let rows = outcomes.iter().map(|o| {
         vec![
@@ -229,6 +241,7 @@ pub fn down_table(outcomes: &[StopOutcome]) -> String {
             o.port.to_string(),
             opt(o.pid),
             o.profile.clone(),
+            (o.owner.as_ref()).map_or("unknown".into(), |w| w.fleet.clone()),
             o.state.as_str().to_string(),
             format!("{:.1}s", o.took.as_secs_f64()),
             if o.port_closed { "closed" } else { "OPEN" }.to_string(),
@@ -237,7 +250,7 @@ pub fn down_table(outcomes: &[StopOutcome]) -> String {
     });
     table(
         &[
-            "HOST", "GPU", "PORT", "PID", "PROFILE", "RESULT", "TOOK", "PORT", "GPU MEM",
+            "HOST", "GPU", "PORT", "PID", "PROFILE", "FLEET", "RESULT", "TOOK", "PORT", "GPU MEM",
         ],
         rows,
     )
@@ -318,6 +331,7 @@ mod tests {
             port: 30000,
             pid: Some(7),
             profile: "p".into(),
+            owner: None,
             state: StopState::AlreadyDead,
             took: Duration::from_millis(120),
             port_closed: false,
@@ -341,6 +355,7 @@ mod tests {
                 "30000",
                 "7",
                 "p",
+                "unknown",
                 "already dead",
                 "0.1s",
                 "OPEN",

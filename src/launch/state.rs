@@ -40,6 +40,10 @@ pub struct InstanceRecord {
     /// first); absent for one GPU, and in records written before layouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<crate::layout::Group>,
+    /// Who started it; absent in records written before owners were, which count as another
+    /// fleet's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<crate::launch::owner::Owner>,
     /// The server's other nodes (rank 1 on) when it spans several; `handle` is rank 0's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankRecord>,

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::gpu::GpuReading;
 use crate::launch::backend::{Backend, Seen};
+use crate::launch::owner::{Owner, is_of};
 use crate::launch::state::{Liveness, StateError};
 use crate::launch::up::LOG_TAIL_LINES;
 use crate::server::{ServerId, host_gpu};
@@ -25,6 +26,10 @@ pub struct InstanceStatus {
     #[serde(flatten)]
     pub slurm: Option<SlurmStep>,
     pub profile: String,
+    /// Who started it; `None` for a server from before owners were recorded.
+    pub owner: Option<Owner>,
+    /// Whether it is this fleet's: `down` stops it, `generate` uses it.
+    pub mine: bool,
     pub liveness: Liveness,
     /// `ready`, `loading` (starting, or its port not open yet), `unreachable`, `failing` (the
     /// launcher is gone but its workers still run: SGLang tearing itself down), `dead` or
@@ -128,18 +133,29 @@ fn state_of(
     }
 }
 
-/// The status of every instance recorded on one host; `dead_log_tails` also reads the log of
-/// each dead one.
+/// How `status` looks at a host's servers.
+#[derive(Debug, Clone, Copy)]
+pub struct Look<'a> {
+    /// Also read the log of each dead server.
+    pub dead_log_tails: bool,
+    pub now_unix: u64,
+    /// This fleet's id.
+    pub me: &'a str,
+    /// Only this fleet's servers (`--mine`).
+    pub only_mine: bool,
+}
+
+/// The status of every instance recorded on one host, every fleet's unless `look.only_mine`.
 pub async fn host_status(
     b: &dyn Backend,
     http: &reqwest::Client,
-    dead_log_tails: bool,
-    now_unix: u64,
+    look: Look<'_>,
 ) -> Result<Vec<InstanceStatus>, StateError> {
     let seen = b.survey().await?;
     let looks = seen
         .iter()
-        .map(|s| instance_status(b, s, http, dead_log_tails, now_unix));
+        .filter(|s| !look.only_mine || is_of(&s.record, look.me))
+        .map(|s| instance_status(b, s, http, look));
     Ok(futures::future::join_all(looks).await)
 }
 
@@ -147,9 +163,13 @@ async fn instance_status(
     b: &dyn Backend,
     seen: &Seen,
     http: &reqwest::Client,
-    dead_log_tails: bool,
-    now_unix: u64,
+    look: Look<'_>,
 ) -> InstanceStatus {
+    let Look {
+        dead_log_tails,
+        now_unix,
+        ..
+    } = look;
     let Seen {
         record: r,
         liveness,
@@ -163,6 +183,8 @@ async fn instance_status(
         pid: r.handle.pid(),
         slurm: SlurmStep::of(&r.handle),
         profile: r.profile.clone(),
+        owner: r.owner.clone(),
+        mine: is_of(r, look.me),
         liveness,
         state: state_of(liveness, None, false, *lingering),
         health: None,

@@ -11,11 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::backend::fake::{FakeBackend, closed_port, planned, ready_server, record};
 use super::backend::{Backend, Seen, StopState};
-use super::down::{confirm_gpus_released, down_host};
+use super::down::{Whose, choose, confirm_gpus_released, stop};
 use super::logs::{LogsError, Selector, locate};
 use super::registry::{FleetProfileError, Registry};
 use super::state::Liveness;
-use super::status::host_status;
+use super::status::{Look, host_status};
 use super::up::{self, Conflict, Run, UpError, UpEvent, UpOptions, UpState};
 use super::{Fleet, plan};
 use crate::config::{GpuSelection, HealthSettings, Inventory};
@@ -30,6 +30,7 @@ fn fake(name: &str, dir: &tempfile::TempDir, ready: std::net::SocketAddr) -> Arc
 fn fleet_of(hosts: &[&Arc<FakeBackend>]) -> Fleet {
     let inventory = Inventory {
         path: PathBuf::from("fleet.yaml"),
+        fleet: Some("test".into()),
         hosts: hosts
             .iter()
             .map(|b| plan::tests::host(b.host(), GpuSelection::All))
@@ -241,9 +242,10 @@ async fn down_stops_a_profiles_servers_and_a_stuck_one_keeps_its_record() {
     h.running(other);
     h.table().stuck.insert(30001);
     h.table().gpu_used_mib.insert(0, 300);
-    let mut outcomes = down_host(h.as_ref(), Some("p"), Duration::from_secs(1))
-        .await
-        .unwrap();
+    let seen = h.survey().await.unwrap();
+    let choice = choose(&seen, Whose::Mine("test"), Some("p"), None);
+    let stops = (choice.stop.iter()).map(|r| stop(h.as_ref(), r, Duration::from_secs(1)));
+    let mut outcomes = futures::future::join_all(stops).await;
     confirm_gpus_released(h.as_ref(), &mut outcomes).await;
     let got: Vec<(u16, StopState, bool, Option<u64>)> = outcomes
         .iter()
@@ -278,7 +280,13 @@ async fn status_reads_each_server_as_its_backend_sees_it() {
         });
     }
     let http = crate::sglang::client::http_client(Default::default()).unwrap();
-    let statuses = host_status(h.as_ref(), &http, true, 0).await.unwrap();
+    let look = Look {
+        dead_log_tails: true,
+        now_unix: 0,
+        me: "test",
+        only_mine: false,
+    };
+    let statuses = host_status(h.as_ref(), &http, look).await.unwrap();
     let got: Vec<(String, &str, Option<u16>)> = statuses
         .iter()
         .map(|s| (s.id.to_string(), s.state(), s.health))

@@ -12,10 +12,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HealthSettings;
-use crate::launch::backend::{Backend, Seen, StopState};
+use crate::launch::backend::{Backend, StopState};
+use crate::launch::claim::{Action, Survey, decide};
+pub use crate::launch::claim::{Conflict, UpError};
 use crate::launch::down;
 use crate::launch::fleet::Fleet;
 use crate::launch::lock::{self, HostLock, LockError};
+use crate::launch::owner::unowned_note;
 use crate::launch::plan::Instance;
 use crate::launch::state::{Handle, InstanceRecord, StateError};
 use crate::remote::Tunnel;
@@ -179,52 +182,6 @@ impl From<&ServerInfo> for Capacity {
     }
 }
 
-/// Why nothing was started.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Conflict {
-    /// Our instance runs a different config on this port.
-    DifferentConfig {
-        label: String,
-        handle: Handle,
-        profile: String,
-    },
-    /// Something fleet did not start listens on the port.
-    ForeignPort { label: String },
-}
-
-/// Why `up` started nothing: every conflict on every port, at once.
-#[derive(Debug, thiserror::Error)]
-pub enum UpError {
-    #[error("{}", conflicts_message(.0))]
-    Conflicts(Vec<Conflict>),
-}
-
-fn conflicts_message(conflicts: &[Conflict]) -> String {
-    let mut out = String::from("nothing was started:");
-    let mut different = false;
-    for c in conflicts {
-        match c {
-            Conflict::DifferentConfig {
-                label,
-                handle,
-                profile,
-            } => {
-                different = true;
-                out.push_str(&format!(
-                    "\n  {label}: already running a different config (profile {profile}, {handle})"
-                ));
-            }
-            Conflict::ForeignPort { label } => out.push_str(&format!(
-                "\n  {label}: the port is in use by a process fleet did not start; stop it or change port_base"
-            )),
-        }
-    }
-    if different {
-        out.push_str("\n  hint: --replace restarts them with this config; `fleet down` stops them");
-    }
-    out
-}
-
 /// Starts the planned instances and waits for each to become ready or fail. Refuses (starting
 /// nothing) when a port runs another config without `replace`, or a foreign process holds it.
 ///
@@ -239,6 +196,10 @@ pub async fn up(
 ) -> Result<Vec<UpOutcome>, UpError> {
     let Run { fleet, cancel, .. } = *run;
     let (locks, surveys) = lock_and_survey(instances, fleet, cancel).await;
+    let seen = surveys.values().flatten().flat_map(|s| &s.seen);
+    if let Some(note) = unowned_note(seen.map(|s| &s.record)) {
+        tracing::info!("{note}");
+    }
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
@@ -250,9 +211,9 @@ pub async fn up(
                 continue;
             }
         };
-        match decide(instance, s, opts.replace) {
+        match decide(instance, s, opts.replace, &fleet.owner.fleet) {
             Ok(action) => actions.push(action),
-            Err(conflict) => conflicts.push(conflict),
+            Err(found) => conflicts.extend(found),
         }
     }
     if !conflicts.is_empty() {
@@ -340,6 +301,7 @@ async fn lock_and_survey(
             Ok::<_, StateError>(Survey {
                 seen: b.survey().await?,
                 ports_in_use: b.ports_in_use().await?,
+                processes: gpu_processes(b).await,
             })
         };
         let found = look.await.map_err(|e| Unavailable::Failed(e.to_string()));
@@ -347,6 +309,23 @@ async fn lock_and_survey(
     });
     surveys.extend(futures::future::join_all(looks).await);
     (locks, surveys)
+}
+
+/// What uses the GPUs of `b`'s host; nothing when that cannot be read (a machine without a
+/// driver runs no GPU process to collide with; any other failure is said).
+async fn gpu_processes(b: &dyn Backend) -> Vec<crate::gpu::GpuProcess> {
+    use crate::gpu::GpuError;
+    match b.gpu_processes().await {
+        Ok(p) => p,
+        Err(e @ (GpuError::NoNvidiaSmi { .. } | GpuError::NoDriver { .. })) => {
+            tracing::debug!("{e}");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!("{e}; processes fleet did not start are not checked for");
+            Vec::new()
+        }
+    }
 }
 
 /// The backend of a host whose run directory `up` locked and surveyed, which it reached.
@@ -357,49 +336,6 @@ fn surveyed<'a>(run: &Run<'a>, host: &str) -> &'a dyn Backend {
 
 async fn release(locks: Vec<HostLock>) {
     futures::future::join_all(locks.into_iter().map(HostLock::release)).await;
-}
-
-/// What already runs on a host, looked at once before starting anything.
-#[derive(Default)]
-struct Survey {
-    seen: Vec<Seen>,
-    ports_in_use: BTreeSet<u16>,
-}
-
-#[derive(Debug, PartialEq)]
-enum Action<'a> {
-    Start,
-    Keep(&'a InstanceRecord),
-    Replace(&'a InstanceRecord),
-    /// The host could not be looked at.
-    Unavailable(String),
-    /// Interrupted before the host could be looked at.
-    Interrupted,
-}
-
-/// What to do with a planned instance given what already runs on its host: keep a live
-/// instance of the same config, replace (or refuse) one of another config, refuse a port some
-/// other process listens on, else start.
-fn decide<'a>(instance: &Instance, s: &'a Survey, replace: bool) -> Result<Action<'a>, Conflict> {
-    // Ours while it runs, or while what it started still does.
-    let ours = s
-        .seen
-        .iter()
-        .find(|x| x.record.port == instance.port && x.holds_gpu())
-        .map(|x| &x.record);
-    match ours {
-        Some(r) if r.fingerprint == instance.fingerprint => Ok(Action::Keep(r)),
-        Some(r) if replace => Ok(Action::Replace(r)),
-        Some(r) => Err(Conflict::DifferentConfig {
-            label: instance.label(),
-            handle: r.handle.clone(),
-            profile: r.profile.clone(),
-        }),
-        None if s.ports_in_use.contains(&instance.port) => Err(Conflict::ForeignPort {
-            label: instance.label(),
-        }),
-        None => Ok(Action::Start),
-    }
 }
 
 /// An instance whose process runs, after the locked part of `up`.
@@ -456,13 +392,16 @@ async fn launch(
                 spawn: None,
             });
         }
-        Action::Replace(record) => {
-            let stopped = down::stop(b(), record, opts.grace).await;
-            if stopped.state == StopState::Failed || !stopped.port_closed {
-                let why = stopped.error.unwrap_or_default();
-                let handle = &record.handle;
-                let reason = format!("could not stop the old server ({handle}): {why}");
-                return Err(fail(run, key, outcome, reason));
+        Action::Replace(records) => {
+            let stops = records.iter().map(|r| down::stop(b(), r, opts.grace));
+            let stopped = futures::future::join_all(stops).await;
+            for (record, stopped) in records.iter().zip(stopped) {
+                if stopped.state == StopState::Failed || !stopped.port_closed {
+                    let why = stopped.error.unwrap_or_default();
+                    let handle = &record.handle;
+                    let reason = format!("could not stop the old server ({handle}): {why}");
+                    return Err(fail(run, key, outcome, reason));
+                }
             }
         }
         Action::Start => {}
@@ -481,7 +420,7 @@ async fn launch(
         });
     }
     let spawning = Instant::now();
-    match b().start(instance).await {
+    match b().start(instance, &run.fleet.owner).await {
         Ok(record) => {
             let _ = run.events.send(UpEvent::Started {
                 key,
@@ -677,102 +616,5 @@ mod tests {
         assert_eq!(waits(5000), [100, 200, 400, 800, 1000, 1000, 1000]);
         assert_eq!(waits(300), [100, 200, 300, 300, 300, 300, 300]);
         assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
-    }
-
-    use crate::launch::backend::fake::{planned, record};
-    use crate::launch::state::Liveness;
-
-    fn seen(port: u16, liveness: Liveness, lingering: bool) -> Seen {
-        Seen {
-            record: record("h", 0, port, "aaa"),
-            liveness,
-            lingering,
-        }
-    }
-
-    fn instance(port: u16, fingerprint: &str) -> Instance {
-        planned("h", 0, port, fingerprint)
-    }
-
-    #[test]
-    fn same_config_is_kept_another_is_refused_or_replaced() {
-        let survey = Survey {
-            seen: vec![seen(30000, Liveness::Running, false)],
-            ports_in_use: [30000].into(),
-        };
-        let same = instance(30000, "aaa");
-        let ours = &survey.seen[0].record;
-        assert_eq!(decide(&same, &survey, false), Ok(Action::Keep(ours)));
-        let other = instance(30000, "bbb");
-        assert_eq!(decide(&other, &survey, true), Ok(Action::Replace(ours)));
-        assert_eq!(
-            decide(&other, &survey, false),
-            Err(Conflict::DifferentConfig {
-                label: "h gpu0 :30000".into(),
-                handle: ours.handle.clone(),
-                profile: "p".into()
-            })
-        );
-    }
-
-    #[test]
-    fn dead_or_reused_records_free_the_port_unless_someone_else_listens() {
-        let survey = Survey {
-            seen: vec![
-                seen(30000, Liveness::Reused, false),
-                seen(30001, Liveness::Dead, false),
-            ],
-            ports_in_use: [30000].into(),
-        };
-        assert_eq!(
-            decide(&instance(30000, "aaa"), &survey, true),
-            Err(Conflict::ForeignPort {
-                label: "h gpu0 :30000".into()
-            })
-        );
-        assert_eq!(
-            decide(&instance(30001, "aaa"), &survey, false),
-            Ok(Action::Start)
-        );
-        assert_eq!(
-            decide(&instance(30002, "aaa"), &Survey::default(), false),
-            Ok(Action::Start)
-        );
-    }
-
-    #[test]
-    fn what_outlives_its_leader_still_counts_as_ours() {
-        let survey = Survey {
-            seen: vec![seen(30000, Liveness::Dead, true)],
-            ports_in_use: [30000].into(),
-        };
-        assert_eq!(
-            decide(&instance(30000, "aaa"), &survey, false),
-            Ok(Action::Keep(&survey.seen[0].record))
-        );
-    }
-
-    #[test]
-    fn conflicts_name_each_instance_and_the_way_out() {
-        let message = conflicts_message(&[
-            Conflict::DifferentConfig {
-                label: "ct200 gpu0 :30000".into(),
-                handle: Handle::Process {
-                    pid: 7,
-                    start_ticks: 1,
-                },
-                profile: "old".into(),
-            },
-            Conflict::ForeignPort {
-                label: "ct200 gpu1 :30001".into(),
-            },
-        ]);
-        assert_eq!(
-            message,
-            "nothing was started:\n  \
-             ct200 gpu0 :30000: already running a different config (profile old, pid 7)\n  \
-             ct200 gpu1 :30001: the port is in use by a process fleet did not start; stop it or change port_base\n  \
-             hint: --replace restarts them with this config; `fleet down` stops them"
-        );
     }
 }

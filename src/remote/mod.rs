@@ -34,6 +34,7 @@ pub use pct::PctTransport;
 pub use secrets::{LineMask, add_secret, mask};
 pub use ssh::SshTransport;
 pub use ssh_config::directives;
+pub(crate) use ssh_config::local_user;
 pub use ssh_config::{Origin as SshConfigOrigin, SshConfigError};
 
 /// An argv for [`Transport::run`] from string slices.

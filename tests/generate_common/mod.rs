@@ -514,6 +514,11 @@ impl Sim {
         ])
     }
 
+    /// The sim's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// [`Sim::start`] on GPU `gpu`, its memory recorded in `state_dir` where the fake
     /// `nvidia-smi` reads it.
     pub fn start_on_gpu(gpu: u32, state_dir: &Path, args: &[&str]) -> Sim {

@@ -13,7 +13,8 @@ use axum::Json;
 use axum::routing::get;
 
 use super::{Backend, Home, Seen, StopState, Stopped};
-use crate::gpu::{GpuError, GpuReading};
+use crate::gpu::{GpuError, GpuProcess, GpuReading};
+use crate::launch::owner::Owner;
 use crate::launch::plan::{HostFacts, Instance, RunFiles, Topology};
 use crate::launch::preflight::{FactsError, Learn};
 use crate::launch::state::{Handle, InstanceRecord, Liveness, StateError};
@@ -42,6 +43,16 @@ pub(crate) fn record(host: &str, gpu: u32, port: u16, fingerprint: &str) -> Inst
         record: files.record,
         group: None,
         ranks: Vec::new(),
+        owner: Some(test_owner()),
+    }
+}
+
+/// The owner of what the tests' fleet (`fleet: test`) starts.
+pub(crate) fn test_owner() -> Owner {
+    Owner {
+        fleet: "test".into(),
+        by: "tester@box".into(),
+        inventory: "/w/fleet.yaml".into(),
     }
 }
 
@@ -81,6 +92,8 @@ pub(crate) struct Table {
     pub stuck: BTreeSet<u16>,
     /// Memory in use per GPU.
     pub gpu_used_mib: BTreeMap<u32, u64>,
+    /// What nvidia-smi would list as using each GPU.
+    pub processes: Vec<GpuProcess>,
     /// `start :PORT` and `stop :PORT`, in order.
     pub calls: Vec<String>,
 }
@@ -185,7 +198,7 @@ impl Backend for FakeBackend {
         Ok(t.foreign.iter().copied().chain(ours).collect())
     }
 
-    async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError> {
+    async fn start(&self, planned: &Instance, owner: &Owner) -> Result<InstanceRecord, StateError> {
         let mut t = self.table();
         t.calls.push(format!("start :{}", planned.port));
         if t.refuse.contains(&planned.port) {
@@ -199,6 +212,7 @@ impl Backend for FakeBackend {
             &planned.fingerprint,
         );
         r.profile = planned.profile.clone();
+        r.owner = Some(owner.clone());
         let liveness = match t.dies.contains(&planned.port) {
             true => Liveness::Dead,
             false => Liveness::Running,
@@ -258,6 +272,10 @@ impl Backend for FakeBackend {
         } else {
             closed_port()
         }))
+    }
+
+    async fn gpu_processes(&self) -> Result<Vec<GpuProcess>, GpuError> {
+        Ok(self.table().processes.clone())
     }
 
     async fn gpus(&self) -> Result<Vec<GpuReading>, GpuError> {

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::HostSpec;
-use crate::gpu::{GpuError, GpuReading};
+use crate::gpu::{GpuError, GpuProcess, GpuReading};
+use crate::launch::owner::Owner;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::{FactsError, Learn};
 use crate::launch::state::{InstanceRecord, Liveness, StateError};
@@ -77,10 +78,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// with no record of fleet's is someone else's.
     async fn ports_in_use(&self) -> Result<BTreeSet<u16>, StateError>;
 
-    /// Starts a planned server and records it. The record, with the backend's
+    /// Starts a planned server and records it as `owner`'s. The record, with the backend's
     /// [`Handle`](crate::launch::state::Handle) in it, is how the server is found, watched and
     /// stopped from then on; nothing is left running when this fails.
-    async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError>;
+    async fn start(&self, planned: &Instance, owner: &Owner) -> Result<InstanceRecord, StateError>;
+
+    /// The processes using each GPU's memory (nvidia-smi's compute apps), to tell a GPU that
+    /// something fleet did not start holds; none where the backend's scheduler gives GPUs out.
+    async fn gpu_processes(&self) -> Result<Vec<GpuProcess>, GpuError> {
+        Ok(Vec::new())
+    }
 
     /// Whether a started server still runs (followed while it loads).
     async fn alive(&self, record: &InstanceRecord) -> Result<bool, StateError>;
@@ -213,6 +220,9 @@ pub enum StopState {
     PidReused,
     /// Still there after being forced, or the host could not be asked.
     Failed,
+    /// Not `down`'s to stop (another fleet's, or outside what it was asked to stop): never
+    /// signalled, listed so the user sees what still runs.
+    LeftRunning,
 }
 
 impl StopState {
@@ -223,6 +233,7 @@ impl StopState {
             StopState::AlreadyDead => "already dead",
             StopState::PidReused => "pid reused",
             StopState::Failed => "failed",
+            StopState::LeftRunning => "left running",
         }
     }
 }

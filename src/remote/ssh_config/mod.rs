@@ -469,7 +469,7 @@ impl Tokens<'_> {
 }
 
 /// `$USER` (or `$LOGNAME`), else the password database's name for this uid, as OpenSSH has it.
-fn local_user() -> Option<String> {
+pub(crate) fn local_user() -> Option<String> {
     ["USER", "LOGNAME"]
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))

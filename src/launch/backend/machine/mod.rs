@@ -11,8 +11,9 @@ use tokio::time::Instant;
 
 use super::{Backend, Home, Seen, StopState, Stopped};
 use crate::config::MachineSpec;
-use crate::gpu::{self, GpuError, GpuReading};
+use crate::gpu::{self, GpuError, GpuProcess, GpuReading};
 use crate::launch::help_cache;
+use crate::launch::owner::Owner;
 use crate::launch::plan::{HostFacts, Instance};
 use crate::launch::preflight::{self, FactsError, Learn};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, StateError};
@@ -46,6 +47,7 @@ impl Machine {
     async fn record_started(
         &self,
         planned: &Instance,
+        owner: &Owner,
         pid: u32,
     ) -> Result<InstanceRecord, StateError> {
         // A process that died at once has no stat; record start time 0 so it reads as dead.
@@ -70,6 +72,7 @@ impl Machine {
             record: planned.files.record.clone(),
             group: planned.group.if_multi(),
             ranks: Vec::new(),
+            owner: Some(owner.clone()),
         };
         state::write_record(self.t(), &record).await?;
         Ok(record)
@@ -192,7 +195,7 @@ impl Backend for Machine {
         proc::listening_ports(self.t()).await
     }
 
-    async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError> {
+    async fn start(&self, planned: &Instance, owner: &Owner) -> Result<InstanceRecord, StateError> {
         state::prepare_run_dir(self.t(), &planned.files, planned.secrets.as_ref()).await?;
         let pid = self
             .t()
@@ -203,7 +206,7 @@ impl Backend for Machine {
                 pidfile: planned.files.pidfile.clone(),
             })
             .await?;
-        match self.record_started(planned, pid).await {
+        match self.record_started(planned, owner, pid).await {
             Ok(record) => Ok(record),
             Err(e) => {
                 // Unrecorded, nothing would ever stop it (`down` goes by the records): the group
@@ -242,6 +245,10 @@ impl Backend for Machine {
 
     async fn gpus(&self) -> Result<Vec<GpuReading>, GpuError> {
         gpu::read_host(self.home.shell.clone(), self.spec.is_local()).await
+    }
+
+    async fn gpu_processes(&self) -> Result<Vec<GpuProcess>, GpuError> {
+        gpu::read_processes(self.t()).await
     }
 }
 

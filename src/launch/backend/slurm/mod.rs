@@ -425,7 +425,11 @@ impl Backend for SlurmBackend {
         Ok(BTreeSet::new())
     }
 
-    async fn start(&self, planned: &Instance) -> Result<InstanceRecord, StateError> {
+    async fn start(
+        &self,
+        planned: &Instance,
+        owner: &crate::launch::owner::Owner,
+    ) -> Result<InstanceRecord, StateError> {
         let allocation = self.allocation().await?;
         let handle = self
             .run_step(
@@ -492,6 +496,7 @@ impl Backend for SlurmBackend {
             record: planned.files.record.clone(),
             group: planned.group.if_multi(),
             ranks,
+            owner: Some(owner.clone()),
         };
         if let Err(e) = state::write_record(self.t(), &record).await {
             self.cancel_steps(record.handles()).await;
