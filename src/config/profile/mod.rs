@@ -5,6 +5,7 @@
 
 mod resolve;
 mod schema;
+mod values;
 mod yaml_out;
 
 use std::fmt;
