@@ -85,19 +85,9 @@ impl Real {
         (o, t.elapsed().as_secs_f64())
     }
 
-    /// Pids of every process that runs with this test's stand-in log in its environment: the
-    /// launchers, schedulers and detokenizers of this test's servers, and nothing else.
+    /// Pids of every process of this test's servers.
     fn server_processes(&self) -> Vec<u32> {
-        let needle = format!("FLEET_SGL_KERNEL_CALLS={}", self.calls.display());
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/environ"))
-                    .map(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-                    .unwrap_or(false)
-            })
-            .collect()
+        RealSglang::processes(&self.calls)
     }
 }
 

@@ -12,20 +12,6 @@ use common::real::RealSglang;
 use common::world::World;
 use serde_json::{Value, json};
 
-/// Pids of the processes with `calls` (this test's stand-in log) in their environment.
-fn server_processes(calls: &Path) -> Vec<u32> {
-    let needle = format!("FLEET_SGL_KERNEL_CALLS={}", calls.display());
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 struct Down<'a>(&'a World);
 
 impl Drop for Down<'_> {
@@ -109,6 +95,6 @@ fn a_tensor_parallel_real_server_through_ssh_and_pct() {
 
     // down: both ranks' processes, and every other process of the server, are gone.
     fleet(&["down", "--grace", "30s"]);
-    let left = server_processes(&calls);
+    let left = RealSglang::processes(&calls);
     assert!(left.is_empty(), "processes left after down: {left:?}");
 }

@@ -261,22 +261,38 @@ fn under_proctrack_cgroup_up_and_down_leave_nothing() {
     assert!(f.sims().is_empty());
 }
 
-#[test]
-fn tensor_parallel_servers_are_steps_of_four_gpus_on_one_node() {
+/// A fleet of 16 GPUs on a fresh two-node cluster with profile `name`: the sim's, with
+/// `server` lines added (its layout).
+fn layout_fleet(name: &str, server: &str) -> (SlurmFleet, common::Ports) {
     let cluster = SlurmCluster::start(Options::default());
     let ports = reserve_ports(16);
     let f = SlurmFleet::new(cluster, &allocation(16, 30), ports.base);
     let sim = std::fs::read_to_string(f.path().join("profiles/sim.yaml")).unwrap();
     std::fs::write(
-        f.path().join("profiles/tp4.yaml"),
-        sim.replace("server:\n", "server:\n  tp_size: 4\n"),
+        f.path().join(format!("profiles/{name}.yaml")),
+        sim.replace("server:\n", &format!("server:\n{server}")),
     )
     .unwrap();
-    let up = f.ok(&["--json", "up", "--profile", "tp4"]);
-    let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
-    let outcomes = outcomes.as_array().expect("one outcome per server");
-    assert_eq!(outcomes.len(), 4, "16 GPUs make four TP4 servers:\n{up}");
+    (f, ports)
+}
+
+/// `up --profile NAME`'s outcomes, each of them ready.
+fn up_ready(f: &SlurmFleet, name: &str) -> Vec<serde_json::Value> {
+    let up = f.ok(&["--json", "up", "--profile", name]);
+    let outcomes: Vec<serde_json::Value> = serde_json::from_str(&up).unwrap();
     assert!(outcomes.iter().all(|o| o["state"] == "ready"), "{up}");
+    outcomes
+}
+
+#[test]
+fn tensor_parallel_servers_are_steps_of_four_gpus_on_one_node() {
+    let (f, _ports) = layout_fleet("tp4", "  tp_size: 4\n");
+    let outcomes = up_ready(&f, "tp4");
+    assert_eq!(
+        outcomes.len(),
+        4,
+        "16 GPUs make four TP4 servers: {outcomes:?}"
+    );
 
     // Each server is one step holding four GPUs of one node, and says it runs TP4.
     let sims = f.sims();
@@ -319,20 +335,13 @@ fn tensor_parallel_servers_are_steps_of_four_gpus_on_one_node() {
 
 #[test]
 fn a_tp16_server_over_both_nodes_runs_a_job_and_is_lost_with_a_rank() {
-    let cluster = SlurmCluster::start(Options::default());
-    let ports = reserve_ports(16);
-    let f = SlurmFleet::new(cluster, &allocation(16, 30), ports.base);
-    let sim = std::fs::read_to_string(f.path().join("profiles/sim.yaml")).unwrap();
-    std::fs::write(
-        f.path().join("profiles/tp16.yaml"),
-        sim.replace("server:\n", "server:\n  tp_size: 16\n  nnodes: 2\n"),
-    )
-    .unwrap();
-    let up = f.ok(&["--json", "up", "--profile", "tp16"]);
-    let outcomes: serde_json::Value = serde_json::from_str(&up).unwrap();
-    let outcomes = outcomes.as_array().expect("one outcome per server");
-    assert_eq!(outcomes.len(), 1, "one server over both nodes:\n{up}");
-    assert_eq!(outcomes[0]["state"], "ready", "{up}");
+    let (f, _ports) = layout_fleet("tp16", "  tp_size: 16\n  nnodes: 2\n");
+    let outcomes = up_ready(&f, "tp16");
+    assert_eq!(
+        outcomes.len(),
+        1,
+        "one server over both nodes: {outcomes:?}"
+    );
 
     // Two ranks, a step each on its own node with its eight GPUs, meeting at rank 0's node.
     let sims = f.sims();

@@ -124,6 +124,35 @@ impl InstanceRecord {
         crate::launch::plan::group_label(&self.id, self.gpus(), self.port)
     }
 
+    /// The record of `planned`, started now as `handle` (rank 0's) with its other `ranks`.
+    pub fn started(
+        planned: &crate::launch::plan::Instance,
+        handle: Handle,
+        ranks: Vec<RankRecord>,
+        owner: &crate::launch::owner::Owner,
+    ) -> InstanceRecord {
+        InstanceRecord {
+            id: planned.id.clone(),
+            port: planned.port,
+            profile: planned.profile.clone(),
+            fingerprint: planned.fingerprint.clone(),
+            argv: planned.display_argv(),
+            address: planned.address.clone(),
+            handle,
+            started_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            api_key_env: planned.api_key_env.clone(),
+            dir: planned.files.dir.clone(),
+            log: planned.files.log.clone(),
+            pidfile: planned.files.pidfile.clone(),
+            record: planned.files.record.clone(),
+            group: planned.group.if_multi(),
+            ranks,
+            owner: Some(owner.clone()),
+        }
+    }
+
     /// How the backend finds every process of the server: rank 0's, then the other ranks'.
     pub fn handles(&self) -> impl Iterator<Item = &Handle> {
         std::iter::once(&self.handle).chain(self.ranks.iter().map(|r| &r.handle))

@@ -81,6 +81,21 @@ impl RealSglang {
         }
     }
 
+    /// Pids of every process with `calls` (a test's stand-in log) in its environment: the
+    /// launchers, schedulers and detokenizers of that test's servers, and nothing else.
+    pub fn processes(calls: &Path) -> Vec<u32> {
+        let needle = format!("FLEET_SGL_KERNEL_CALLS={}", calls.display());
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .map(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+
     /// `tests/fixtures/real_sglang`, which holds the stand-in `sgl_kernel` package.
     pub fn stand_in_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real_sglang")

@@ -4,7 +4,7 @@
 //! signalling its group (never by name), SIGTERM then SIGKILL, until the port is closed.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -54,26 +54,12 @@ impl Machine {
         let start_ticks = proc::proc_stat(self.t(), pid)
             .await?
             .map_or(0, |p| p.start_ticks);
-        let record = InstanceRecord {
-            id: planned.id.clone(),
-            port: planned.port,
-            profile: planned.profile.clone(),
-            fingerprint: planned.fingerprint.clone(),
-            argv: planned.display_argv(),
-            address: planned.address.clone(),
-            handle: Handle::Process { pid, start_ticks },
-            started_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            api_key_env: planned.api_key_env.clone(),
-            dir: planned.files.dir.clone(),
-            log: planned.files.log.clone(),
-            pidfile: planned.files.pidfile.clone(),
-            record: planned.files.record.clone(),
-            group: planned.group.if_multi(),
-            ranks: Vec::new(),
-            owner: Some(owner.clone()),
-        };
+        let record = InstanceRecord::started(
+            planned,
+            Handle::Process { pid, start_ticks },
+            Vec::new(),
+            owner,
+        );
         state::write_record(self.t(), &record).await?;
         Ok(record)
     }

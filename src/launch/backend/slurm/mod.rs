@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Mutex;
@@ -478,26 +478,7 @@ impl Backend for SlurmBackend {
                 }
             }
         }
-        let record = InstanceRecord {
-            id: planned.id.clone(),
-            port: planned.port,
-            profile: planned.profile.clone(),
-            fingerprint: planned.fingerprint.clone(),
-            argv: planned.display_argv(),
-            address: planned.address.clone(),
-            handle,
-            started_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            api_key_env: planned.api_key_env.clone(),
-            dir: planned.files.dir.clone(),
-            log: planned.files.log.clone(),
-            pidfile: planned.files.pidfile.clone(),
-            record: planned.files.record.clone(),
-            group: planned.group.if_multi(),
-            ranks,
-            owner: Some(owner.clone()),
-        };
+        let record = InstanceRecord::started(planned, handle, ranks, owner);
         if let Err(e) = state::write_record(self.t(), &record).await {
             self.cancel_steps(record.handles()).await;
             return Err(e);
