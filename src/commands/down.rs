@@ -84,6 +84,8 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
         });
     }
     let profile = profile.as_deref();
+    // First, so nothing is routed to a server that is going.
+    partial |= !super::router::down(ctx, &fleet, args.grace).await;
     let stops = fleet.backends().map(|b| async move {
         let mut outcomes = down_host(b.as_ref(), profile, args.grace).await?;
         confirm_gpus_released(b.as_ref(), &mut outcomes).await;

@@ -79,6 +79,7 @@ pub async fn run(ctx: &Ctx, _args: &StatusArgs) -> anyhow::Result<Outcome> {
     } else if text {
         eout!("{}", report::dead_tails(&statuses));
     }
+    partial |= !super::router::status(ctx, &fleet).await?;
     // Loading is not a failure; dead, gone or unreachable is.
     partial |= statuses
         .iter()

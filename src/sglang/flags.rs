@@ -417,6 +417,7 @@ pub(crate) mod tests {
             },
             api_key_env: None,
             expected: None,
+            router: None,
         }
     }
 

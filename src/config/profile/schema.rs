@@ -12,6 +12,8 @@ use super::super::{Expected, HealthSettings, MambaStrategy, Profile, ServerSetti
 use super::stem;
 use crate::layout::{Parallel, ParallelError};
 
+mod router;
+
 /// SGLang's default port; GPU i listens on `port_base + i`.
 const DEFAULT_PORT_BASE: u16 = 30000;
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(20 * 60);
@@ -341,6 +343,7 @@ pub(super) static SCHEMA: &[Item] = &[
         }),
         check: None,
     }),
+    Item::Section(router::SECTION),
 ];
 
 /// `extends:` is resolved by the loader before validation sees the document.
@@ -427,6 +430,7 @@ fn blank(path: &Path) -> Profile {
         },
         api_key_env: None,
         expected: None,
+        router: None,
     }
 }
 
@@ -571,7 +575,7 @@ pub(super) fn expected_value(e: &Expected) -> Value {
         .unwrap_or(Value::Null)
 }
 
-fn opt_str(s: &Option<String>) -> Value {
+pub(super) fn opt_str(s: &Option<String>) -> Value {
     s.clone().map_or(Value::Null, Value::Str)
 }
 
@@ -579,7 +583,7 @@ fn opt_int(v: Option<u32>) -> Value {
     v.map_or(Value::Null, |v| Value::Int(v.into()))
 }
 
-fn strs(v: &[String]) -> Value {
+pub(super) fn strs(v: &[String]) -> Value {
     Value::Seq(v.iter().map(|s| Node::new(Value::Str(s.clone()))).collect())
 }
 
@@ -587,7 +591,7 @@ fn dur(d: Duration) -> Value {
     Value::Str(humantime::format_duration(d).to_string())
 }
 
-fn string(c: &mut Checker, node: Option<&Node>, field: &str) -> Option<String> {
+pub(super) fn string(c: &mut Checker, node: Option<&Node>, field: &str) -> Option<String> {
     node.and_then(|n| c.string(n, field))
 }
 
@@ -651,7 +655,7 @@ fn positive(c: &mut Checker, node: &Node, field: &str) -> Option<f64> {
     None
 }
 
-fn launcher(c: &mut Checker, node: &Node, field: &str) -> Vec<String> {
+pub(super) fn launcher(c: &mut Checker, node: &Node, field: &str) -> Vec<String> {
     const EXAMPLE: &str = "e.g. [/workspace/venv/bin/python, -m, sglang.launch_server]";
     if let Value::Str(s) = &node.value {
         c.report(
