@@ -374,7 +374,7 @@ mod tests {
     #[test]
     fn the_first_host_runs_it_unless_named() {
         let inv: Vec<HostSpec> = crate::config::inventory_from_str(
-            "hosts:\n  - name: a\n    gpus: [0]\n  - name: b\n    gpus: [0]\n",
+            "hosts:\n  - name: a\n    gpus: [0]\n  - name: b\n    gpus: [1]\n",
             std::path::Path::new("fleet.yaml"),
         )
         .unwrap()

@@ -851,7 +851,7 @@ mod tests {
         assert_eq!(
             settable(),
             "settable: model, served_model_name, launcher, port_base, api_key_env, server.KEY, \
-             health.KEY, expected.KEY, env.NAME"
+             health.KEY, expected.KEY, router.KEY, env.NAME"
         );
     }
 
