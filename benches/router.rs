@@ -3,8 +3,9 @@
 //! shared-prefix job (tests/prefix_job: 40 long system prompts × 400 short questions,
 //! shuffled, on sims whose caches hold about 7 system prompts each): `fleet generate` placing
 //! every prompt itself (`--placement auto`, which picks prefix), and the same job sent through
-//! the gateway under `cache_aware` and under `round_robin`. For each: time, prompt tokens served
-//! from the cache, and that every prompt was answered exactly once.
+//! the gateway under `cache_aware` and under `round_robin`, with as many requests in flight in
+//! all (16 per server; through the gateway's one endpoint, 128). For each: time, prompt tokens
+//! served from the cache, and that every prompt was answered exactly once.
 //!
 //!     cargo bench --bench router [-- --quick]
 //!
@@ -124,12 +125,19 @@ fn one_run(dir: &Path, prompts: &Path, n: usize, policy: Option<&str>) -> (Durat
         None => urls.clone(),
     };
     let out = dir.join(name);
+    // `--concurrency` is per endpoint: through the gateway's one, the same total in flight.
+    let total = (16 * SERVERS).to_string();
+    let mut args: Vec<&str> = RUN_ARGS.to_vec();
+    if gateway.is_some() {
+        let at = args.iter().position(|a| *a == "--concurrency").unwrap() + 1;
+        args[at] = &total;
+    }
     let mut c = Command::new(env!("CARGO_BIN_EXE_fleet"));
     c.args(["-q", "generate", "--prompts"])
         .arg(prompts)
         .arg("--out")
         .arg(&out)
-        .args(RUN_ARGS)
+        .args(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     for u in &targets {
