@@ -75,13 +75,17 @@ struct Fleet {
     address: String,
     port_base: u16,
     gateway: String,
+    /// `TEST_FLEET_KEY` for every `fleet`, when the profile names it.
+    key: Option<&'static str>,
 }
 
 impl Fleet {
-    fn new() -> Fleet {
+    /// `gpus` sims behind a `round_robin` gateway; `key`: with `api_key_env`.
+    fn new(gpus: u16, key: Option<&'static str>) -> Fleet {
         let world = World::new(1);
-        world.inventory("[0, 1, 2, 3, 4, 5, 6, 7]");
-        let port_base = common::free_port_base(8);
+        let list: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
+        world.inventory(&format!("[{}]", list.join(", ")));
+        let port_base = common::free_port_base(gpus);
         let router_port = loop {
             let p = common::free_port_base(2);
             if !(port_base..port_base + 64).contains(&p) {
@@ -97,9 +101,14 @@ impl Fleet {
                 "model: /models/test\nlauncher: [{}]\nport_base: {port_base}\nserver:\n  \
                  mamba_strategy: no_buffer\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  \
                  SGLANG_SIM_TIME_SCALE: \"50\"\nrouter:\n  launcher: [{}, launch]\n  \
-                 port: {router_port}\n  policy: round_robin\n",
+                 port: {router_port}\n  policy: round_robin\n{}",
                 common::local_fleet::SIM,
-                smg().display()
+                smg().display(),
+                if key.is_some() {
+                    "api_key_env: TEST_FLEET_KEY\n"
+                } else {
+                    ""
+                }
             ),
         )
         .unwrap();
@@ -108,11 +117,20 @@ impl Fleet {
             address,
             port_base,
             world,
+            key,
         }
     }
 
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut c = self.world.fleet(args);
+        if let Some(k) = self.key {
+            c.env("TEST_FLEET_KEY", k);
+        }
+        c
+    }
+
     fn fleet(&self, args: &[&str]) -> (i32, String, String) {
-        let o = self.world.fleet(args).output().unwrap();
+        let o = self.command(args).output().unwrap();
         (
             o.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -162,7 +180,7 @@ impl Drop for Fleet {
 
 #[test]
 fn the_gateway_fronts_eight_servers_and_drops_a_lost_one_within_20s() {
-    let f = Fleet::new();
+    let f = Fleet::new(8, None);
     let (code, out, err) = f.fleet(&["up", "--profile", "sim"]);
     assert_eq!(code, 0, "up:\n{out}\n{err}");
     assert!(
@@ -195,8 +213,7 @@ fn the_gateway_fronts_eight_servers_and_drops_a_lost_one_within_20s() {
 
     // The watch that keeps the gateway's list true at run time.
     let mut watch = f
-        .world
-        .fleet(&["up", "--profile", "sim", "--watch"])
+        .command(&["up", "--profile", "sim", "--watch"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -277,6 +294,85 @@ fn the_gateway_fronts_eight_servers_and_drops_a_lost_one_within_20s() {
     let (_, status, err) = f.fleet(&["status"]);
     assert!(
         !status.contains("gateway") && !err.contains("gateway"),
+        "{status}{err}"
+    );
+}
+
+/// Every process's argv on this machine that holds `needle` (the containers run here too).
+fn argvs_holding(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let argv = std::fs::read(e.path().join("cmdline")).ok()?;
+            let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+            argv.contains(needle).then_some(argv)
+        })
+        .collect()
+}
+
+/// `GET path` on `addr` with a bearer token: the status code.
+fn get_with(addr: &str, path: &str, key: &str) -> u16 {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_gateway_holds_the_key_as_the_servers_do() {
+    use std::os::unix::fs::PermissionsExt;
+    const KEY: &str = "sk-gateway-test-7e1d";
+    let f = Fleet::new(2, Some(KEY));
+    let (code, out, err) = f.fleet(&["-vv", "up", "--profile", "sim"]);
+    assert_eq!(code, 0, "up:\n{out}\n{err}");
+    assert!(out.contains("2 of 2 workers ready"), "{out}");
+    assert!(!out.contains(KEY) && !err.contains(KEY), "up shows the key");
+    assert_eq!(
+        argvs_holding(KEY),
+        Vec::<String>::new(),
+        "the key is in an argv"
+    );
+
+    let dir = f.world.container_path(0, "/tmp/fleet/router");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("key")), 0o600);
+    assert_eq!(std::fs::read_to_string(dir.join("key")).unwrap(), KEY);
+    let record = std::fs::read_to_string(dir.join("router.json")).unwrap();
+    assert!(!record.contains(KEY), "{record}");
+    let log = std::fs::read_to_string(dir.join("router.log")).unwrap();
+    assert!(!log.contains(KEY), "the gateway logs the key");
+    let pid = serde_json::from_str::<Value>(&record).unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains(KEY),
+        "the key is in its environment"
+    );
+
+    // It holds the key: it asks clients for it, and reaches the servers, which want it too.
+    // (`/v1/models` it answers to anyone; generation and its worker API only with the key.)
+    assert_eq!(get_with(&f.gateway, "/workers", "wrong"), 401);
+    assert_eq!(get_with(&f.gateway, "/workers", KEY), 200);
+    let p = f.through_gateway(20, "k");
+    assert_eq!(
+        (p["completed"].as_u64(), p["failed"].as_u64()),
+        (Some(20), Some(0)),
+        "{p}"
+    );
+    let (_, status, err) = f.fleet(&["status"]);
+    assert!(
+        status.contains("2 workers:") && !status.contains(KEY),
         "{status}{err}"
     );
 }
