@@ -102,13 +102,20 @@ pub async fn find(t: &dyn Transport, run_root: &str) -> Result<Option<RouterReco
     }
 }
 
-/// The first host of the fleet whose run directory holds a gateway, with its record.
+/// The first host of the fleet (in inventory order) whose run directory holds a gateway, with
+/// its record. The hosts are asked at once; one that cannot be read is logged and passed over,
+/// as its servers are.
 pub async fn locate(
     fleet: &Fleet,
 ) -> Result<Option<(Arc<dyn Backend>, RouterRecord)>, RouterError> {
-    for b in fleet.backends() {
-        if let Some(r) = find(b.shell().as_ref(), b.run_root()).await? {
-            return Ok(Some((b.clone(), r)));
+    let looks = fleet
+        .backends()
+        .map(|b| async move { (b, find(b.shell().as_ref(), b.run_root()).await) });
+    for (b, found) in futures::future::join_all(looks).await {
+        match found {
+            Ok(Some(r)) => return Ok(Some((b.clone(), r))),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("{}: cannot look for a gateway: {e}", b.host()),
         }
     }
     Ok(None)
