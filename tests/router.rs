@@ -332,6 +332,15 @@ fn the_gateway_holds_the_key_as_the_servers_do() {
     use std::os::unix::fs::PermissionsExt;
     const KEY: &str = "sk-gateway-test-7e1d";
     let f = Fleet::new(2, Some(KEY));
+    let (code, plan, err) = f.fleet(&["up", "--profile", "sim", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        plan.contains(&format!("gateway on ct200 at http://{}: ", f.gateway))
+            && plan.contains(&format!("--worker-urls {} {}", f.url(0), f.url(1)))
+            && !plan.contains(KEY)
+            && !plan.contains("--api-key"),
+        "{plan}"
+    );
     let (code, out, err) = f.fleet(&["-vv", "up", "--profile", "sim"]);
     assert_eq!(code, 0, "up:\n{out}\n{err}");
     assert!(out.contains("2 of 2 workers ready"), "{out}");

@@ -24,6 +24,26 @@ pub async fn preflight(
     life::preflight(fleet, profile, check_help).await
 }
 
+/// `up --dry-run`: the gateway's command line after the servers' (text only).
+pub fn dry_run(
+    ctx: &Ctx,
+    fleet: &Fleet,
+    profile: &Profile,
+    instances: &[crate::launch::plan::Instance],
+) -> Result<(), RouterError> {
+    if let Some(p) = life::dry_run(fleet, profile, instances)?
+        && ctx.format() == Format::Text
+    {
+        out!(
+            "\ngateway on {} at {}: {}\n",
+            p.host,
+            p.url(),
+            p.argv.join(" ")
+        );
+    }
+    Ok(())
+}
+
 /// `up`, after the servers: starts or keeps the gateway, then with `--watch` keeps its workers
 /// true until Ctrl-C. `false` when it failed (logged).
 pub async fn up(

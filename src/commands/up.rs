@@ -131,6 +131,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
             versions: &versions,
         };
         super::emit(ctx, &planned)?;
+        super::router::dry_run(ctx, &fleet, &profile, &instances).map_err(UsageError::new)?;
         return Ok(if partial {
             Outcome::Partial
         } else {

@@ -51,6 +51,38 @@ pub async fn preflight(
     }
 }
 
+/// The gateway `up` would start over the planned `instances` (`up --dry-run`); `None` without
+/// a `router:`, or when its host could not be looked at.
+pub fn dry_run(
+    fleet: &Fleet,
+    profile: &Profile,
+    instances: &[crate::launch::plan::Instance],
+) -> Result<Option<RouterPlan>, RouterError> {
+    let Some(settings) = &profile.router else {
+        return Ok(None);
+    };
+    let host = plan::pick_host(settings, &fleet.inventory.hosts)?.name();
+    let (Some(b), Some(facts)) = (fleet.backend(host), fleet.facts().get(host)) else {
+        return Ok(None);
+    };
+    let mut workers: Vec<plan::Worker> = instances
+        .iter()
+        .map(|i| plan::Worker {
+            host: i.id.host().unwrap_or_default().to_string(),
+            url: plan::worker_url(&i.address, i.port),
+        })
+        .collect();
+    workers.sort();
+    Ok(Some(plan::plan(
+        profile,
+        settings,
+        host,
+        facts,
+        &workers,
+        b.run_root(),
+    )))
+}
+
 /// After the servers: the gateway running this profile's config with every running server as
 /// a worker, started, kept or replaced. `Ok(None)` without a `router:`.
 pub async fn up(
