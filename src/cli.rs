@@ -361,7 +361,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub url: Vec<String>,
     /// Send every request through the fleet's gateway (`router:`) instead of placing it.
-    #[arg(long, conflicts_with = "url")]
+    #[arg(long, conflicts_with_all = ["url", "detach"])]
     pub via_router: bool,
     /// Profile whose `expected:` numbers the watchdog compares against.
     #[arg(long)]
