@@ -97,6 +97,8 @@ impl World {
             .args(["--set", &format!("server.tp_size={tp_sizes}")])
             .args(["--input-len", "64", "--output-len", "256"])
             .args(["--warmup", "3s", "--duration", "12s"])
+            .arg("--out")
+            .arg(self.dir.path().join(format!("sweep-{tp_sizes}.json")))
             .output()
             .unwrap();
         let wall = began.elapsed().as_secs_f64();

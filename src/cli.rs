@@ -174,6 +174,9 @@ pub struct UpArgs {
     /// Leave started servers running when interrupted (Ctrl-C, SIGTERM, SIGHUP).
     #[arg(long)]
     pub keep_on_interrupt: bool,
+    /// Then keep the gateway's worker list true (lost servers out, new ones in) until Ctrl-C.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -208,7 +211,7 @@ pub struct DownArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct LogsArgs {
-    /// `host:gpu` (e.g. ct200:5), a port (e.g. 30005), or a detached job's id.
+    /// `host:gpu` (e.g. ct200:5), a port (e.g. 30005), `router`, or a detached job's id.
     pub instance: String,
     /// Number of lines from the end.
     #[arg(short = 'n', long, default_value_t = 100)]
@@ -376,6 +379,10 @@ pub struct GenerateArgs {
     /// Without --url and --fleet, a job uses only the servers this inventory's fleet started.
     #[arg(long, value_name = "NAME")]
     pub fleet: Option<String>,
+
+    /// Send every request through the fleet's gateway (`router:`) instead of placing it.
+    #[arg(long, conflicts_with_all = ["url", "detach"])]
+    pub via_router: bool,
     /// Profile whose `expected:` numbers the watchdog compares against.
     #[arg(long)]
     pub profile: Option<String>,

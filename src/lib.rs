@@ -22,6 +22,7 @@ pub mod layout;
 pub mod remote;
 pub mod render;
 pub mod report;
+pub mod router;
 pub mod server;
 pub mod sglang;
 #[allow(clippy::print_stdout, clippy::print_stderr)]

@@ -131,6 +131,8 @@ pub async fn run(ctx: &Ctx, args: &DownArgs) -> anyhow::Result<Outcome> {
             Outcome::Ok
         });
     }
+    // First, so nothing is routed to a server that is going.
+    partial |= !super::router::down(ctx, &fleet, args.grace).await;
     let doomed: Vec<&InstanceRecord> = choices.iter().flat_map(|(_, c)| c.stop.clone()).collect();
     if whose != Whose::Mine(&fleet.owner.fleet) && !doomed.is_empty() {
         eoutln!("{}", announce(whose, &doomed));

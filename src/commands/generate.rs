@@ -130,7 +130,23 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
     }
     // Without --url: every instance this fleet's `fleet up` started, through port forwards held
     // for the run over the fleet's connections, which outlive it.
+    let keep_stop = ctx.cancel.child_token();
+    let mut keeper = None;
     let (fleet, targets, serving) = match args.url.is_empty() {
+        true if args.via_router => {
+            let fleet =
+                std::sync::Arc::new(Fleet::open(&ctx.global.config, &ctx.connect_options()).await?);
+            fleet.log_unreachable();
+            let (endpoint, tunnel, k) =
+                super::router::target(fleet.clone(), keep_stop.clone()).await?;
+            keeper = Some(k);
+            let targets = Targets {
+                endpoints: vec![endpoint],
+                tunnels: vec![tunnel],
+                links: vec![],
+            };
+            (Some(fleet), targets, BTreeSet::new())
+        }
         true => {
             let (fleet, targets, serving, profiles) =
                 fleet_targets(ctx, args.fleet.as_deref()).await?;
@@ -147,7 +163,7 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
                     ),
                 }
             }
-            (Some(fleet), targets, serving)
+            (Some(std::sync::Arc::new(fleet)), targets, serving)
         }
         false => (
             None,
@@ -193,6 +209,10 @@ pub async fn run(ctx: &Ctx, args: &GenerateArgs) -> anyhow::Result<Outcome> {
         }
     };
     let stopped_for_end = ends.finish().await;
+    keep_stop.cancel();
+    if let Some(k) = keeper {
+        k.await.context("the gateway's worker watch failed")?;
+    }
     let view = view.into_inner().unwrap_or_else(|p| p.into_inner());
     drop(fleet);
     let summary = result.map_err(|e| match e {

@@ -533,6 +533,10 @@ mod tests {
         let mut argv: Vec<String> = vec!["fleet".into(), "generate".into()];
         let mut walked = Vec::new();
         for arg in command.get_arguments() {
+            // A job through the gateway is never detached: clap refuses the two together.
+            if arg.get_id() == "via_router" {
+                continue;
+            }
             let long = arg.get_long().expect("every flag of generate is long");
             argv.push(format!("--{long}"));
             argv.extend(sample(arg));

@@ -12,6 +12,12 @@ use super::{Ctx, Outcome, UsageError, output};
 
 pub async fn run(ctx: &Ctx, args: &LogsArgs) -> anyhow::Result<Outcome> {
     let inventory = config::load_inventory(&ctx.global.config)?;
+    if args.instance == "router" {
+        let fleet = Fleet::connect(inventory, &ctx.connect_options()).await;
+        fleet.log_unreachable();
+        let (t, path) = super::router::log(&fleet).await?;
+        return follow(ctx, t, &path, args).await;
+    }
     let selector = match Selector::parse(&args.instance) {
         Ok(s) => s,
         // Neither host:gpu nor a port: a detached job's id.

@@ -23,6 +23,7 @@ pub mod output;
 pub mod profile;
 pub mod progress;
 pub mod report;
+pub mod router;
 pub mod status;
 pub mod sweep;
 pub mod up;

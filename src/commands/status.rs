@@ -97,6 +97,7 @@ pub async fn run(ctx: &Ctx, args: &StatusArgs) -> anyhow::Result<Outcome> {
             eoutln!("{note}");
         }
     }
+    partial |= !super::router::status(ctx, &fleet).await?;
     // Loading is not a failure; dead, gone or unreachable is, for this fleet's servers: another
     // fleet's trouble is shown, not this fleet's failure.
     partial |= statuses

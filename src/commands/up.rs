@@ -121,6 +121,9 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         );
     }
     preflight::preflight(&instances, fleet.facts()).map_err(UsageError::new)?;
+    super::router::preflight(&fleet, &profile, !args.skip_preflight)
+        .await
+        .map_err(UsageError::new)?;
     if args.dry_run {
         let planned = Planned {
             plan: report::plan_json(&instances),
@@ -128,6 +131,7 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
             versions: &versions,
         };
         super::emit(ctx, &planned)?;
+        super::router::dry_run(ctx, &fleet, &profile, &instances).map_err(UsageError::new)?;
         return Ok(if partial {
             Outcome::Partial
         } else {
@@ -179,6 +183,10 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
         return Ok(Outcome::Interrupted);
     }
     partial |= outcomes.iter().any(|o| o.state == UpState::Failed);
+    partial |= !super::router::up(ctx, &fleet, &profile, api_key.as_deref(), args.watch).await?;
+    if ctx.cancel.is_cancelled() {
+        return Ok(Outcome::Interrupted);
+    }
     Ok(if partial {
         Outcome::Partial
     } else {

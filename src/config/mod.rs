@@ -127,6 +127,23 @@ pub struct Profile {
     pub api_key_env: Option<String>,
     /// Throughput measured by a sweep; the generate watchdog compares against it.
     pub expected: Option<Expected>,
+    /// The gateway `fleet up` puts in front of the servers (`router:`), when asked for.
+    pub router: Option<RouterSettings>,
+}
+
+/// `router:`: how the gateway (SGLang's `smg`) in front of the fleet is started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouterSettings {
+    /// argv prefix, e.g. `[smg, launch]` or `[python, -m, smg.launch_router]`.
+    pub launcher: Vec<String>,
+    pub port: u16,
+    /// The gateway's `--policy`.
+    pub policy: String,
+    /// The inventory host that runs it; `None`: the first.
+    pub host: Option<String>,
+    /// `--dp-aware`: route to a server's DP ranks apart.
+    pub dp_aware: bool,
+    pub extra_args: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

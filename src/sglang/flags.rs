@@ -438,6 +438,7 @@ pub(crate) mod tests {
             },
             api_key_env: None,
             expected: None,
+            router: None,
         }
     }
 

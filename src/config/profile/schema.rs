@@ -13,6 +13,8 @@ use super::stem;
 use super::values::*;
 use crate::layout::Parallel;
 
+mod router;
+
 /// SGLang's default port; GPU i listens on `port_base + i`.
 const DEFAULT_PORT_BASE: u16 = 30000;
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(20 * 60);
@@ -342,6 +344,7 @@ pub(super) static SCHEMA: &[Item] = &[
         }),
         check: None,
     }),
+    Item::Section(router::SECTION),
 ];
 
 /// `extends:` is resolved by the loader before validation sees the document.
@@ -428,6 +431,7 @@ fn blank(path: &Path) -> Profile {
         },
         api_key_env: None,
         expected: None,
+        router: None,
     }
 }
 
@@ -611,7 +615,7 @@ mod tests {
         assert_eq!(
             settable(),
             "settable: model, served_model_name, launcher, port_base, api_key_env, server.KEY, \
-             health.KEY, expected.KEY, env.NAME"
+             health.KEY, expected.KEY, router.KEY, env.NAME"
         );
     }
 

@@ -374,3 +374,48 @@ fn layout_keys_read_as_one_layout_and_sglangs_rules_name_the_key() {
         assert!(line.contains(want), "{want}\nin {shown:#?}");
     }
 }
+
+#[test]
+fn a_router_block_loads_with_defaults_and_shows_back() {
+    let text = format!("{BASE}router:\n  launcher: [smg, launch]\n  host: ct200\n");
+    let dir = dir_with(&[("r.yaml", &text), ("base.yaml", BASE)]);
+    let p = load_profile("r", dir.path()).unwrap();
+    let r = p.router.clone().expect("a router");
+    assert_eq!(r.launcher, ["smg", "launch"]);
+    assert_eq!(
+        (r.port, r.policy.as_str(), r.dp_aware),
+        (30080, "cache_aware", false)
+    );
+    assert_eq!(r.host.as_deref(), Some("ct200"));
+    let yaml = p.to_yaml();
+    assert!(
+        yaml.contains("router:") && yaml.contains("policy: cache_aware"),
+        "{yaml}"
+    );
+    assert_eq!(load_profile("base", dir.path()).unwrap().router, None);
+}
+
+#[test]
+fn a_router_block_refuses_what_fleet_sets_a_servers_port_and_no_launcher() {
+    let text = format!(
+        "{BASE}router:\n  port: 30003\n  extra_args: [--worker-urls, http://x:1, --api-key=k]\n"
+    );
+    let dir = dir_with(&[("r.yaml", &text)]);
+    let p = problems(load_profile("r", dir.path()));
+    let fields: Vec<&str> = p.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "router.launcher",
+            "router.port",
+            "router.extra_args[0]",
+            "router.extra_args[2]"
+        ],
+        "{p:?}"
+    );
+    assert!(p[1].message.contains("among the servers' ports"), "{p:?}");
+    assert!(
+        p[3].message.contains("`--api-key` is set by fleet"),
+        "{p:?}"
+    );
+}
