@@ -49,7 +49,7 @@ fn unknown_keys_get_a_suggestion_or_the_known_keys() {
         &[
             "tests/fixtures/config/unknown-key.yaml: 3 problems",
             "  tests/fixtures/config/unknown-key.yaml:4:3: server.mem_fraction_statc: unknown key (did you mean `mem_fraction_static`?)",
-            "  tests/fixtures/config/unknown-key.yaml:5:3: server.tensor_parallel_size: unknown key (known keys: mem_fraction_static, context_length, attention_backend, mamba_strategy, max_running_requests, tp_size, dp_size, ep_size, enable_dp_attention, nnodes, enable_metrics, host, extra_args)",
+            "  tests/fixtures/config/unknown-key.yaml:5:3: server.tensor_parallel_size: unknown key (`--tensor-parallel-size` is `server.tp_size` in a profile)",
             "  tests/fixtures/config/unknown-key.yaml:6:1: context_length: unknown key (`context_length` belongs under `server:`)",
         ],
     );

@@ -368,7 +368,9 @@ pub(super) fn validate(
             Item::Field(f) => read_field(c, Some(&top), f, complete, &mut p),
             Item::Map { key, read, .. } => read(c, top.get(key), &mut p),
             Item::Section(s) => {
-                let fields = top.get(s.key).and_then(|n| c.fields(n, s.key, &s.keys()));
+                let fields = top
+                    .get(s.key)
+                    .and_then(|n| c.fields_with(n, s.key, &s.keys(), sglang_name));
                 match (&s.optional, &fields) {
                     (Some(_), None) => continue,
                     (Some(o), Some(_)) => (o.open)(&mut p),
@@ -446,6 +448,13 @@ fn misplaced(key: &str) -> Option<String> {
 }
 
 /// The dotted key of the profile that sets `flag`, when fleet renders that flag itself.
+/// A key written as SGLang names the flag (`tensor_parallel_size` for `--tensor-parallel-size`):
+/// the profile's own key for it.
+fn sglang_name(key: &str) -> Option<String> {
+    let flag = format!("--{}", key.replace('_', "-"));
+    key_for_flag(&flag).map(|k| format!("`{flag}` is `{k}` in a profile"))
+}
+
 pub(super) fn key_for_flag(flag: &str) -> Option<String> {
     SCHEMA.iter().find_map(|item| match item {
         Item::Field(f) if f.flags.contains(&flag) => Some(f.key.to_string()),
