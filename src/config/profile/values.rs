@@ -7,7 +7,6 @@ use std::time::Duration;
 use super::super::check::{Checker, Fields, is_env_name, join, suggest};
 use super::super::yaml::{Node, Value};
 use super::super::{MambaStrategy, Profile};
-use super::schema::key_for_flag;
 use crate::layout::ParallelError;
 
 pub(super) fn opt_str(s: &Option<String>) -> Value {
@@ -141,31 +140,6 @@ pub(super) fn mamba(c: &mut Checker, node: &Node, field: &str) -> Option<MambaSt
         );
     }
     found
-}
-
-pub(super) fn extra_args(c: &mut Checker, node: &Node, field: &str) -> Vec<String> {
-    let Value::Seq(items) = &node.value else {
-        c.wrong_type(node.loc, field, "a list", &node.value);
-        return Vec::new();
-    };
-    let mut args = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let item_field = format!("{field}[{i}]");
-        let Some(arg) = c.text(item, &item_field) else {
-            continue;
-        };
-        let flag = arg.split('=').next().unwrap_or_default();
-        if let Some(key) = key_for_flag(flag) {
-            c.report(
-                item.loc,
-                &item_field,
-                format!("`{flag}` is set by fleet"),
-                Some(format!("use `{key}` instead")),
-            );
-        }
-        args.push(arg);
-    }
-    args
 }
 
 pub(super) fn env(c: &mut Checker, node: &Node) -> BTreeMap<String, String> {
