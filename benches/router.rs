@@ -17,28 +17,18 @@ mod headline;
 #[path = "../tests/prefix_job/mod.rs"]
 mod prefix_job;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use generate_common::{Sim, assert_exactly_once, progress, write_lines};
 use prefix_job::*;
 
-const PREFILL_PER_TOKEN_MS: &str = "0.02";
+#[path = "../tests/common/smg.rs"]
+mod smg;
+use smg::smg;
 
-fn smg() -> PathBuf {
-    let cache = std::env::var_os("FLEET_TEST_CACHE").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/fleet-test"),
-        PathBuf::from,
-    );
-    let smg = cache.join("smg-1.13.0/bin/smg");
-    assert!(
-        smg.exists(),
-        "{} is missing: run scripts/smg-env",
-        smg.display()
-    );
-    smg
-}
+const PREFILL_PER_TOKEN_MS: &str = "0.02";
 
 /// The gateway over `workers`, on a free port, ready with all of them.
 struct Gateway {

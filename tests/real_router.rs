@@ -6,25 +6,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::generate::assert_exactly_once;
 use common::real::RealSglang;
+use common::smg::smg;
 use common::world::World;
-
-fn smg() -> PathBuf {
-    let cache = std::env::var_os("FLEET_TEST_CACHE").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/fleet-test"),
-        PathBuf::from,
-    );
-    let smg = cache.join("smg-1.13.0/bin/smg");
-    assert!(
-        smg.exists(),
-        "{} is missing: run scripts/smg-env (scripts/test does)",
-        smg.display()
-    );
-    smg
-}
 
 #[test]
 fn the_gateway_fronts_the_real_server() {

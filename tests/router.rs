@@ -8,27 +8,12 @@
 mod common;
 
 use std::io::{BufRead, Read, Write};
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::smg::smg;
 use common::world::World;
 use serde_json::Value;
-
-/// The gateway `scripts/smg-env` installed; the test fails (never skips) without it.
-fn smg() -> PathBuf {
-    let cache = std::env::var_os("FLEET_TEST_CACHE").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/fleet-test"),
-        PathBuf::from,
-    );
-    let smg = cache.join("smg-1.13.0/bin/smg");
-    assert!(
-        smg.exists(),
-        "{} is missing: run scripts/smg-env (scripts/test does)",
-        smg.display()
-    );
-    smg
-}
 
 /// `GET path` on `addr`: the status code and body.
 fn get(addr: &str, path: &str) -> (u16, String) {

@@ -453,7 +453,7 @@ pub fn host_gpus(host: &HostSpec, facts: &HostFacts) -> Vec<u32> {
 
 /// The secret is in no argv, so it never enters the fingerprint (the record holding it is
 /// readable on the target): changing only the API key is not a config change.
-fn fingerprint(masked_argv: &[String], env: &BTreeMap<String, String>) -> String {
+pub fn fingerprint(masked_argv: &[String], env: &BTreeMap<String, String>) -> String {
     let mut hash = Sha256::new();
     for arg in masked_argv {
         hash.update(arg.as_bytes());

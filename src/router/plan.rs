@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::RouterError;
 use crate::config::{HostSpec, Profile, RouterSettings};
@@ -179,7 +178,8 @@ pub fn plan(
         env.insert("PYTHONPATH".into(), path);
         env.insert(KEY_FILE_VAR.into(), files.key.clone());
     }
-    let fingerprint = fingerprint(&head, &env);
+    // The same identity as a server's: equal fingerprints mean the same gateway.
+    let fingerprint = crate::launch::plan::fingerprint(&head, &env);
     let mut argv = head;
     // Last, since `--worker-urls` takes every word up to the next flag.
     if !workers.is_empty() {
@@ -202,25 +202,6 @@ pub fn plan(
 /// The gateway's Prometheus port: the one after its own (wrapping below it at the top).
 pub fn metrics_port(port: u16) -> u16 {
     port.checked_add(1).unwrap_or(port - 1)
-}
-
-fn fingerprint(argv: &[String], env: &BTreeMap<String, String>) -> String {
-    let mut hash = Sha256::new();
-    for arg in argv {
-        hash.update(arg.as_bytes());
-        hash.update([0]);
-    }
-    for (k, v) in env {
-        hash.update(k.as_bytes());
-        hash.update([1]);
-        hash.update(v.as_bytes());
-        hash.update([0]);
-    }
-    hash.finalize()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// What the gateway's `--help` refuses of the plan: a flag it does not list, or a policy it

@@ -18,6 +18,7 @@ pub mod netns;
 pub mod real;
 pub mod slurm;
 pub mod slurm_fleet;
+pub mod smg;
 pub mod sshd;
 pub mod watch;
 pub mod world;

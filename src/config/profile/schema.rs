@@ -586,28 +586,9 @@ pub(super) fn expected_value(e: &Expected) -> Value {
 }
 
 fn extra_args(c: &mut Checker, node: &Node, field: &str) -> Vec<String> {
-    let Value::Seq(items) = &node.value else {
-        c.wrong_type(node.loc, field, "a list", &node.value);
-        return Vec::new();
-    };
-    let mut args = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let item_field = format!("{field}[{i}]");
-        let Some(arg) = c.text(item, &item_field) else {
-            continue;
-        };
-        let flag = arg.split('=').next().unwrap_or_default();
-        if let Some(key) = key_for_flag(flag) {
-            c.report(
-                item.loc,
-                &item_field,
-                format!("`{flag}` is set by fleet"),
-                Some(format!("use `{key}` instead")),
-            );
-        }
-        args.push(arg);
-    }
-    args
+    arg_list(c, node, field, |flag| {
+        key_for_flag(flag).map(|key| format!("use `{key}` instead"))
+    })
 }
 
 #[cfg(test)]

@@ -229,3 +229,35 @@ pub(super) fn api_key_env(c: &mut Checker, node: &Node, field: &str) -> Option<S
     );
     None
 }
+
+/// A list of command-line arguments (`extra_args`), each kept; one whose flag `taken` names
+/// (fleet sets it itself) is reported at its place with the hint `taken` gives.
+pub(super) fn arg_list(
+    c: &mut Checker,
+    node: &Node,
+    field: &str,
+    taken: impl Fn(&str) -> Option<String>,
+) -> Vec<String> {
+    let Value::Seq(items) = &node.value else {
+        c.wrong_type(node.loc, field, "a list", &node.value);
+        return Vec::new();
+    };
+    let mut args = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let item_field = format!("{field}[{i}]");
+        let Some(arg) = c.text(item, &item_field) else {
+            continue;
+        };
+        let flag = arg.split('=').next().unwrap_or_default();
+        if let Some(hint) = taken(flag) {
+            c.report(
+                item.loc,
+                &item_field,
+                format!("`{flag}` is set by fleet"),
+                Some(hint),
+            );
+        }
+        args.push(arg);
+    }
+    args
+}

@@ -3,7 +3,7 @@
 use super::super::super::RouterSettings;
 use super::super::super::check::{Checker, Fields};
 use super::super::super::yaml::{Node, Value};
-use super::{Field, Optional, Profile, Section, launcher, opt_str, string, strs};
+use super::{Field, Optional, Profile, Section, arg_list, launcher, opt_str, string, strs};
 
 /// Clear of SGLang's 30000 and the servers counted up from it.
 pub(crate) const DEFAULT_PORT: u16 = 30080;
@@ -119,32 +119,13 @@ pub(super) const SECTION: Section = Section {
 };
 
 fn extra_args(c: &mut Checker, node: &Node, field: &str) -> Vec<String> {
-    let Value::Seq(items) = &node.value else {
-        c.wrong_type(node.loc, field, "a list", &node.value);
-        return Vec::new();
-    };
-    let mut args = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let item_field = format!("{field}[{i}]");
-        let Some(arg) = c.text(item, &item_field) else {
-            continue;
-        };
-        let flag = arg.split('=').next().unwrap_or_default();
-        if RENDERED.contains(&flag) {
-            c.report(
-                item.loc,
-                &item_field,
-                format!("`{flag}` is set by fleet"),
-                Some(
-                    "use router.port, router.policy, router.dp_aware or api_key_env; the \
-                     workers are the fleet's ready servers"
-                        .into(),
-                ),
-            );
-        }
-        args.push(arg);
-    }
-    args
+    arg_list(c, node, field, |flag| {
+        RENDERED.contains(&flag).then(|| {
+            "use router.port, router.policy, router.dp_aware or api_key_env; the workers are \
+             the fleet's ready servers"
+                .to_string()
+        })
+    })
 }
 
 /// The gateway's port must not be one a server of this profile listens on: GPU i's is
