@@ -19,6 +19,7 @@ use crate::sglang::client::{Api, ClientError, HttpOptions};
 pub mod concurrency;
 pub mod core;
 pub mod drive;
+mod files;
 pub mod identity;
 pub mod input;
 pub mod journal;

@@ -298,7 +298,8 @@ pub enum ProgressError {
     },
 }
 
-/// Writes `dir/progress.json` via a temp file and rename, so readers never see half a file.
+/// Writes `dir/progress.json` via a temp file and rename, so readers never see half a file;
+/// blocking, as it may wait for a descriptor (`files`).
 pub fn write_atomic(dir: &Path, p: &Progress) -> Result<(), ProgressError> {
     let path = dir.join(PROGRESS_FILE);
     let tmp = dir.join(".progress.json.tmp");
@@ -307,7 +308,7 @@ pub fn write_atomic(dir: &Path, p: &Progress) -> Result<(), ProgressError> {
         source,
     };
     let body = serde_json::to_vec_pretty(p).expect("progress always serializes");
-    std::fs::write(&tmp, body).map_err(err)?;
+    super::files::when_a_descriptor_frees(|| std::fs::write(&tmp, &body)).map_err(err)?;
     std::fs::rename(&tmp, &path).map_err(err)
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::files::when_a_descriptor_frees;
 use super::input::Id;
 use crate::server::ServerId;
 
@@ -59,6 +60,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// Opens a journal file for appending, waiting out a descriptor table that sockets have filled.
+fn append(path: &Path) -> std::io::Result<File> {
+    when_a_descriptor_frees(|| OpenOptions::new().create(true).append(true).open(path))
 }
 
 pub fn shard_name(index: u32) -> String {
@@ -330,11 +336,7 @@ impl Writer {
                 if self.shard.is_none() {
                     let path = self.dir.join(shard_name(self.next_shard));
                     self.next_shard += 1;
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                        .map_err(io(&path))?;
+                    let file = append(&path).map_err(io(&path))?;
                     self.stats.shards_written += 1;
                     self.shard = Some((file, path, 0));
                 }
@@ -408,11 +410,7 @@ impl Appended {
         }
         if self.file.is_none() {
             let path = dir.join(self.name);
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(io(&path))?;
+            let file = append(&path).map_err(io(&path))?;
             self.file = Some((file, path));
         }
         let (file, path) = self.file.as_mut().expect("opened above");
@@ -426,7 +424,7 @@ impl Appended {
     fn replace(&mut self, dir: &Path, all: &[u8]) -> Result<(), JournalError> {
         let path = dir.join(self.name);
         let tmp = dir.join(format!(".{}.tmp", self.name));
-        std::fs::write(&tmp, all).map_err(io(&tmp))?;
+        when_a_descriptor_frees(|| std::fs::write(&tmp, all)).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         self.file = None;
         Ok(())
