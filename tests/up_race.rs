@@ -41,7 +41,9 @@ impl Fleet {
     }
 
     fn lock_file(&self) -> std::path::PathBuf {
-        self.local.run_dir().join(".up.lock")
+        let mut lock = self.local.run_dir().into_os_string();
+        lock.push(".up.lock");
+        lock.into()
     }
 
     /// The pids of the instance records, by port.

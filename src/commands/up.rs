@@ -78,120 +78,148 @@ pub async fn run(ctx: &Ctx, args: &UpArgs) -> anyhow::Result<Outcome> {
     let mut partial = fleet.log_unreachable();
     let learning = std::time::Instant::now();
     let learn = preflight::Learn::for_profile(&profile, !args.skip_preflight);
-    let learned = fleet.learn(&learn);
-    let failed = tokio::select! {
-        failed = learned => failed,
-        _ = ctx.cancel.cancelled() => return Ok(Outcome::Interrupted),
+    // Each host's run directory is locked and looked at while its facts are learnt: both are
+    // commands in a row on the host, and on a Proxmox host every command pays `pct exec`'s own
+    // start before the servers' can.
+    let backends: Vec<_> = fleet.backends().cloned().collect();
+    let holding = async {
+        match args.dry_run {
+            true => None,
+            false => Some(up::hold(backends, &ctx.cancel).await),
+        }
     };
+    let learned = async {
+        tokio::select! {
+            failed = fleet.learn(&learn) => Some(failed),
+            _ = ctx.cancel.cancelled() => None,
+        }
+    };
+    let (learned, mut held) = tokio::join!(learned, holding);
     tracing::debug!(
-        "phase preflight (--help, version, GPUs, address; hosts in parallel): {:.2}s",
+        "phase preflight and lock (--help, version, GPUs, address; hosts in parallel): {:.2}s",
         learning.elapsed().as_secs_f64()
     );
-    for e in &failed {
-        tracing::error!("{e}");
-        partial = true;
-    }
-    let hosts = fleet.hosts();
-    if hosts.is_empty() {
-        anyhow::bail!("no host could be prepared; nothing was started");
-    }
-    let instances = plan::plan(
-        &profile,
-        &hosts,
-        args.gpus.as_deref(),
-        api_key.as_deref(),
-        fleet.run_root(),
-    )
-    .map_err(UsageError::new)?;
-    for (host, why) in plan::contiguous_fallbacks(&hosts, &instances) {
-        tracing::warn!(
-            "{host}: no GPU topology ({why}); each server takes contiguous GPUs in bus order"
-        );
-    }
-    let versions: Versions = fleet
-        .facts()
-        .iter()
-        .map(|(name, f)| (name.clone(), f.version.clone()))
-        .collect();
-    for instance in &instances {
-        tracing::debug!(
-            "{}: {}",
-            instance.label(),
-            instance.display_argv().join(" ")
-        );
-    }
-    preflight::preflight(&instances, fleet.facts()).map_err(UsageError::new)?;
-    super::router::preflight(&fleet, &profile, !args.skip_preflight)
-        .await
+    let Some(failed) = learned else {
+        if let Some(held) = held {
+            held.release().await;
+        }
+        return Ok(Outcome::Interrupted);
+    };
+    // Whichever way this ends, a hold `up::start` did not take is given back after.
+    let result: anyhow::Result<Outcome> = async {
+        for e in &failed {
+            tracing::error!("{e}");
+            partial = true;
+        }
+        let hosts = fleet.hosts();
+        if hosts.is_empty() {
+            anyhow::bail!("no host could be prepared; nothing was started");
+        }
+        let instances = plan::plan(
+            &profile,
+            &hosts,
+            args.gpus.as_deref(),
+            api_key.as_deref(),
+            fleet.run_root(),
+        )
         .map_err(UsageError::new)?;
-    if args.dry_run {
-        let planned = Planned {
-            plan: report::plan_json(&instances),
-            instances: &instances,
+        for (host, why) in plan::contiguous_fallbacks(&hosts, &instances) {
+            tracing::warn!(
+                "{host}: no GPU topology ({why}); each server takes contiguous GPUs in bus order"
+            );
+        }
+        let versions: Versions = fleet
+            .facts()
+            .iter()
+            .map(|(name, f)| (name.clone(), f.version.clone()))
+            .collect();
+        for instance in &instances {
+            tracing::debug!(
+                "{}: {}",
+                instance.label(),
+                instance.display_argv().join(" ")
+            );
+        }
+        preflight::preflight(&instances, fleet.facts()).map_err(UsageError::new)?;
+        super::router::preflight(&fleet, &profile, !args.skip_preflight)
+            .await
+            .map_err(UsageError::new)?;
+        if args.dry_run {
+            let planned = Planned {
+                plan: report::plan_json(&instances),
+                instances: &instances,
+                versions: &versions,
+            };
+            super::emit(ctx, &planned)?;
+            super::router::dry_run(ctx, &fleet, &profile, &instances).map_err(UsageError::new)?;
+            return Ok(if partial {
+                Outcome::Partial
+            } else {
+                Outcome::Ok
+            });
+        }
+
+        let http = http_client(PROBE_HTTP)?;
+        let opts = UpOptions {
+            replace: args.replace,
+            keep_on_interrupt: args.keep_on_interrupt,
+            grace: STOP_GRACE,
+        };
+        let (events, receiver) = mpsc::unbounded_channel();
+        let live = std::io::stderr().is_terminal() && !ctx.global.quiet;
+        let progress = tokio::spawn(show_progress(labels(&instances), receiver, live));
+        let run = Run {
+            fleet: &fleet,
+            http: &http,
+            api_key: api_key.as_deref(),
+            events: &events,
+            cancel: &ctx.cancel,
+        };
+        let starting = std::time::Instant::now();
+        let held = held.take().expect("held unless a dry run");
+        let result = up::start(&instances, held, &profile.health, &opts, &run).await;
+        drop(events);
+        progress.await.context("the progress display failed")?;
+        let outcomes = result?;
+        for o in &outcomes {
+            tracing::debug!("phases {}: {}", o.id.label(o.port), o.phases.summary());
+        }
+        tracing::debug!(
+            "phase up (lock, survey, spawns, readiness, server_info): {:.2}s; {:.2}s in all",
+            starting.elapsed().as_secs_f64(),
+            began.elapsed().as_secs_f64()
+        );
+
+        let started = Started {
+            outcomes,
             versions: &versions,
         };
-        super::emit(ctx, &planned)?;
-        super::router::dry_run(ctx, &fleet, &profile, &instances).map_err(UsageError::new)?;
-        return Ok(if partial {
+        super::emit(ctx, &started)?;
+        let outcomes = started.outcomes;
+        eout!("{}", report::up_failures(&outcomes));
+        if outcomes.iter().any(|o| o.state == UpState::Interrupted) {
+            if !args.keep_on_interrupt {
+                tracing::warn!("interrupted: stopped the servers this run started");
+            }
+            return Ok(Outcome::Interrupted);
+        }
+        partial |= outcomes.iter().any(|o| o.state == UpState::Failed);
+        partial |=
+            !super::router::up(ctx, &fleet, &profile, api_key.as_deref(), args.watch).await?;
+        if ctx.cancel.is_cancelled() {
+            return Ok(Outcome::Interrupted);
+        }
+        Ok(if partial {
             Outcome::Partial
         } else {
             Outcome::Ok
-        });
+        })
     }
-
-    let http = http_client(PROBE_HTTP)?;
-    let opts = UpOptions {
-        replace: args.replace,
-        keep_on_interrupt: args.keep_on_interrupt,
-        grace: STOP_GRACE,
-    };
-    let (events, receiver) = mpsc::unbounded_channel();
-    let live = std::io::stderr().is_terminal() && !ctx.global.quiet;
-    let progress = tokio::spawn(show_progress(labels(&instances), receiver, live));
-    let run = Run {
-        fleet: &fleet,
-        http: &http,
-        api_key: api_key.as_deref(),
-        events: &events,
-        cancel: &ctx.cancel,
-    };
-    let starting = std::time::Instant::now();
-    let result = up::up(&instances, &profile.health, &opts, &run).await;
-    drop(events);
-    progress.await.context("the progress display failed")?;
-    let outcomes = result?;
-    for o in &outcomes {
-        tracing::debug!("phases {}: {}", o.id.label(o.port), o.phases.summary());
+    .await;
+    if let Some(held) = held {
+        held.release().await;
     }
-    tracing::debug!(
-        "phase up (lock, survey, spawns, readiness, server_info): {:.2}s; {:.2}s in all",
-        starting.elapsed().as_secs_f64(),
-        began.elapsed().as_secs_f64()
-    );
-
-    let started = Started {
-        outcomes,
-        versions: &versions,
-    };
-    super::emit(ctx, &started)?;
-    let outcomes = started.outcomes;
-    eout!("{}", report::up_failures(&outcomes));
-    if outcomes.iter().any(|o| o.state == UpState::Interrupted) {
-        if !args.keep_on_interrupt {
-            tracing::warn!("interrupted: stopped the servers this run started");
-        }
-        return Ok(Outcome::Interrupted);
-    }
-    partial |= outcomes.iter().any(|o| o.state == UpState::Failed);
-    partial |= !super::router::up(ctx, &fleet, &profile, api_key.as_deref(), args.watch).await?;
-    if ctx.cancel.is_cancelled() {
-        return Ok(Outcome::Interrupted);
-    }
-    Ok(if partial {
-        Outcome::Partial
-    } else {
-        Outcome::Ok
-    })
+    result
 }
 
 fn labels(instances: &[Instance]) -> Vec<String> {

@@ -7,6 +7,8 @@
 //! Any change of those is a new key, so an upgrade, an edited launcher or another venv reads
 //! `--help` again; a cache that cannot be read or written is only a slower start.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
 
 use crate::remote::{Transport, argv};
@@ -18,26 +20,65 @@ pub fn dir(run_root: &str) -> String {
 }
 
 /// What identifies the launcher executable: `size mtime(ns) inode` of what `$1` resolves to on
-/// PATH, or nothing when it resolves to nothing.
-const EXE_SCRIPT: &str = r#"p=$(command -v -- "$1") && stat -L -c '%s %y %i' -- "$p""#;
+/// PATH, or nothing when it resolves to nothing; then, in the same command, every `--help` kept
+/// in `$2` as `NUL name NUL text`. The key a cached text is read by needs this identity, and a
+/// second command only to read one file would cost a second `pct exec` on a Proxmox host.
+const EXE_SCRIPT: &str = r#"p=$(command -v -- "$1") && stat -L -c '%s %y %i' -- "$p"
+found=$?
+for f in "$2"/*.help; do [ -f "$f" ] && printf '\000%s\000' "${f##*/}" && cat -- "$f"; done
+exit $found"#;
+
+/// How many `--help` texts a host keeps: one per launcher, environment and version in use,
+/// the most recently written first.
+const KEPT: usize = 8;
 
 /// The second line `preflight`'s version script prints: the size and mtime of sglang's
 /// `server_args.py` (its options' definitions), found without importing sglang.
 pub const SERVER_ARGS_STAT: &str = "\nimport os\ntry:\n    s = os.stat(m.distribution('sglang').locate_file('sglang/srt/server_args.py'))\n    print(s.st_size, s.st_mtime_ns)\nexcept Exception:\n    print('')";
 
-/// The launcher executable's identity as `with_env` runs it, `None` when it cannot be read.
-pub async fn launcher_identity(
+/// The launcher executable as `with_env` runs it, and the texts its host keeps.
+#[derive(Debug, Default, PartialEq)]
+pub struct Looked {
+    /// `None` when it cannot be read: then nothing is cached or looked up.
+    pub identity: Option<String>,
+    /// By key.
+    pub cached: BTreeMap<String, String>,
+}
+
+/// Reads the launcher's identity and the cache in `dir` in one command.
+pub async fn look(
     t: &dyn Transport,
     with_env: impl Fn(Vec<String>) -> Vec<String>,
     launcher: &[String],
-) -> Option<String> {
-    let exe = launcher.first()?;
-    let out = t
-        .run(&with_env(argv(&["sh", "-c", EXE_SCRIPT, "sh", exe])))
+    dir: &str,
+) -> Looked {
+    let Some(exe) = launcher.first() else {
+        return Looked::default();
+    };
+    match t
+        .run(&with_env(argv(&["sh", "-c", EXE_SCRIPT, "sh", exe, dir])))
         .await
-        .ok()?;
-    let id = out.stdout_lossy().trim().to_string();
-    (out.success() && !id.is_empty()).then_some(id)
+    {
+        Ok(out) => parse_look(out.success(), &out.stdout_lossy()),
+        Err(_) => Looked::default(),
+    }
+}
+
+fn parse_look(success: bool, stdout: &str) -> Looked {
+    let mut fields = stdout.split('\0');
+    let id = fields.next().unwrap_or("").trim().to_string();
+    let mut cached = BTreeMap::new();
+    while let (Some(name), Some(text)) = (fields.next(), fields.next()) {
+        if let Some(key) = name.strip_suffix(".help")
+            && !text.trim().is_empty()
+        {
+            cached.insert(key.to_string(), text.to_string());
+        }
+    }
+    Looked {
+        identity: (success && !id.is_empty()).then_some(id),
+        cached,
+    }
 }
 
 /// The cache key of a `--help` read with `launcher` and `env` (as `KEY=VALUE`, sorted) on a
@@ -66,21 +107,16 @@ fn path(dir: &str, key: &str) -> String {
     format!("{dir}/{key}.help")
 }
 
-/// The cached text for `key`, if there is one.
-pub async fn load(t: &dyn Transport, dir: &str, key: &str) -> Option<String> {
-    let out = t.run(&argv(&["cat", "--", &path(dir, key)])).await.ok()?;
-    let text = out.stdout_lossy();
-    (out.success() && !text.trim().is_empty()).then_some(text)
-}
-
-/// Keeps `text` for `key`, written aside and renamed so that a reader never sees half of it.
+/// Keeps `text` for `key`, written aside and renamed so that a reader never sees half of it,
+/// and only the [`KEPT`] most recent texts, since every look reads them all.
 pub async fn store(t: &dyn Transport, dir: &str, key: &str, text: &str) {
-    let script =
-        r#"umask 077 && mkdir -p -- "$1" && cat > "$2.tmp.$$" && mv -f -- "$2.tmp.$$" "$2""#;
+    let script = r#"umask 077 && mkdir -p -- "$1" && cat > "$2.tmp.$$" && mv -f -- "$2.tmp.$$" "$2" || exit 1
+cd -- "$1" && ls -t -- *.help | tail -n +"$3" | while IFS= read -r f; do rm -f -- "$f"; done"#;
     let file = path(dir, key);
+    let after = (KEPT + 1).to_string();
     let stored = t
         .run_input(
-            &argv(&["sh", "-c", script, "sh", dir, &file]),
+            &argv(&["sh", "-c", script, "sh", dir, &file, &after]),
             text.as_bytes(),
         )
         .await;
@@ -130,5 +166,21 @@ mod tests {
             assert_ne!(base, other);
         }
         assert_eq!(dir("/tmp/fleet/"), "/tmp/fleet.preflight");
+    }
+
+    #[test]
+    fn a_look_reads_the_identity_and_every_kept_text() {
+        let out = "123 2026-12-05 10:00:00.000000000 +0000 42\n\0aa.help\0usage: a\n\0bb.help\0usage: b\n";
+        let looked = parse_look(true, out);
+        assert_eq!(
+            looked.identity.as_deref(),
+            Some("123 2026-12-05 10:00:00.000000000 +0000 42")
+        );
+        assert_eq!(looked.cached.len(), 2);
+        assert_eq!(looked.cached["bb"], "usage: b\n");
+        // A launcher not on PATH: no identity, so nothing is looked up by it.
+        let looked = parse_look(false, "\0aa.help\0usage: a\n");
+        assert_eq!(looked.identity, None);
+        assert_eq!(parse_look(true, ""), Looked::default());
     }
 }

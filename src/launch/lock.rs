@@ -1,11 +1,12 @@
-//! One `fleet up` at a time per run directory: a lock file on the target (`<run root>/.up.lock`)
+//! One `fleet up` at a time per run directory: a lock file on the target (`<run root>.up.lock`)
 //! held while `up` looks at what runs, starts servers and records them, so two `up`s of the same
 //! GPUs never both start a server on one port (the loser's record would overwrite the winner's,
 //! leaving a server no record knows).
 //!
 //! Every operation on the lock is one short script run through the transport (so it works the
-//! same locally, over ssh and inside a pct container) under `flock` on `<run root>/.up.guard`,
-//! which makes each test-and-set atomic. The lock names its owner (pid, machine, command) and is
+//! same locally, over ssh and inside a pct container) under `flock` on `<run root>.up.guard`,
+//! which makes each test-and-set atomic. Both sit beside the run root, not in it: `up` takes the
+//! lock while it learns the hosts, and a preflight that refuses leaves the run root as it was. The lock names its owner (pid, machine, command) and is
 //! kept fresh by a heartbeat; an owner that stops beating for [`STALE_AFTER`] lost it, and an
 //! owner on this machine whose process is gone lost it at once.
 //!
@@ -37,11 +38,11 @@ const POLL: Duration = Duration::from_millis(250);
 /// file is the holder's token, then its owner. `take` prints `taken`, or `taken\nAGE\n` and the
 /// old lock over a stale one, or `held\nAGE\n` and the lock; `beat` prints `ok` or `lost`;
 /// `release` and `break` remove the lock if it is still token `$3`'s, and print `ok`.
-const SCRIPT: &str = r#"root=$1; op=$2; token=$3; owner=$4; stale=$5
-mkdir -p -- "$root" || exit 1
-exec 9>>"$root/.up.guard" || exit 1
-flock -w 10 9 || { echo "flock on $root/.up.guard: no turn within 10s" >&2; exit 1; }
-lock=$root/.up.lock
+const SCRIPT: &str = r#"root=${1%/}; op=$2; token=$3; owner=$4; stale=$5
+mkdir -p -- "$(dirname -- "$root")" || exit 1
+exec 9>>"$root.up.guard" || exit 1
+flock -w 10 9 || { echo "flock on $root.up.guard: no turn within 10s" >&2; exit 1; }
+lock=$root.up.lock
 if [ -f "$lock" ]; then
   held=$(head -n 1 "$lock"); age=$(( $(date +%s) - $(stat -c %Y "$lock") ))
 else
@@ -268,7 +269,7 @@ pub async fn acquire(
         token: token.to_string(),
         owner: serde_json::to_string(me).expect("an owner serializes"),
     };
-    let path = format!("{}/.up.lock", root.trim_end_matches('/'));
+    let path = format!("{}.up.lock", root.trim_end_matches('/'));
     let deadline = Instant::now() + WAIT;
     let mut told = false;
     loop {
@@ -427,7 +428,8 @@ mod tests {
     #[tokio::test]
     async fn starts_of_one_process_take_turns_without_waiting_on_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().to_str().unwrap();
+        let run_root = dir.path().join("fleet");
+        let root = run_root.to_str().unwrap();
         let t: Arc<dyn Transport> = Arc::new(crate::remote::LocalTransport::new("local"));
         let me = Owner::me();
         let cancel = CancellationToken::new();
@@ -444,6 +446,10 @@ mod tests {
         // Its turn comes as the first releases: it never met the file held by its own process.
         let second = second.await.unwrap().unwrap();
         second.release().await;
-        assert!(!dir.path().join(".up.lock").exists());
+        assert!(!dir.path().join("fleet.up.lock").exists());
+        assert!(
+            !run_root.exists(),
+            "the lock lives beside the run root, not in it"
+        );
     }
 }

@@ -210,11 +210,11 @@ async fn launcher_facts_cached(
             (version, help?, "read")
         }
         Some(dir) => {
-            let (version, identity) = tokio::join!(
+            let (version, mut looked) = tokio::join!(
                 python_version,
-                help_cache::launcher_identity(t, &with_env, launcher)
+                help_cache::look(t, &with_env, launcher, dir)
             );
-            let key = identity.map(|id| {
+            let key = looked.identity.map(|id| {
                 let (v, server_args) = version.clone().unwrap_or_default();
                 help_cache::key(
                     launcher,
@@ -222,11 +222,7 @@ async fn launcher_facts_cached(
                     &[&id, &v.unwrap_or_default(), &server_args],
                 )
             });
-            let cached = match &key {
-                Some(key) => help_cache::load(t, dir, key).await,
-                None => None,
-            };
-            match cached {
+            match key.as_ref().and_then(|k| looked.cached.remove(k)) {
                 Some(text) if !HelpSpec::parse(&text).is_empty() => (version, Some(text), "cached"),
                 _ => {
                     let text = fresh().await?;

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::launch::plan::{RunFiles, SECRETS_FILE, Secret};
-use crate::remote::{RemoteError, Transport, argv, mask};
+use crate::remote::{Detached, RemoteError, Transport, argv, mask, parse_pid, spawn_argv};
 use crate::server::{ServerId, host_gpu};
 use crate::sglang::client::Endpoint;
 
@@ -272,36 +272,49 @@ pub async fn write_record(t: &dyn Transport, record: &InstanceRecord) -> Result<
     .map(drop)
 }
 
-/// Makes an instance's run directory ready for a start: the directory and the server log
-/// readable by their owner only (the log shows the API key in `server_args=`: SGLang 0.5.23
-/// prints it in plain text, srt/entrypoints/engine.py), and the secrets file, when there is
-/// one, written with mode 0600 from its bytes on stdin, so the key is in no argv or script.
-/// The start then truncates the log, which keeps its mode.
-pub async fn prepare_run_dir(
-    t: &dyn Transport,
-    files: &RunFiles,
-    secrets: Option<&Secret>,
-) -> Result<(), StateError> {
-    let script = r#"umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1" && : >>"$2" && chmod 600 -- "$2" || exit 1
+/// Makes an instance's run directory ready for a start: `$1` the directory and `$2` the server
+/// log readable by their owner only (the log shows the API key in `server_args=`: SGLang 0.5.23
+/// prints it in plain text, srt/entrypoints/engine.py), and `$3` the secrets file, when `$4`
+/// is `write`, written with mode 0600 from its bytes on stdin, so the key is in no argv or
+/// script. The start then truncates the log, which keeps its mode.
+const PREPARE: &str = r#"umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1" && : >>"$2" && chmod 600 -- "$2" || exit 1
 if [ "$4" = write ]; then
-  rm -f -- "$3.tmp" && cat >"$3.tmp" && chmod 600 -- "$3.tmp" && mv -f -- "$3.tmp" "$3"
+  rm -f -- "$3.tmp" && cat >"$3.tmp" && chmod 600 -- "$3.tmp" && mv -f -- "$3.tmp" "$3" || exit 1
 else
-  cat >/dev/null && rm -f -- "$3"
+  cat >/dev/null && rm -f -- "$3" || exit 1
 fi"#;
+
+/// [`PREPARE`]'s argv and the bytes for its stdin; `then`, when given, is the script's tail.
+fn prepare_argv<'a>(
+    files: &RunFiles,
+    secrets: Option<&'a Secret>,
+    then: &str,
+) -> (Vec<String>, &'a [u8]) {
     let (what, bytes) = match secrets {
         Some(s) => ("write", s.0.as_bytes()),
         None => ("remove", &b""[..]),
     };
+    let script = format!("{PREPARE}{then}");
     let argv = argv(&[
         "sh",
         "-c",
-        script,
+        &script,
         "sh",
         &files.dir,
         &files.log,
         &files.secrets,
         what,
     ]);
+    (argv, bytes)
+}
+
+/// Prepares an instance's run directory ([`PREPARE`]).
+pub async fn prepare_run_dir(
+    t: &dyn Transport,
+    files: &RunFiles,
+    secrets: Option<&Secret>,
+) -> Result<(), StateError> {
+    let (argv, bytes) = prepare_argv(files, secrets, "");
     let out = t.run_input(&argv, bytes).await?;
     if out.success() {
         Ok(())
@@ -312,6 +325,21 @@ fi"#;
             stderr: out.stderr_lossy().trim().to_string(),
         })
     }
+}
+
+/// Prepares an instance's run directory and starts `d` detached in it, in one command on the
+/// host: on a Proxmox host each command pays `pct exec`'s own start, and a server's start is
+/// on the path to its readiness. The pid the process wrote, as [`Transport::spawn_detached`].
+pub async fn start_in_run_dir(
+    t: &dyn Transport,
+    files: &RunFiles,
+    secrets: Option<&Secret>,
+    d: &Detached,
+) -> Result<u32, StateError> {
+    let (mut argv, bytes) = prepare_argv(files, secrets, "\nshift 4 && exec \"$@\"");
+    argv.extend(spawn_argv(t.host(), d)?);
+    let out = t.run_input(&argv, bytes).await?;
+    Ok(parse_pid(t.host(), d, &out)?)
 }
 
 /// Forgets a stopped instance: its record becomes the stopped record kept beside its log, for

@@ -4,6 +4,7 @@
 //! when interrupted.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -194,8 +195,22 @@ pub async fn up(
     opts: &UpOptions,
     run: &Run<'_>,
 ) -> Result<Vec<UpOutcome>, UpError> {
+    let hosts: BTreeSet<&str> = instances.iter().map(Instance::host).collect();
+    let backends = hosts.iter().filter_map(|h| run.fleet.backend(h).cloned());
+    let held = hold(backends.collect(), run.cancel).await;
+    start(instances, held, health, opts, run).await
+}
+
+/// [`up`] on hosts already [`hold`]: the locks are released here, whatever happens.
+pub async fn start(
+    instances: &[Instance],
+    held: Held,
+    health: &HealthSettings,
+    opts: &UpOptions,
+    run: &Run<'_>,
+) -> Result<Vec<UpOutcome>, UpError> {
     let Run { fleet, cancel, .. } = *run;
-    let (locks, surveys) = lock_and_survey(instances, fleet, cancel).await;
+    let Held { locks, surveys } = held;
     let seen = surveys.values().flatten().flat_map(|s| &s.seen);
     if let Some(note) = unowned_note(seen.map(|s| &s.record)) {
         tracing::info!("{note}");
@@ -203,11 +218,16 @@ pub async fn up(
     let mut actions = Vec::with_capacity(instances.len());
     let mut conflicts = Vec::new();
     for instance in instances {
-        let s = match &surveys[instance.host()] {
-            Ok(s) => s,
+        let s = match surveys.get(instance.host()) {
+            Some(Ok(s)) => s,
             // That host's instances fail; the other hosts go on.
-            Err(why) => {
+            Some(Err(why)) => {
                 actions.push(why.action());
+                continue;
+            }
+            None => {
+                let why = format!("{}: not connected", instance.host());
+                actions.push(Action::Unavailable(why));
                 continue;
             }
         };
@@ -264,51 +284,61 @@ impl Unavailable {
     }
 }
 
-/// Locks the run directory of every host with planned instances, one host after the other in
-/// name order (so two `up`s of overlapping hosts never wait for each other in a circle), then
-/// looks at what runs on each locked host.
-async fn lock_and_survey(
-    instances: &[Instance],
-    fleet: &Fleet,
-    cancel: &CancellationToken,
-) -> (Vec<HostLock>, BTreeMap<String, Result<Survey, Unavailable>>) {
-    let hosts: BTreeSet<&str> = instances.iter().map(Instance::host).collect();
+/// Each host's run directory locked, with what runs there: what [`start`] decides on.
+pub struct Held {
+    locks: Vec<HostLock>,
+    surveys: BTreeMap<String, Result<Survey, Unavailable>>,
+}
+
+impl Held {
+    /// Gives the locks back, for an `up` that ends before [`start`].
+    pub async fn release(self) {
+        release(self.locks).await;
+    }
+}
+
+/// Locks the run directory of each host, one host after the other in name order (so two
+/// `up`s of overlapping hosts never wait for each other in a circle), then looks at what runs
+/// on each locked host. Needs no plan, so a command can hold its hosts while it learns them.
+pub async fn hold(mut backends: Vec<Arc<dyn Backend>>, cancel: &CancellationToken) -> Held {
+    backends.sort_by(|a, b| a.host().cmp(b.host()));
     let (me, token) = (lock::Owner::me(), lock::token());
     let mut locks = Vec::new();
     let mut locked = Vec::new();
     let mut surveys = BTreeMap::new();
-    for host in hosts {
-        let Some(b) = fleet.backend(host) else {
-            let why = format!("{host}: not connected");
-            surveys.insert(host.to_string(), Err(Unavailable::Failed(why)));
-            continue;
-        };
+    for b in backends {
+        let host = b.host().to_string();
         match lock::acquire(b.shell().clone(), b.run_root(), &me, &token, cancel).await {
             Ok(l) => {
                 locks.push(l);
-                locked.push((host, b.as_ref()));
+                locked.push(b);
             }
             Err(LockError::Interrupted) => {
-                surveys.insert(host.to_string(), Err(Unavailable::Interrupted));
+                surveys.insert(host, Err(Unavailable::Interrupted));
             }
             Err(e) => {
-                surveys.insert(host.to_string(), Err(Unavailable::Failed(e.to_string())));
+                surveys.insert(host, Err(Unavailable::Failed(e.to_string())));
             }
         }
     }
-    let looks = locked.into_iter().map(|(host, b)| async move {
-        let look = async {
-            Ok::<_, StateError>(Survey {
-                seen: b.survey().await?,
-                ports_in_use: b.ports_in_use().await?,
-                processes: gpu_processes(b).await,
-            })
+    let looks = locked.iter().map(|b| async move {
+        // Three reads, each a command on the host: at the same time, since on a Proxmox host
+        // every command pays `pct exec`'s own start.
+        let b = b.as_ref();
+        let (seen, ports_in_use, processes) =
+            tokio::join!(b.survey(), b.ports_in_use(), gpu_processes(b));
+        let found = match (seen, ports_in_use) {
+            (Ok(seen), Ok(ports_in_use)) => Ok(Survey {
+                seen,
+                ports_in_use,
+                processes,
+            }),
+            (Err(e), _) | (_, Err(e)) => Err(Unavailable::Failed(e.to_string())),
         };
-        let found = look.await.map_err(|e| Unavailable::Failed(e.to_string()));
-        (host.to_string(), found)
+        (b.host().to_string(), found)
     });
     surveys.extend(futures::future::join_all(looks).await);
-    (locks, surveys)
+    Held { locks, surveys }
 }
 
 /// What uses the GPUs of `b`'s host; nothing when that cannot be read (a machine without a
@@ -534,36 +564,54 @@ async fn wait_ready(
     let tunnel = b.endpoint(&record.address, record.port).await?;
     let client = client(run, instance, &tunnel);
     let started = Instant::now();
-    let mut opened: Option<Instant> = None;
-    let mut last_alive: Option<Instant> = None;
-    let mut waits = poll_waits(health.poll);
-    let result = loop {
-        phases.health_polls += 1;
-        // An error is nothing listening yet (or the tunnel not reaching it): still loading.
-        if let Ok(answer) = client.health().await {
-            let now = Instant::now();
-            let since = *opened.get_or_insert(now);
-            phases.port_open.get_or_insert(since - started);
-            if answer == Health::Ready {
-                phases.health_200 = Some(now - since);
-                break Ok(());
+    let Phases {
+        port_open,
+        health_200,
+        health_polls,
+        alive_checks,
+        ..
+    } = phases;
+    // An error is nothing listening yet (or the tunnel not reaching it): still loading.
+    let polling = async {
+        let mut opened: Option<Instant> = None;
+        let mut waits = poll_waits(health.poll);
+        loop {
+            *health_polls += 1;
+            if let Ok(answer) = client.health().await {
+                let now = Instant::now();
+                let since = *opened.get_or_insert(now);
+                port_open.get_or_insert(since - started);
+                if answer == Health::Ready {
+                    *health_200 = Some(now - since);
+                    return;
+                }
             }
+            let wait = match opened {
+                None => CLOSED_POLL,
+                Some(_) => waits.next().unwrap_or(MAX_POLL),
+            };
+            tokio::time::sleep(wait).await;
         }
-        if last_alive.is_none_or(|t| t.elapsed() >= ALIVE_EVERY) {
-            phases.alive_checks += 1;
-            last_alive = Some(Instant::now());
-            if !b.alive(record).await? {
-                break Err(Failure::Died);
+    };
+    // Beside the polls, not between them: a liveness check is a command on the host (through
+    // `pct exec`, most of a second), and a port that opens must not wait for one.
+    let watching = async {
+        loop {
+            *alive_checks += 1;
+            match b.alive(record).await {
+                Ok(true) => {}
+                Ok(false) => return Failure::Died,
+                Err(e) => return Failure::from(e),
             }
+            tokio::time::sleep(ALIVE_EVERY).await;
         }
-        if started.elapsed() >= health.startup_timeout {
-            break Err(Failure::Timeout(health.startup_timeout));
+    };
+    let result = tokio::select! {
+        () = polling => Ok(()),
+        failure = watching => Err(failure),
+        () = tokio::time::sleep(health.startup_timeout) => {
+            Err(Failure::Timeout(health.startup_timeout))
         }
-        let wait = match opened {
-            None => CLOSED_POLL,
-            Some(_) => waits.next().unwrap_or(MAX_POLL),
-        };
-        tokio::time::sleep(wait).await;
     };
     tunnel.close().await;
     result

@@ -22,7 +22,7 @@ done
 cat -- "$pidfile""#;
 
 /// The argv that starts `d` detached; every value travels as a separate argument.
-pub(super) fn spawn_argv(host: &str, d: &Detached) -> Result<Vec<String>, RemoteError> {
+pub fn spawn_argv(host: &str, d: &Detached) -> Result<Vec<String>, RemoteError> {
     let bad = |message: String| RemoteError::Command {
         host: host.to_string(),
         command: mask(&d.argv.join(" ")),
@@ -56,7 +56,7 @@ fn valid_env_name(name: &str) -> bool {
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
-pub(super) fn parse_pid(host: &str, d: &Detached, out: &CommandOutput) -> Result<u32, RemoteError> {
+pub fn parse_pid(host: &str, d: &Detached, out: &CommandOutput) -> Result<u32, RemoteError> {
     let failed = |why: &str| RemoteError::Command {
         host: host.to_string(),
         command: format!(

@@ -182,16 +182,14 @@ impl Backend for Machine {
     }
 
     async fn start(&self, planned: &Instance, owner: &Owner) -> Result<InstanceRecord, StateError> {
-        state::prepare_run_dir(self.t(), &planned.files, planned.secrets.as_ref()).await?;
-        let pid = self
-            .t()
-            .spawn_detached(&Detached {
-                argv: planned.argv.clone(),
-                env: planned.env.clone(),
-                log: planned.files.log.clone(),
-                pidfile: planned.files.pidfile.clone(),
-            })
-            .await?;
+        let detached = Detached {
+            argv: planned.argv.clone(),
+            env: planned.env.clone(),
+            log: planned.files.log.clone(),
+            pidfile: planned.files.pidfile.clone(),
+        };
+        let secrets = planned.secrets.as_ref();
+        let pid = state::start_in_run_dir(self.t(), &planned.files, secrets, &detached).await?;
         match self.record_started(planned, owner, pid).await {
             Ok(record) => Ok(record),
             Err(e) => {
