@@ -70,6 +70,9 @@ pub struct Learn<'a> {
     pub env: &'a BTreeMap<String, String>,
     pub preflight: bool,
     pub topology: bool,
+    /// The servers' layout: an allocation fleet makes on a cluster is shaped by it (a server
+    /// over several nodes needs its ranks on distinct nodes).
+    pub parallel: crate::layout::Parallel,
 }
 
 impl<'a> Learn<'a> {
@@ -80,6 +83,7 @@ impl<'a> Learn<'a> {
             env: &profile.env,
             preflight,
             topology: profile.server.parallel.gpus_per_node() > 1,
+            parallel: profile.server.parallel,
         }
     }
 }

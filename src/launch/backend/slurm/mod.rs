@@ -26,6 +26,7 @@ use crate::backoff::Backoff;
 use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
 use crate::launch::plan::{HostFacts, Instance, Topology};
+use crate::layout::Parallel;
 use crate::launch::preflight::{self, FactsError, Learn};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, RankRecord, StateError};
 use crate::remote::{RemoteError, Transport, Tunnel, argv};
@@ -124,7 +125,7 @@ impl SlurmBackend {
 
     /// The allocation's job: the one the user holds, the one fleet submitted earlier while it
     /// is still queued or running, or a new one.
-    async fn job(&self) -> Result<JobId, StateError> {
+    async fn job(&self, parallel: &Parallel) -> Result<JobId, StateError> {
         let new = match &self.spec.slurm {
             SlurmSpec::Existing { job, .. } => return Ok(*job),
             SlurmSpec::New(new) => new,
@@ -140,7 +141,7 @@ impl SlurmBackend {
         let req = AllocationRequest {
             name: self.job_name(),
             partition: new.partition.clone(),
-            shape: Shape::Spread { servers: new.gpus },
+            shape: shape(new.gpus, parallel),
             cpus_per_task: new.cpus_per_task,
             time: new.time,
             output: format!("{dir}/allocation-%j.out"),
@@ -160,8 +161,8 @@ impl SlurmBackend {
 
     /// Waits for the allocation to run, logging each pending reason once, and learns the
     /// place of every server in it.
-    async fn allocate(&self) -> Result<Allocation, FactsError> {
-        let job = self.job().await?;
+    async fn allocate(&self, parallel: &Parallel) -> Result<Allocation, FactsError> {
+        let job = self.job(parallel).await?;
         let host = self.home.host.clone();
         let mut last = None;
         self.slurm
@@ -278,6 +279,23 @@ impl SlurmBackend {
 }
 
 /// The step wrapper's file in a server's run directory.
+/// How the GPUs of an allocation fleet makes are asked for: anywhere Slurm finds them, or,
+/// for servers over several nodes, each rank's share on a node of its own, so that no two
+/// ranks of a server meet on one node. A count the layout does not divide is asked for as it
+/// is, and the plan says what does not fit.
+fn shape(gpus: u32, parallel: &Parallel) -> Shape {
+    let per_node = parallel.gpus_per_node().max(1);
+    let nodes = parallel.nnodes.max(1);
+    if nodes > 1 && gpus % (per_node * nodes) == 0 {
+        Shape::PerNode {
+            nodes: gpus / per_node,
+            servers_per_node: per_node,
+        }
+    } else {
+        Shape::Spread { servers: gpus }
+    }
+}
+
 fn step_file(dir: &str) -> String {
     format!("{}/slurm-step", dir.trim_end_matches('/'))
 }
@@ -342,9 +360,10 @@ impl Backend for SlurmBackend {
             launcher,
             env,
             preflight,
+            parallel,
             ..
         } = *learn;
-        let allocation = self.allocate().await?;
+        let allocation = self.allocate(&parallel).await?;
         let first = &allocation.places[0];
         // Read on a node, inside the allocation, beside whatever already runs there.
         let via = crate::slurm::srun_beside(allocation.job, Some(&first.node), None);
@@ -623,6 +642,33 @@ fn step_id(job: JobId, step: u32) -> StepId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn servers_over_nodes_get_each_ranks_share_on_a_node_of_its_own() {
+        let over = |tp, nnodes| Parallel {
+            tp,
+            nnodes,
+            ..Parallel::default()
+        };
+        // Two GPUs Slurm could give from one node: a tp2 server over 2 nodes needs one on each.
+        assert_eq!(
+            shape(2, &over(2, 2)),
+            Shape::PerNode {
+                nodes: 2,
+                servers_per_node: 1
+            }
+        );
+        assert_eq!(
+            shape(32, &over(16, 2)),
+            Shape::PerNode {
+                nodes: 4,
+                servers_per_node: 8
+            }
+        );
+        assert_eq!(shape(8, &over(4, 1)), Shape::Spread { servers: 8 });
+        // Not divisible: asked for as it is, and the plan names what does not fit.
+        assert_eq!(shape(3, &over(2, 2)), Shape::Spread { servers: 3 });
+    }
 
     #[test]
     fn one_place_per_gpu_node_by_node_at_its_address() {
