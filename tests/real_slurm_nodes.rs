@@ -25,7 +25,10 @@ fn a_real_server_over_two_slurm_nodes_serves_a_job_and_down_leaves_nothing() {
     // parallel), or the CPU engine refuses two ranks on one NUMA node.
     let profile = real
         .profile(ports.base, &calls, &["tp_size: 2", "nnodes: 2"])
-        .replace("\nenv:\n", "\nenv:\n  SGLANG_CPU_OMP_THREADS_BIND: \"0|1\"\n");
+        .replace(
+            "\nenv:\n",
+            "\nenv:\n  SGLANG_CPU_OMP_THREADS_BIND: \"0|1\"\n",
+        );
     std::fs::write(f.path().join("profiles/real.yaml"), profile).unwrap();
     struct Down<'a>(&'a SlurmFleet);
     impl Drop for Down<'_> {
@@ -62,10 +65,7 @@ fn a_real_server_over_two_slurm_nodes_serves_a_job_and_down_leaves_nothing() {
     assert_eq!(ranks.len(), 2, "{ranks:?}");
     let hosts: BTreeSet<String> = ranks.iter().map(|a| value(a, "--host")).collect();
     assert_eq!(hosts.len(), 2, "each rank at its node's address: {ranks:?}");
-    let rendezvous: BTreeSet<String> = ranks
-        .iter()
-        .map(|a| value(a, "--dist-init-addr"))
-        .collect();
+    let rendezvous: BTreeSet<String> = ranks.iter().map(|a| value(a, "--dist-init-addr")).collect();
     assert_eq!(rendezvous.len(), 1, "{ranks:?}");
 
     // The server's own word, from rank 0: two tensor-parallel ranks.

@@ -530,11 +530,28 @@ async fn follow(
                 down::stop(b, &record, opts.grace).await;
                 reason.push_str("; stopped it");
             }
-            outcome.log_tail = b.log_tail(&record.log, LOG_TAIL_LINES).await.ok();
+            outcome.log_tail = failure_log(b, &record).await;
             outcome = fail(run, key, outcome, reason);
         }
     }
     (outcome, ours)
+}
+
+/// The log that says why a server failed: rank 0's, then that of every other rank whose log
+/// ends on a traceback. A rank that fails takes the whole server down, and rank 0's log then
+/// shows only that it stopped, while the cause is in the failed rank's own log.
+async fn failure_log(b: &dyn Backend, record: &InstanceRecord) -> Option<String> {
+    let mut tail = b.log_tail(&record.log, LOG_TAIL_LINES).await.ok();
+    for (i, rank) in record.ranks.iter().enumerate() {
+        let Ok(theirs) = b.log_tail(&rank.log, LOG_TAIL_LINES).await else {
+            continue;
+        };
+        if theirs.contains("Traceback") || theirs.contains("Error") {
+            let mine = tail.get_or_insert_with(String::new);
+            mine.push_str(&format!("-- rank {} ({}):\n{theirs}", i + 1, rank.log));
+        }
+    }
+    tail
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -650,6 +667,8 @@ fn client(run: &Run<'_>, instance: &Instance, tunnel: &Tunnel) -> SglangClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::backend::fake::{FakeBackend, record};
+    use crate::launch::state::RankRecord;
 
     fn waits(poll_ms: u64) -> Vec<u64> {
         poll_waits(Duration::from_millis(poll_ms))
@@ -664,5 +683,31 @@ mod tests {
         assert_eq!(waits(5000), [100, 200, 400, 800, 1000, 1000, 1000]);
         assert_eq!(waits(300), [100, 200, 300, 300, 300, 300, 300]);
         assert_eq!(waits(10), [100, 100, 100, 100, 100, 100, 100]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_servers_log_adds_each_rank_whose_own_log_has_the_cause() {
+        // The fake answers a log's tail with "the end of PATH".
+        let b = FakeBackend::new("hpc", "/tmp/fleet", "127.0.0.1:9".parse().unwrap());
+        let mut r = record("hpc", 0, 30000, "f");
+        let rank = |log: &str| RankRecord {
+            handle: r.handle.clone(),
+            log: log.into(),
+            pidfile: "/dev/null".into(),
+        };
+        r.ranks = vec![
+            rank("/run/rank1/Traceback.log"),
+            rank("/run/rank2/quiet.log"),
+        ];
+        let tail = failure_log(&b, &r).await.unwrap();
+        assert!(tail.starts_with(&format!("the end of {}", r.log)), "{tail}");
+        assert!(
+            tail.contains("-- rank 1 (/run/rank1/Traceback.log):"),
+            "{tail}"
+        );
+        assert!(
+            !tail.contains("quiet"),
+            "a rank with no error adds nothing: {tail}"
+        );
     }
 }

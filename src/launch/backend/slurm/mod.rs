@@ -26,9 +26,9 @@ use crate::backoff::Backoff;
 use crate::config::SlurmHost;
 use crate::gpu::{GpuError, GpuReading};
 use crate::launch::plan::{HostFacts, Instance, Topology};
-use crate::layout::Parallel;
 use crate::launch::preflight::{self, FactsError, Learn};
 use crate::launch::state::{self, Handle, InstanceRecord, Liveness, RankRecord, StateError};
+use crate::layout::Parallel;
 use crate::remote::{RemoteError, Transport, Tunnel, argv};
 use crate::slurm::{
     AllocationRequest, JobId, JobRecord, JobState, JobStatus, Shape, Slurm, SlurmSpec, SlurmTime,
