@@ -286,7 +286,7 @@ impl SlurmBackend {
 fn shape(gpus: u32, parallel: &Parallel) -> Shape {
     let per_node = parallel.gpus_per_node().max(1);
     let nodes = parallel.nnodes.max(1);
-    if nodes > 1 && gpus % (per_node * nodes) == 0 {
+    if nodes > 1 && gpus.is_multiple_of(per_node * nodes) {
         Shape::PerNode {
             nodes: gpus / per_node,
             servers_per_node: per_node,
