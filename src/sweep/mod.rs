@@ -9,6 +9,7 @@ pub mod event;
 pub mod file;
 pub mod measure;
 pub mod plan;
+pub mod predict;
 pub mod profiles;
 pub mod rank;
 pub mod report;
