@@ -178,6 +178,17 @@ fn workload_notes(r: &Report) -> String {
     out
 }
 
+/// A row without figures: skipped before the start when predicted not to fit, else failed.
+fn failed_or_skipped(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Failed {
+            kind: rank::Failure::Predicted,
+            ..
+        } => "skipped",
+        _ => "failed",
+    }
+}
+
 /// The ranked table and what follows it.
 pub fn text(r: &Report) -> String {
     let mut header = vec![
@@ -247,7 +258,7 @@ pub fn text(r: &Report) -> String {
                 }
             }
             None => {
-                cells.push("failed".into());
+                cells.push(failed_or_skipped(&row.trial.outcome).into());
                 let blanks = header.len() - cells.len();
                 cells.extend(std::iter::repeat_n("-".to_string(), blanks));
             }
@@ -355,15 +366,10 @@ pub fn text(r: &Report) -> String {
     out.push_str(&predicted::text(&r.predictions));
     for row in &r.rows {
         if let Outcome::Failed {
-            reason,
-            log_tail,
-            kind,
+            reason, log_tail, ..
         } = &row.trial.outcome
         {
-            let what = match kind {
-                rank::Failure::Predicted => "skipped",
-                _ => "failed",
-            };
+            let what = failed_or_skipped(&row.trial.outcome);
             out.push_str(&format!("{what}: {}: {reason}\n", row.label));
             out.push_str(&crate::render::log_tail(
                 log_tail.iter().map(String::as_str),

@@ -70,7 +70,7 @@ pub fn text(checks: &[CapCheck]) -> String {
         })
         .collect();
     format!(
-        "memory predicted before the start vs reported by the servers:\n{}",
+        "memory predicted before the start vs reported by the servers:\n{}\n",
         table(
             &[
                 "candidate",
