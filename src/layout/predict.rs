@@ -83,7 +83,15 @@ impl Model {
             head_dim,
             dtype_bytes,
             context_len: num("max_position_embeddings").unwrap_or(2048),
-            hybrid: HYBRID_KEYS.iter().any(|k| get(k).is_some()),
+            hybrid: HYBRID_KEYS.iter().any(|k| get(k).is_some())
+                || get("layer_types")
+                    .and_then(serde_json::Value::as_array)
+                    .is_some_and(|types| {
+                        types
+                            .iter()
+                            .filter_map(serde_json::Value::as_str)
+                            .any(|t| t.contains("linear") || t.contains("mamba"))
+                    }),
             weight_bytes,
         })
     }
@@ -337,6 +345,9 @@ mod tests {
             (4, 8, 64, 4)
         );
         assert!(m.hybrid);
+        let linear = r#"{"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 64,
+            "layer_types": ["linear_attention", "full_attention"]}"#;
+        assert!(Model::from_config(linear, 1).unwrap().hybrid);
         let p = predict(&m, &server(1, 1024, 0.5)).unwrap();
         assert_eq!((p.kv_tokens, p.cap), (None, None));
         assert_eq!(
