@@ -273,6 +273,7 @@ mod tests {
                     first_window: None,
                     outcome,
                     cache: None,
+                    prediction: None,
                 })
                 .collect(),
         };

@@ -213,4 +213,130 @@ fn the_sweep_crowns_the_best_layout_per_gpu_and_never_the_one_that_does_not_load
         "{err}"
     );
     eprintln!("sweep of 4 layouts: {wall:.1} s");
+    // `/models/big` is no directory here: no prediction, said once.
+    assert_eq!(
+        err.matches(
+            "no memory prediction: `/models/big` is no directory with a config.json on ct200"
+        )
+        .count(),
+        1,
+        "{err}"
+    );
+}
+
+/// A dense 120 GiB model on disk as a real one is (`config.json` and sparse weight files): the
+/// sweep reads both before anything starts, skips TP1 (its weights outgrow the static pool)
+/// with the numbers, and shows TP2's predicted cap and KV pool beside what its server reported.
+#[test]
+fn a_layout_predicted_not_to_fit_is_skipped_and_the_others_prediction_is_held_to_the_server() {
+    let b = Board::new();
+    // Where the host (its container, with its own /tmp) finds it.
+    let at = "/tmp/models/dense-120g";
+    let model = b.world.container_path(0, at);
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 8192,
+            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "torch_dtype": "bfloat16", "max_position_embeddings": 32768}"#,
+    )
+    .unwrap();
+    for i in 1..=4 {
+        let f = std::fs::File::create(model.join(format!("model-0000{i}-of-00004.safetensors")))
+            .unwrap();
+        f.set_len(30 << 30).unwrap();
+    }
+    let dir = b.world.home.path().join("profiles");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A request cap keeps the load small; the KV pool is the model's own.
+    let yaml = format!(
+        "model: {}\nlauncher: [{}]\nport_base: {}\nserver:\n  mem_fraction_static: 0.85\n\
+         \x20 max_running_requests: 48\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n\
+         \x20 SGLANG_SIM_TIME_SCALE: \"20\"\nhealth: {{startup_timeout: 60s, poll: 1s}}\n",
+        at,
+        common::local_fleet::SIM,
+        b.port_base
+    );
+    std::fs::write(dir.join("dense.yaml"), yaml).unwrap();
+    let out = b.world.home.path().join("sweep.json");
+    let (code, text, err) = b.fleet(&[
+        "sweep",
+        "--profile",
+        "dense",
+        "--set",
+        "server.tp_size=1,2",
+        "--input-len",
+        "32",
+        "--output-len",
+        "32",
+        "--warmup",
+        "1s",
+        "--duration",
+        "3s",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    // Skipping a layout that cannot fit is no failure of the sweep.
+    assert_eq!(code, 0, "{text}\n{err}");
+    let r: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}\n{err}"));
+    let rows = r["rows"].as_array().unwrap();
+    let row = |label: &str| rows.iter().find(|r| r["label"] == label).unwrap();
+    let tp1 = &row("tp_size=1")["trial"]["outcome"];
+    assert_eq!(tp1["kind"], "predicted", "{tp1:#}\n{err}");
+    assert_eq!(
+        tp1["reason"],
+        "predicted not to fit: tp1: weights 120.0 GiB per GPU, the static pool holds 81.3 GiB \
+         of 95.6 GiB at mem_fraction_static 0.85",
+        "{tp1:#}"
+    );
+    assert!(
+        !err.lines()
+            .any(|l| l.contains("starting") && l.contains("tp_size=1")),
+        "TP1 never started:\n{err}"
+    );
+    assert_eq!(r["winner"], "tp_size=2", "{r:#}");
+    // TP2: 60 GiB of weights per GPU, 21,764 MiB beside them at 160 KiB a token (4 of the 8 KV
+    // heads of 80 layers × 128 × bf16 × K and V) = 139,289 tokens; the cap is the one asked for.
+    let check = &r["predictions"][0];
+    assert_eq!(check["label"], "tp_size=2", "{r:#}");
+    assert_eq!(check["weights_gib_per_gpu"], 60.0, "{check:#}");
+    assert_eq!(check["predicted_kv_tokens"], 139_289, "{check:#}");
+    assert_eq!(check["measured_kv_tokens"], 139_289, "{check:#}");
+    assert_eq!(check["predicted_cap"], 48, "{check:#}");
+    assert_eq!(check["measured_cap"], 48, "{check:#}");
+    assert_eq!(check["cap_error_pct"], 0.0, "{check:#}");
+    assert_eq!(check["kv_error_pct"], 0.0, "{check:#}");
+
+    // The text report, from the finished sweep on file: the skip and the prediction's error.
+    let (code, text, err) = b.fleet(&[
+        "sweep",
+        "--profile",
+        "dense",
+        "--set",
+        "server.tp_size=1,2",
+        "--input-len",
+        "32",
+        "--output-len",
+        "32",
+        "--warmup",
+        "1s",
+        "--duration",
+        "3s",
+        "--resume",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}\n{err}");
+    assert!(!err.contains("starting"), "nothing runs again:\n{err}");
+    assert!(
+        text.contains("skipped: tp_size=1: predicted not to fit: tp1: weights 120.0 GiB per GPU"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .skip_while(|l| !l.starts_with("memory predicted before the start"))
+        .find(|l| l.contains("tp_size=2") && l.contains("139289"))
+        .unwrap_or_else(|| panic!("no prediction row in\n{text}"));
+    assert!(line.contains("+0.0%"), "{line}");
 }

@@ -21,6 +21,7 @@ use crate::sweep::event::Event;
 use crate::sweep::file::{FileError, Store};
 use crate::sweep::load::{Workload, WorkloadSpec};
 use crate::sweep::plan::{self, Planned, Request};
+use crate::sweep::predict::Predictor;
 use crate::sweep::profiles::{self, Profiles};
 use crate::sweep::range;
 use crate::sweep::rank::{self, Dataset, Failure, Outcome, Trial};
@@ -186,6 +187,10 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         super::emit(ctx, &DryRun(p))?;
         return Ok(CommandOutcome::Ok);
     }
+    let (predictor, notes) = Predictor::read(&fleet, &base).await;
+    for note in notes {
+        tracing::warn!("{note}");
+    }
     let mut store = open_store(args, &planned)?;
     let mut strategy = plan::strategy(&planned, store.search(), store.trials());
     let setup = Setup {
@@ -202,6 +207,7 @@ pub async fn run(ctx: &Ctx, args: &SweepArgs) -> anyhow::Result<CommandOutcome> 
         },
         first_window: planned.first_window,
         grace: args.grace,
+        predictor,
     };
     let (events, receiver) = mpsc::unbounded_channel();
     let live = std::io::stderr().is_terminal() && !ctx.global.quiet;
@@ -404,6 +410,11 @@ fn outcome(r: &report::Report, ended: &run::Ended, search: &SearchSpec) -> Comma
         return CommandOutcome::Interrupted;
     }
     let any_failed = r.rows.iter().any(|row| match row.trial.outcome {
+        // A layout predicted not to fit was skipped, as asked: no failure of the sweep.
+        Outcome::Failed {
+            kind: Failure::Predicted,
+            ..
+        } => false,
         Outcome::Failed { kind, .. } => {
             !matches!(search, SearchSpec::Adaptive { .. })
                 || !matches!(kind, Failure::OutOfMemory | Failure::NotEnoughMemory)

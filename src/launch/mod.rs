@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod help_cache;
 pub mod lock;
 pub mod logs;
+pub mod model_facts;
 pub mod owner;
 pub mod plan;
 pub mod preflight;

@@ -4,6 +4,7 @@
 
 pub mod groups;
 pub mod nodes;
+pub mod predict;
 pub mod topology;
 
 use std::fmt;

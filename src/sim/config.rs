@@ -1,7 +1,7 @@
 //! The sim's command line: SGLang's option table for the chosen version plus the `--sim-*`
 //! knobs (each also settable as `SGLANG_SIM_*`), resolved into one typed `Config`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value as Json};
 
@@ -11,6 +11,7 @@ use crate::sim::config_file;
 use crate::sim::knobs::SIM_OPTS;
 use crate::sim::lengths::{self, OutputDist};
 use crate::sim::model::{Params, Settings, Strategy};
+use crate::sim::model_files::{self, Shape};
 use crate::sim::parallel::{self, DeviceError, Layout, Parallel, PerLink};
 use crate::sim::server_args::{self, Refusal};
 
@@ -337,16 +338,34 @@ fn resolve(
         Some(_) => gib("--sim-gpu-mem-gib")?.round(),
         None => Params::default().gpu_total_mib,
     };
+    let model_path = parsed.str("model_path").unwrap_or_default().to_string();
+    // The model directory's own shape, where it has one; a `--sim-*` flag given still wins.
+    let shape = model_files::read(Path::new(&model_path)).transpose()?;
+    // `None` where the flag (or its variable) was given, even unreadably: it then speaks.
+    let from_dir = |name: &str, of: fn(&Shape) -> f64| -> Option<f64> {
+        let given = !matches!(sim_raw(parsed, name), Ok(None));
+        shape.as_ref().filter(|_| !given).map(of)
+    };
     let params = Params {
         gpu_total_mib,
-        weights_mib: gib("--sim-weights-gib")?,
+        weights_mib: match from_dir("--sim-weights-gib", |s| s.weights_mib) {
+            Some(mib) => mib,
+            None => gib("--sim-weights-gib")?,
+        },
         mamba_slot_mib: sim_f64(parsed, "--sim-mamba-slot-mib")?.max(1e-3),
-        kv_kib_per_token: sim_f64(parsed, "--sim-kv-kib-per-token")?.max(1e-3),
+        kv_kib_per_token: match from_dir("--sim-kv-kib-per-token", |s| s.kv_kib_per_token) {
+            Some(kib) => kib,
+            None => sim_f64(parsed, "--sim-kv-kib-per-token")?,
+        }
+        .max(1e-3),
         overlap_reserve_mib: gib("--sim-overlap-reserve-gib")?,
         cuda_graph_mib: gib("--sim-cuda-graph-gib")?,
         reserved_mib: crate::sim::model::RESERVED_MIB,
         activation_kib_per_token: sim_f64(parsed, "--sim-activation-kib-per-token")?,
-        model_context_len: sim_u64(parsed, "--sim-model-context-length")?.unwrap_or(262_144),
+        model_context_len: match from_dir("--sim-model-context-length", |s| s.context_len as f64) {
+            Some(n) => n as u64,
+            None => sim_u64(parsed, "--sim-model-context-length")?.unwrap_or(262_144),
+        },
         decode_base_ms: sim_f64(parsed, "--sim-decode-base-ms")?,
         decode_per_req_ms: sim_f64(parsed, "--sim-decode-per-req-ms")?,
         overlap_speedup: sim_f64(parsed, "--sim-overlap-speedup")?.max(1e-3),
@@ -357,11 +376,20 @@ fn resolve(
         mean_prompt_tokens: sim_u64(parsed, "--sim-mean-prompt-tokens")?.unwrap_or(96),
         output_dist: sim_output_dist(parsed)?,
         output_seed: sim_u64(parsed, "--sim-output-seed")?.unwrap_or(0),
-        dense: sim_bool(parsed, "--sim-dense")?,
-        attention_heads: sim_u64(parsed, "--sim-attention-heads")?
-            .unwrap_or(32)
-            .max(1),
-        kv_heads: sim_u64(parsed, "--sim-kv-heads")?.unwrap_or(4).max(1),
+        dense: match from_dir("--sim-dense", |s| f64::from(u8::from(s.dense))) {
+            Some(dense) => dense > 0.0,
+            None => sim_bool(parsed, "--sim-dense")?,
+        },
+        attention_heads: match from_dir("--sim-attention-heads", |s| s.attention_heads as f64) {
+            Some(n) => n as u64,
+            None => sim_u64(parsed, "--sim-attention-heads")?.unwrap_or(32),
+        }
+        .max(1),
+        kv_heads: match from_dir("--sim-kv-heads", |s| s.kv_heads as f64) {
+            Some(n) => n as u64,
+            None => sim_u64(parsed, "--sim-kv-heads")?.unwrap_or(4),
+        }
+        .max(1),
         allreduce_mib_per_token: sim_f64(parsed, "--sim-allreduce-mib-per-token")?,
     };
     let settings = Settings {
@@ -402,7 +430,6 @@ fn resolve(
             "argument --sim-fail-rate: must be between 0 and 1, got {fail_rate}"
         ));
     }
-    let model_path = parsed.str("model_path").unwrap_or_default().to_string();
     let served_model_name = parsed
         .str("served_model_name")
         .map(str::to_string)

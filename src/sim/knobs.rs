@@ -68,13 +68,13 @@ pub const SIM_OPTS: &[SimOpt] = &[
         "--sim-weights-gib",
         Kind::Float,
         "49",
-        "Model weights in GiB (27B parameters in bf16).",
+        "Model weights in GiB (27B parameters in bf16); by default the bytes of the *.safetensors files where --model-path is a directory with a config.json.",
     ),
     knob(
         "--sim-model-context-length",
         Kind::Int,
         "262144",
-        "The model's own context length (config.json), used without --context-length.",
+        "The model's own context length (config.json max_position_embeddings where --model-path has one), used without --context-length.",
     ),
     knob(
         "--sim-attention-heads",
@@ -116,7 +116,7 @@ pub const SIM_OPTS: &[SimOpt] = &[
         "--sim-kv-kib-per-token",
         Kind::Float,
         "64",
-        "KV cache per token over the full-attention layers, KiB.",
+        "KV cache per token over the full-attention layers, KiB; by default from --model-path's config.json where it has one (K and V x layers x KV heads x head dim x dtype bytes).",
     ),
     knob(
         "--sim-overlap-reserve-gib",

@@ -19,6 +19,7 @@ mod lengths;
 mod load;
 mod log;
 mod model;
+mod model_files;
 mod modeled;
 mod openai;
 mod parallel;

@@ -20,6 +20,9 @@
 //! a small pool is far above what the pool holds (see [`general_cap`]); the scheduler then
 //! admits what the pool can take under the new-token ratio (`src/sim/batch.rs`).
 //!
+//! A `--model-path` directory with a `config.json` and weight files gives the weights, KV
+//! bytes a token, heads, context and density instead of these defaults (`model_files`).
+//!
 //! Time (ms of simulated GPU time; divided by `--sim-time-scale` on the wall clock):
 //! - decode step with b running requests = (base + per_req × b) / overlap_speedup + copy × b,
 //!   where overlap_speedup applies with extra_buffer(_lazy) unless `--disable-overlap-schedule`

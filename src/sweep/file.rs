@@ -338,6 +338,7 @@ mod tests {
             },
             first_window: None,
             cache: None,
+            prediction: None,
         }
     }
 

@@ -2,13 +2,15 @@
 //! search methods: the grid with successive halving, the adaptive search), `measure` (the
 //! candidates' servers, the workload, trials and what they measured), `rank` (the ranking, its
 //! ETA projection and the SLO) and `report`; at the top, planning (`plan`), GPU assignment,
-//! the schedule, the run loop, the candidates' profiles and `sweep.json` (`file`).
+//! the schedule, the run loop, the candidates' profiles, the memory prediction that skips a
+//! layout before it starts (`predict`) and `sweep.json` (`file`).
 
 pub mod assign;
 pub mod event;
 pub mod file;
 pub mod measure;
 pub mod plan;
+pub mod predict;
 pub mod profiles;
 pub mod rank;
 pub mod report;

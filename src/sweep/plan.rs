@@ -335,6 +335,7 @@ mod tests {
             },
             first_window: None,
             cache: None,
+            prediction: None,
         };
         let trials = [done];
         let mut state = planned.spec.search.start();

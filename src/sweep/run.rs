@@ -18,6 +18,7 @@ use super::assign::Slot;
 use super::batch::{self, BatchEnd, Member, Msg};
 use super::event::Event;
 use super::file::Store;
+use super::predict::Verdict as Foreseen;
 use super::rank::Trial;
 use super::schedule::Pool;
 use super::search::{Next, SearchState, Stop, Strategy, View};
@@ -159,7 +160,14 @@ impl Sweep<'_, '_> {
             // Writing sweep.json (an fsync) holds up the loads that share this task for a few
             // milliseconds; their servers stay busy meanwhile on the quarter of a batch queued
             // there beyond the cap.
-            Msg::Trial(t) => {
+            Msg::Trial(mut t) => {
+                // What a measured candidate was predicted to have, beside what it reported.
+                if t.outcome.measured().is_some() {
+                    t.prediction = match self.setup.verdict(&t.candidate, &t.gpus) {
+                        Foreseen::Fits(p) => Some(p),
+                        Foreseen::Unfit(_) | Foreseen::Unknown => None,
+                    };
+                }
                 self.strategy.observe(&t);
                 self.save(Some((*t).clone()));
                 let _ = self.events.send(Event::TrialDone(t));

@@ -17,6 +17,7 @@ use crate::remote::Tunnel;
 use crate::sglang::client::{Endpoint, HttpOptions, SglangClient, http_client};
 use crate::sweep::assign::Slot;
 use crate::sweep::event::Event;
+use crate::sweep::predict::Verdict as Foreseen;
 use crate::sweep::rank::{CacheUse, Failure, FirstWindow, Measured, Outcome, Pruned, Trial};
 use crate::sweep::search::{Screen, Verdict};
 use crate::sweep::servers::{Running, Setup, SweepError, facts_by_host, plan_candidate};
@@ -107,6 +108,7 @@ fn failed(m: &Member, default: Failure, reason: String, log: Vec<String>) -> Tri
         },
         first_window: None,
         cache: None,
+        prediction: None,
     }
 }
 
@@ -144,10 +146,17 @@ pub async fn run(
                 .map(|()| i)
                 .map_err(|e| e.to_string())
         });
+        // A layout predicted not to fit is skipped before anything starts.
+        let checked = checked
+            .map_err(|reason| (Failure::Refused, reason))
+            .and_then(|i| match setup.verdict(&m.candidate, &m.slots) {
+                Foreseen::Unfit(reason) => Err((Failure::Predicted, reason)),
+                Foreseen::Fits(_) | Foreseen::Unknown => Ok(i),
+            });
         match checked {
             Ok(instances) => planned.push((m, instances)),
-            Err(reason) => {
-                send_trial(&tx, failed(&m, Failure::Refused, reason, Vec::new()));
+            Err((kind, reason)) => {
+                send_trial(&tx, failed(&m, kind, reason, Vec::new()));
                 held.release(m.index, &tx);
             }
         }
@@ -364,6 +373,7 @@ async fn measure(
             outcome,
             first_window,
             cache,
+            prediction: None,
         };
         send_trial(tx, t);
     }
@@ -479,6 +489,7 @@ async fn first_window(
                 outcome,
                 first_window: first[i],
                 cache: None,
+                prediction: None,
             },
         );
         held.release(measured[i].0.index, tx);

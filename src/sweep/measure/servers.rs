@@ -22,6 +22,7 @@ use crate::sglang::client::{ClientError, http_client};
 use crate::sweep::assign::Slot;
 use crate::sweep::file::FileError;
 use crate::sweep::load::Workload;
+use crate::sweep::predict::{self, Predictor};
 use crate::sweep::profiles::{ProfileError, Profiles};
 use crate::sweep::space::Candidate;
 use crate::sweep::trial::Timing;
@@ -43,6 +44,8 @@ pub struct Setup<'a> {
     pub first_window: Option<Duration>,
     /// SIGTERM grace when the sweep stops servers.
     pub grace: Duration,
+    /// What each candidate's memory is predicted from, read before the first start.
+    pub predictor: Predictor,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +159,14 @@ pub fn facts_by_host(hosts: &[(HostSpec, HostFacts)]) -> BTreeMap<String, HostFa
 }
 
 impl Setup<'_> {
+    /// What the memory prediction says of `candidate` on `slots`.
+    pub fn verdict(&self, candidate: &Candidate, slots: &[Slot]) -> predict::Verdict {
+        match self.profiles.of(candidate) {
+            Ok(profile) => self.predictor.verdict(&profile, slots),
+            Err(_) => predict::Verdict::Unknown,
+        }
+    }
+
     /// The backend of `host`, one of the sweep's.
     pub fn backend(&self, host: &str) -> &dyn Backend {
         self.fleet

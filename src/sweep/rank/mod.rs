@@ -41,6 +41,9 @@ pub enum Failure {
     NotEnoughMemory,
     /// Refused before it started (the plan or preflight).
     Refused,
+    /// Skipped before it started: predicted not to fit (`sweep::predict`). Where the weights
+    /// outgrow the static pool, a smaller static fraction fails too, as with NotEnoughMemory.
+    Predicted,
     /// Anything else: a server that did not come up or died, a load that broke off.
     #[default]
     Other,
@@ -110,6 +113,10 @@ pub struct Trial {
     /// servers' `/metrics` could not tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheUse>,
+    /// What the memory prediction said of the candidate before it started (`sweep::predict`),
+    /// to hold against what its servers report; `None` where nothing was predicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<crate::layout::predict::Prediction>,
 }
 
 /// Prompt tokens the servers counted over a trial, and how many of them the radix cache
@@ -499,6 +506,7 @@ mod tests {
             }),
             first_window: None,
             cache: None,
+            prediction: None,
         }
     }
 

@@ -1,7 +1,10 @@
 //! The sweep's report: the ranked table with the winner marked, each candidate's ratio to the
 //! winner, ETAs for the whole dataset, the deciding factor, the pruned with the figures they
 //! were stopped on, metrics disagreements and failed rows with their log tails; the same data
-//! as JSON; and the `--dry-run` plan, round by round. Pure.
+//! as JSON; the memory predicted before the start against what the servers reported
+//! (`predicted`); and the `--dry-run` plan, round by round. Pure.
+
+pub mod predicted;
 
 use serde::Serialize;
 
@@ -43,6 +46,9 @@ pub struct Report {
     /// A trial drew more requests than the sample holds, so prompts repeated in it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeated: Option<Repeated>,
+    /// Each measured candidate's predicted cap and KV pool against its servers'.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub predictions: Vec<predicted::CapCheck>,
 }
 
 /// Ranks the trials of the candidates the search `proposed` (in case the file holds others)
@@ -75,6 +81,7 @@ pub fn build(
         dataset,
         winner: rows.iter().find(|r| r.winner).map(|r| r.label.clone()),
         deciding_factor: rank::deciding_factor(&rows),
+        predictions: predicted::checks(&rows),
         rows,
         pending,
         unfit: None,
@@ -171,6 +178,17 @@ fn workload_notes(r: &Report) -> String {
     out
 }
 
+/// A row without figures: skipped before the start when predicted not to fit, else failed.
+fn failed_or_skipped(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Failed {
+            kind: rank::Failure::Predicted,
+            ..
+        } => "skipped",
+        _ => "failed",
+    }
+}
+
 /// The ranked table and what follows it.
 pub fn text(r: &Report) -> String {
     let mut header = vec![
@@ -240,7 +258,7 @@ pub fn text(r: &Report) -> String {
                 }
             }
             None => {
-                cells.push("failed".into());
+                cells.push(failed_or_skipped(&row.trial.outcome).into());
                 let blanks = header.len() - cells.len();
                 cells.extend(std::iter::repeat_n("-".to_string(), blanks));
             }
@@ -345,12 +363,14 @@ pub fn text(r: &Report) -> String {
             });
         }
     }
+    out.push_str(&predicted::text(&r.predictions));
     for row in &r.rows {
         if let Outcome::Failed {
             reason, log_tail, ..
         } = &row.trial.outcome
         {
-            out.push_str(&format!("failed: {}: {reason}\n", row.label));
+            let what = failed_or_skipped(&row.trial.outcome);
+            out.push_str(&format!("{what}: {}: {reason}\n", row.label));
             out.push_str(&crate::render::log_tail(
                 log_tail.iter().map(String::as_str),
             ));
@@ -507,6 +527,7 @@ mod tests {
             }),
             first_window: None,
             cache: None,
+            prediction: None,
         }
     }
 
@@ -544,6 +565,7 @@ mod tests {
                 },
                 first_window: None,
                 cache: None,
+                prediction: None,
             },
             ok("no_buffer", 1180.0, 72, 1200.0),
         ];

@@ -207,7 +207,10 @@ impl Adaptive {
     fn infeasible(&self, c: &[f64], failed: &[(Vec<f64>, Failure)], step: f64) -> bool {
         failed.iter().any(|(f, kind)| {
             let mut near = true;
-            let mut beyond = matches!(kind, Failure::OutOfMemory | Failure::NotEnoughMemory);
+            let mut beyond = matches!(
+                kind,
+                Failure::OutOfMemory | Failure::NotEnoughMemory | Failure::Predicted
+            );
             for (d, dim) in self.dims.iter().enumerate() {
                 let gap = c[d] - f[d];
                 if dim.is_list() {

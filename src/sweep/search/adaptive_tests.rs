@@ -116,6 +116,7 @@ fn trial(c: &Candidate, gpu: &Slot) -> Trial {
         },
         first_window: None,
         cache: None,
+        prediction: None,
     }
 }
 
@@ -465,6 +466,7 @@ fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
                 outcome: Outcome::Ok(measured(100.0 + i as f64)),
                 first_window: None,
                 cache: None,
+                prediction: None,
             });
         }
         if let Some(stop) = next.stop {

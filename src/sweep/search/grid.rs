@@ -184,6 +184,7 @@ mod tests {
             outcome,
             first_window,
             cache: None,
+            prediction: None,
         }
     }
 
