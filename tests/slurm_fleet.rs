@@ -412,6 +412,18 @@ fn a_tp16_server_over_both_nodes_runs_a_job_and_is_lost_with_a_rank() {
         killed.elapsed()
     );
 
+    // `up` again: what is left of the lost server (rank 0, which SGLang does not promise to end)
+    // is stopped, and the server starts anew on both nodes.
+    let rank0 = sims.iter().find(|p| rank(p) == "0").expect("rank 0");
+    let again = up_ready(&f, "tp16");
+    assert_eq!(again.len(), 1, "{again:?}");
+    let now = f.sims();
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(
+        now.iter().all(|p| p.pid != rank0.pid),
+        "the old rank 0 was stopped: {now:?}"
+    );
+
     f.ok(&["-q", "down", "--grace", "5s"]);
     assert_eq!(f.fleet_jobs(), "");
     assert!(f.sims().is_empty());

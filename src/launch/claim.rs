@@ -9,7 +9,7 @@ use crate::launch::backend::Seen;
 use crate::launch::down::RELEASED_MIB;
 use crate::launch::owner::{describe, is_of};
 use crate::launch::plan::Instance;
-use crate::launch::state::{Handle, InstanceRecord};
+use crate::launch::state::{Handle, InstanceRecord, Liveness};
 
 /// What already runs on a host, looked at once (under the `up` lock) before starting anything.
 #[derive(Debug, Default)]
@@ -97,7 +97,8 @@ pub fn decide<'a>(
     let mut stop = Vec::new();
     let mut held = BTreeSet::new();
     // Ours while it runs, or while what it started still does.
-    for r in s.seen.iter().filter(|x| x.holds_gpu()).map(|x| &x.record) {
+    for x in s.seen.iter().filter(|x| x.holds_gpu()) {
+        let r = &x.record;
         let shared: Vec<u32> = (instance.group.gpus.iter())
             .filter(|g| r.gpus().contains(g))
             .copied()
@@ -118,6 +119,10 @@ pub fn decide<'a>(
                 holder: describe(r),
                 fleet: r.owner.as_ref().map(|o| o.fleet.clone()),
             });
+        } else if x.liveness != Liveness::Running {
+            // What is left of a server that lost a rank (SGLang's other ranks need not exit,
+            // issue #3099): it never serves again, so it goes and the server starts anew.
+            stop.push(r);
         } else if on_port && r.fingerprint == instance.fingerprint {
             keep = Some(r);
         } else if replace {
@@ -237,7 +242,6 @@ mod tests {
     use super::*;
     use crate::launch::backend::fake::{planned, record};
     use crate::launch::owner::Owner;
-    use crate::launch::state::Liveness;
 
     fn seen(port: u16, liveness: Liveness, lingering: bool) -> Seen {
         Seen {
@@ -284,6 +288,20 @@ mod tests {
     }
 
     #[test]
+    fn what_outlives_its_leader_or_a_lost_rank_is_ours_and_is_stopped_and_started_anew() {
+        let survey = Survey {
+            seen: vec![seen(30000, Liveness::Dead, true)],
+            ports_in_use: [30000].into(),
+            ..Survey::default()
+        };
+        let left = &survey.seen[0].record;
+        assert_eq!(
+            decide1(&instance(30000, "aaa"), &survey, false),
+            Ok(Action::Replace(vec![left]))
+        );
+    }
+
+    #[test]
     fn dead_or_reused_records_free_the_port_unless_someone_else_listens() {
         let survey = Survey {
             seen: vec![
@@ -306,19 +324,6 @@ mod tests {
         assert_eq!(
             decide1(&instance(30002, "aaa"), &Survey::default(), false),
             Ok(Action::Start)
-        );
-    }
-
-    #[test]
-    fn what_outlives_its_leader_still_counts_as_ours() {
-        let survey = Survey {
-            seen: vec![seen(30000, Liveness::Dead, true)],
-            ports_in_use: [30000].into(),
-            ..Survey::default()
-        };
-        assert_eq!(
-            decide1(&instance(30000, "aaa"), &survey, false),
-            Ok(Action::Keep(&survey.seen[0].record))
         );
     }
 
