@@ -81,18 +81,7 @@ fn sixteen_servers_as_steps_of_fleets_allocation_generate_and_down_leaves_nothin
     assert_eq!(steps.len(), 16, "{status}");
 
     // generate over the 16 servers: each prompt written exactly once.
-    write_prompts(&f.path().join("prompts.jsonl"), 3000);
-    f.ok(&[
-        "-q",
-        "generate",
-        "--prompts",
-        "prompts.jsonl",
-        "--out",
-        "out",
-        "--max-tokens",
-        "16",
-    ]);
-    assert_eq!(completion_ids(&f.path().join("out")).len(), 3000);
+    assert_eq!(f.job(3000, 16), 3000);
 
     // down: no job, step, server or srun of fleet's is left.
     f.ok(&["-q", "down", "--grace", "5s"]);
@@ -315,18 +304,7 @@ fn tensor_parallel_servers_are_steps_of_four_gpus_on_one_node() {
     }
     assert_eq!(per_node.len(), 2, "{per_node:?}");
 
-    write_prompts(&f.path().join("prompts.jsonl"), 400);
-    f.ok(&[
-        "-q",
-        "generate",
-        "--prompts",
-        "prompts.jsonl",
-        "--out",
-        "out",
-        "--max-tokens",
-        "16",
-    ]);
-    assert_eq!(completion_ids(&f.path().join("out")).len(), 400);
+    assert_eq!(f.job(400, 16), 400);
 
     f.ok(&["-q", "down", "--grace", "5s"]);
     assert_eq!(f.fleet_jobs(), "");
@@ -377,18 +355,7 @@ fn a_tp16_server_over_both_nodes_runs_a_job_and_is_lost_with_a_rank() {
     assert_eq!(rows.len(), 1, "{status:#}");
     assert_eq!(rows[0]["state"], "ready", "{status:#}");
 
-    write_prompts(&f.path().join("prompts.jsonl"), 300);
-    f.ok(&[
-        "-q",
-        "generate",
-        "--prompts",
-        "prompts.jsonl",
-        "--out",
-        "out",
-        "--max-tokens",
-        "16",
-    ]);
-    assert_eq!(completion_ids(&f.path().join("out")).len(), 300);
+    assert_eq!(f.job(300, 16), 300);
 
     // Rank 1 killed: the server is lost, as status tells within 30 s.
     let rank1 = sims.iter().find(|p| rank(p) == "1").expect("rank 1");

@@ -91,6 +91,24 @@ impl SlurmFleet {
     }
 
     /// fleet's jobs in squeue, by name, that are not over.
+    /// `generate` of `n` prompts into `out` at `max_tokens`: the ids answered, each once (a
+    /// second answer to one fails the read).
+    pub fn job(&self, n: usize, max_tokens: u32) -> usize {
+        write_prompts(&self.path().join("prompts.jsonl"), n);
+        let max = max_tokens.to_string();
+        self.ok(&[
+            "-q",
+            "generate",
+            "--prompts",
+            "prompts.jsonl",
+            "--out",
+            "out",
+            "--max-tokens",
+            &max,
+        ]);
+        super::local_fleet::completion_ids(&self.path().join("out")).len()
+    }
+
     pub fn fleet_jobs(&self) -> String {
         self.cluster
             .run(&["squeue", "--noheader", "--name=fleet-hpc", "--format=%i %T"])
