@@ -3,9 +3,10 @@
 //! the space's best (by the sim's own model, `fleet::sim::best`) without crowning an OOM,
 //! confirms its close leaders with a second window and crowns on the pooled figures, and
 //! `fleet report` charts it; under `--slo ttft_p99<=1.6s,itl_p99<=250ms` it crowns the fastest
-//! config that keeps both; an interrupted search resumes without running a finished trial
-//! again; a bad `--slo` and a flag axis the host's SGLang does not know by that exact name are
-//! refused before anything starts.
+//! config that keeps both; of configs alike within their windows' noise, the one farther from
+//! the out-of-memory edge is crowned and the report says they tie; an interrupted search
+//! resumes without running a finished trial again; a bad `--slo` and a flag axis the host's
+//! SGLang does not know by that exact name are refused before anything starts.
 
 mod common;
 mod sweep_common;
@@ -370,6 +371,73 @@ fn under_an_slo_the_search_crowns_the_best_config_that_keeps_it() {
             "{out}"
         );
     }
+    assert!(f.records().is_empty(), "nothing left running");
+}
+
+#[test]
+fn a_lead_inside_the_noise_is_a_tie_crowned_farther_from_the_oom_edge() {
+    let _g = serial();
+    // Four decode graph bounds above the cap a 0.85 pool buys: every batch decodes on a
+    // graph, so the four run alike and differ only in the memory their graphs take.
+    let f = Fleet::new(4, &["mem_fraction_static: 0.85"], &[]);
+    let mut args = vec![
+        "--strategies",
+        "no_buffer",
+        "--set",
+        "flag.cuda-graph-max-bs-decode=240,120,200,160",
+    ];
+    args.extend_from_slice(TRIALS);
+    let (code, r, err) = f.sweep_json(&args);
+    assert_eq!(code, 0, "{err}");
+    let rows = r["rows"].as_array().unwrap();
+    let bound = |row: &Value| setting(&row["trial"], "flag.cuda-graph-max-bs-decode");
+    let winner = rows
+        .iter()
+        .find(|row| row["winner"] == true)
+        .expect("a winner");
+    let tied: Vec<&Value> = rows.iter().filter(|row| row["tied"] == true).collect();
+    let table: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            format!(
+                "{} {} {}",
+                bound(row),
+                row["trial"]["outcome"]["estimate"],
+                row["tied"]
+            )
+        })
+        .collect();
+    // The fastest of four equals ties with at least one: a lead of several times a window's
+    // noise between equals would be a one-in-a-thousand draw.
+    assert!(!tied.is_empty(), "{table:#?}");
+    assert_eq!(
+        r["tie"].as_array().unwrap().len(),
+        tied.len(),
+        "{:#}",
+        r["tie"]
+    );
+    // Of those tied, the crowned one asks the least memory.
+    let crowned: u32 = bound(winner).parse().unwrap();
+    for row in &tied {
+        assert!(crowned < bound(row).parse::<u32>().unwrap(), "{table:#?}");
+    }
+    assert_eq!(winner["rank"], 1);
+    // The terminal report says so.
+    let mut text = vec!["sweep", "--profile", "base", "--resume"];
+    text.extend_from_slice(&args);
+    let (code, out, err) = f.fleet(&text);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("tie within noise: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let label = winner["label"].as_str().unwrap();
+    assert!(
+        line.contains(&format!(
+            "crowned {label}: it asks the least GPU memory of them"
+        )),
+        "{line}"
+    );
     assert!(f.records().is_empty(), "nothing left running");
 }
 

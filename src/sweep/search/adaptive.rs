@@ -8,6 +8,7 @@
 use crate::sweep::assign::Need;
 use crate::sweep::prune::{self, Contender};
 use crate::sweep::range::Dim;
+use crate::sweep::rank::crown::{self, MEMORY_KEYS};
 use crate::sweep::rank::{Failure, Outcome, Trial};
 use crate::sweep::search::{Limits, Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
 use crate::sweep::slo::Slo;
@@ -20,15 +21,6 @@ const LAST_STEP: f64 = 1.0 / 128.0;
 /// Leaders within this share of the best figure are a close race: a window's noise (about 1%
 /// on the sim, more on a loaded host) may have ordered them, so each is measured again.
 const CLOSE: f64 = 0.05;
-/// Keys whose larger values take more GPU memory (the static pool, the captured decode
-/// graphs, the requests held at once): past a failed point on all of them lies failure too.
-const MEMORY_KEYS: [&str; 5] = [
-    "server.mem_fraction_static",
-    "server.max_running_requests",
-    "flag.mem-fraction-static",
-    "flag.cuda-graph-max-bs-decode",
-    "flag.cuda-graph-max-bs",
-];
 /// Keys of the static pool's share: below a point that could not fit the weights and a cache
 /// in it ([`Failure::NotEnoughMemory`]) lies the same failure.
 const STATIC_KEYS: [&str; 2] = ["server.mem_fraction_static", "flag.mem-fraction-static"];
@@ -338,10 +330,12 @@ impl Adaptive {
             .sum()
     }
 
-    /// The search ends for `why`: once every proposed candidate has run, the leaders close
-    /// enough for a window's noise to have ordered them (within [`CLOSE`] of the best, a round
-    /// of the GPUs at most) each run a second window, and the ranking pools both; a lead the
-    /// noise made is not crowned. Not at `--budget`, which is a promise about time.
+    /// The search ends for `why`: once every proposed candidate has run, the leaders that a
+    /// window's noise may have ordered (within [`CLOSE`] of the best figure, or tied with it by
+    /// their intervals) run a second window, all in one last round, as many as the GPUs hold at
+    /// once: measured side by side, under the same load on the hosts' shared CPUs, PCIe and
+    /// network. The ranking pools each config's windows and crowns only a confirmed one, on its
+    /// interval (`rank::crown`). Not at `--budget`, which is a promise about time.
     fn finish(&self, view: &View<'_>, pending: bool, why: Stop) -> Next {
         let done = Next {
             run: Vec::new(),
@@ -365,11 +359,18 @@ impl Adaptive {
             .filter_map(|t| Some((self.score(t)?, t)))
             .collect();
         leaders.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let top = leaders.first().map_or(0.0, |l| l.0);
+        let Some(&(top, first)) = leaders.first() else {
+            return done;
+        };
+        let tied = |t: &Trial| match (first.outcome.measured(), t.outcome.measured()) {
+            (Some(a), Some(b)) => crown::tie(a, b),
+            _ => false,
+        };
+        let round = self.gpus / self.need.size().max(1);
         let close: Vec<Proposal> = leaders
             .iter()
-            .take_while(|(s, _)| *s >= top * (1.0 - CLOSE))
-            .take(self.gpus)
+            .filter(|(s, t)| *s >= top * (1.0 - CLOSE) || tied(t))
+            .take(round)
             .map(|(_, t)| Proposal {
                 candidate: t.candidate.again(),
                 need: self.need.clone(),
