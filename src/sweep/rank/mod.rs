@@ -203,6 +203,26 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             .map_or(1, |(_, n)| *n)
     };
     let confirmed = pooled.iter().any(|(_, n)| *n > 1);
+    // Each config's full windows' rates, in the order they ran: what a tie is judged on.
+    let rates: Vec<Vec<f64>> = pooled
+        .iter()
+        .map(|(p, _)| {
+            trials
+                .iter()
+                .filter(|t| t.candidate.settings == p.candidate.settings)
+                .filter_map(|t| match &t.outcome {
+                    Outcome::Ok(m) => Some(m.output_tok_s_per_gpu),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let rates_of = |t: &Trial| {
+        pooled
+            .iter()
+            .position(|(p, _)| p.candidate.id == t.candidate.id)
+            .map_or(&[][..], |i| &rates[i][..])
+    };
     let trials: Vec<Trial> = pooled.iter().map(|(t, _)| t.clone()).collect();
     let by_figure = |pruned: bool, keeps: bool| {
         let mut v: Vec<(&Trial, &Measured)> = trials
@@ -226,9 +246,12 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
     let contenders: Vec<usize> = (0..kept.len())
         .filter(|&i| !confirmed || windows(kept[i].0) > 1)
         .collect();
-    let race: Vec<(&Candidate, &Measured)> = contenders
+    let race: Vec<crown::Entry> = contenders
         .iter()
-        .map(|&i| (&kept[i].0.candidate, kept[i].1))
+        .map(|&i| crown::Entry {
+            candidate: &kept[i].0.candidate,
+            windows: rates_of(kept[i].0),
+        })
         .collect();
     let (crowned, tied): (bool, Vec<String>) = match crown::crown(&race) {
         Some((pick, tied)) => {
@@ -236,7 +259,7 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
                 .iter()
                 .chain(std::iter::once(&0))
                 .filter(|&&i| i != pick)
-                .map(|&i| race[i].0.id.clone())
+                .map(|&i| race[i].candidate.id.clone())
                 .collect();
             let first = kept.remove(contenders[pick]);
             kept.insert(0, first);
