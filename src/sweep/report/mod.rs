@@ -113,7 +113,7 @@ fn tie_note(r: &Report, w: &Ranked) -> String {
         "the fastest of them, asking no more GPU memory"
     };
     format!(
-        "tie within noise: {} and {} (the 95% interval of their difference holds 0); crowned {}: {why}\n",
+        "tie within noise: {} and {} (within one standard error of their windows' noise); crowned {}: {why}\n",
         w.label,
         labels.join(", "),
         w.label
