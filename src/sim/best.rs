@@ -191,6 +191,44 @@ mod tests {
     }
 
     #[test]
+    fn a_drawn_model_is_its_seed_s_and_its_variables_read_back_as_its_parameters() {
+        let (p, env) = drawn(3, 40);
+        assert_eq!(
+            drawn(3, 40),
+            (p.clone(), env.clone()),
+            "the same seed, the same model"
+        );
+        assert_ne!(drawn(4, 40).0, p);
+        let var = |name: &str| -> f64 {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .unwrap()
+                .1
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(
+            p.gpu_total_mib,
+            (var("SGLANG_SIM_GPU_MEM_GIB") * 1024.0).round()
+        );
+        assert_eq!(p.cuda_graph_mib, var("SGLANG_SIM_CUDA_GRAPH_GIB") * 1024.0);
+        assert_eq!(p.overlap_speedup, var("SGLANG_SIM_OVERLAP_SPEEDUP"));
+        assert_eq!(env.len(), 8);
+        // Its space has a best, just below its own edge.
+        let b = best(&p, &base(), &Space::issue(), None).unwrap();
+        assert!(
+            at(
+                &p,
+                &base(),
+                b.strategy,
+                b.mem_fraction_static + 0.01,
+                b.cuda_graph_max_bs
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
     fn a_step_limit_moves_the_best_to_a_lower_cap() {
         let p = Params::default();
         let free = best(&p, &base(), &Space::issue(), None).unwrap();
