@@ -340,8 +340,8 @@ pub struct SweepArgs {
     pub search: Option<SearchMethod>,
     /// The adaptive search explores this many candidates at most.
     ///
-    /// Then it runs its close leaders once more to confirm them.
-    #[arg(long, default_value_t = 32)]
+    /// Then it runs its close leaders once more, side by side, to confirm them.
+    #[arg(long, default_value_t = 24)]
     pub trials: usize,
     /// The adaptive search proposes nothing more after this long (over every --resume).
     #[arg(long, value_parser = parse_duration)]

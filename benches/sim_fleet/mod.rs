@@ -31,11 +31,22 @@ pub fn write_fleet(dir: &Path) {
 
 /// `profiles/base.yaml`: the sim at `mem_fraction_static: 0.85`, a 1 s load, answers of
 /// `output_tokens` on average, ports from `port_base`.
+#[allow(dead_code)]
 pub fn write_base(dir: &Path, port_base: u16, output_tokens: u64) {
+    write_base_with(dir, port_base, output_tokens, &[]);
+}
+
+/// [`write_base`] with more of the sim's environment (`SGLANG_SIM_*`): a model the sweep is
+/// not told about.
+pub fn write_base_with(dir: &Path, port_base: u16, output_tokens: u64, env: &[(&str, String)]) {
+    let more: String = env
+        .iter()
+        .map(|(k, v)| format!("  {k}: \"{v}\"\n"))
+        .collect();
     std::fs::write(
         dir.join("profiles/base.yaml"),
         format!(
-            "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"{output_tokens}\"\n  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
+            "model: /models/sim-27b\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  mem_fraction_static: 0.85\n  context_length: 8192\nenv:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_MEAN_OUTPUT_TOKENS: \"{output_tokens}\"\n{more}  SGLANG_SIM_GPU_STATE_DIR: {}\nhealth: {{startup_timeout: 60s, poll: 200ms}}\n",
             dir.join("gpus").display()
         ),
     )

@@ -98,6 +98,45 @@ pub fn best(
     top
 }
 
+/// A sim model drawn from `seed` around the defaults, for searches that must not be tuned on
+/// one model: the GPU's memory (where the out-of-memory edge lies), the decode graphs' memory,
+/// a mamba slot's (the cap a static fraction buys), a prefill token's activations, the decode
+/// step and each strategy's speed. With the `SGLANG_SIM_*` variables that give a sim the same
+/// model, each value written as the sim parses it back.
+pub fn drawn(seed: u64, mean_output_tokens: u64) -> (Params, Vec<(&'static str, String)>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut draw = |lo: f64, hi: f64| (rng.random_range(lo..hi) * 1000.0).round() / 1000.0;
+    let knobs = [
+        ("SGLANG_SIM_GPU_MEM_GIB", draw(92.0, 100.0)),
+        ("SGLANG_SIM_CUDA_GRAPH_GIB", draw(3.5, 7.0)),
+        ("SGLANG_SIM_MAMBA_SLOT_MIB", draw(56.0, 90.0)),
+        ("SGLANG_SIM_ACTIVATION_KIB_PER_TOKEN", draw(500.0, 750.0)),
+        ("SGLANG_SIM_DECODE_BASE_MS", draw(20.0, 30.0)),
+        ("SGLANG_SIM_DECODE_PER_REQ_MS", draw(0.35, 0.65)),
+        ("SGLANG_SIM_EXTRA_BUFFER_COPY_MS", draw(1.0, 9.0)),
+        ("SGLANG_SIM_OVERLAP_SPEEDUP", draw(1.05, 1.3)),
+    ];
+    let k = |i: usize| knobs[i].1;
+    // As `config.rs` reads them: GiB to MiB, the GPU's total to the MiB.
+    let params = Params {
+        gpu_total_mib: (k(0) * 1024.0).round(),
+        cuda_graph_mib: k(1) * 1024.0,
+        mamba_slot_mib: k(2),
+        activation_kib_per_token: k(3),
+        decode_base_ms: k(4),
+        decode_per_req_ms: k(5),
+        extra_buffer_copy_ms: k(6),
+        overlap_speedup: k(7),
+        mean_output_tokens,
+        ..Params::default()
+    };
+    (
+        params,
+        knobs.iter().map(|(n, v)| (*n, v.to_string())).collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +188,44 @@ mod tests {
             .fold(0.0, f64::max);
         assert!(at(&p, &base(), Strategy::NoBuffer, 0.90, 256).is_none());
         assert!(typed < 0.97 * b.tok_s, "{typed} against {}", b.tok_s);
+    }
+
+    #[test]
+    fn a_drawn_model_is_its_seed_s_and_its_variables_read_back_as_its_parameters() {
+        let (p, env) = drawn(3, 40);
+        assert_eq!(
+            drawn(3, 40),
+            (p.clone(), env.clone()),
+            "the same seed, the same model"
+        );
+        assert_ne!(drawn(4, 40).0, p);
+        let var = |name: &str| -> f64 {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .unwrap()
+                .1
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(
+            p.gpu_total_mib,
+            (var("SGLANG_SIM_GPU_MEM_GIB") * 1024.0).round()
+        );
+        assert_eq!(p.cuda_graph_mib, var("SGLANG_SIM_CUDA_GRAPH_GIB") * 1024.0);
+        assert_eq!(p.overlap_speedup, var("SGLANG_SIM_OVERLAP_SPEEDUP"));
+        assert_eq!(env.len(), 8);
+        // Its space has a best, just below its own edge.
+        let b = best(&p, &base(), &Space::issue(), None).unwrap();
+        assert!(
+            at(
+                &p,
+                &base(),
+                b.strategy,
+                b.mem_fraction_static + 0.01,
+                b.cuda_graph_max_bs
+            )
+            .is_none()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Trial results, the ranking by output tok/s per GPU, ETA projection and the deciding factor.
 //! Pure: the sweep's report and `sweep.json` are rendered from these values.
 
+pub mod crown;
 pub mod slo;
 
 use serde::{Deserialize, Serialize};
@@ -140,6 +141,10 @@ pub struct Ranked {
     pub rank: usize,
     pub label: String,
     pub winner: bool,
+    /// Tied with the winner within their windows' noise: the winner was crowned for asking
+    /// less memory (or, if it is the fastest, the tie is the margin it won by).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tied: bool,
     /// Throughput per GPU relative to the winner (1.0 for the winner).
     pub ratio: Option<f64>,
     /// Projected hours for the whole dataset on all the sweep's GPUs running this candidate.
@@ -190,8 +195,12 @@ pub fn rank(trials: &[Trial], dataset: Option<Dataset>) -> Vec<Ranked> {
 
 /// Ranks finished trials: those measured over the full window that keep `slo` by output tok/s
 /// per GPU, then those that break it, then pruned ones by their first window's figure, then
-/// failed ones in input order. Only a fully measured candidate that keeps the SLO can win;
-/// ratios (to the winner, or without one to the fastest) and ETAs are given for every figure.
+/// failed ones in input order. Only a fully measured candidate that keeps the SLO can win, and
+/// where a search confirmed its leaders (a second window, measured together), only a confirmed
+/// one: the others were never measured beside them. The fastest wins unless another ties with
+/// it within their windows' noise ([`crown`]); then the one farther from the out-of-memory edge
+/// is crowned and ranked first, and the others tied are marked. Ratios (to the winner, or
+/// without one to the fastest) and ETAs are given for every figure.
 pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec<Ranked> {
     let pooled = pooled(trials);
     let windows = |t: &Trial| {
@@ -199,6 +208,27 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             .iter()
             .find(|(p, _)| p.candidate.id == t.candidate.id)
             .map_or(1, |(_, n)| *n)
+    };
+    let confirmed = pooled.iter().any(|(_, n)| *n > 1);
+    // Each config's full windows' rates, in the order they ran: what a tie is judged on.
+    let rates: Vec<Vec<f64>> = pooled
+        .iter()
+        .map(|(p, _)| {
+            trials
+                .iter()
+                .filter(|t| t.candidate.settings == p.candidate.settings)
+                .filter_map(|t| match &t.outcome {
+                    Outcome::Ok(m) => Some(m.output_tok_s_per_gpu),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let rates_of = |t: &Trial| {
+        pooled
+            .iter()
+            .position(|(p, _)| p.candidate.id == t.candidate.id)
+            .map_or(&[][..], |i| &rates[i][..])
     };
     let trials: Vec<Trial> = pooled.iter().map(|(t, _)| t.clone()).collect();
     let by_figure = |pruned: bool, keeps: bool| {
@@ -214,17 +244,41 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
         });
         v
     };
-    let (kept, broke, pruned) = (
+    let (mut kept, broke, pruned) = (
         by_figure(false, true),
         by_figure(false, false),
         by_figure(true, true),
     );
+    // The contenders, fastest first; the crowned one moves to the top, the rest keep order.
+    let contenders: Vec<usize> = (0..kept.len())
+        .filter(|&i| !confirmed || windows(kept[i].0) > 1)
+        .collect();
+    let race: Vec<crown::Entry> = contenders
+        .iter()
+        .map(|&i| crown::Entry {
+            candidate: &kept[i].0.candidate,
+            windows: rates_of(kept[i].0),
+        })
+        .collect();
+    let (crowned, tied): (bool, Vec<String>) = match crown::crown(&race) {
+        Some((pick, tied)) => {
+            let ids = tied
+                .iter()
+                .chain(std::iter::once(&0))
+                .filter(|&&i| i != pick)
+                .map(|&i| race[i].candidate.id.clone())
+                .collect();
+            let first = kept.remove(contenders[pick]);
+            kept.insert(0, first);
+            (true, ids)
+        }
+        None => (false, Vec::new()),
+    };
     let best = kept
         .first()
         .or(broke.first())
         .map(|(_, m)| m.output_tok_s_per_gpu)
         .filter(|b| *b > 0.0);
-    let crowned = !kept.is_empty();
     let projection = |m: &Measured| dataset.and_then(|d| d.hours(m));
     let interval = dataset.is_some_and(|d| d.output_tokens_interval.is_some());
     let mut rows: Vec<Ranked> = kept
@@ -236,6 +290,7 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             rank: i + 1,
             label: t.candidate.label(),
             winner: i == 0 && crowned && best.is_some(),
+            tied: crowned && best.is_some() && tied.contains(&t.candidate.id),
             ratio: best.map(|b| m.output_tok_s_per_gpu / b),
             eta_hours: projection(m).map(|h| h.point),
             eta_low_hours: projection(m).map(|h| h.low).filter(|_| interval),
@@ -253,6 +308,7 @@ pub fn rank_within(trials: &[Trial], dataset: Option<Dataset>, slo: &Slo) -> Vec
             rank: rows.len() + 1,
             label: t.candidate.label(),
             winner: false,
+            tied: false,
             ratio: None,
             eta_hours: None,
             eta_low_hours: None,
@@ -473,7 +529,7 @@ mod tests {
         ));
     }
 
-    fn trial(strategy: &str, tok_s_per_gpu: f64, cap: u32, itl: f64) -> Trial {
+    pub(super) fn trial(strategy: &str, tok_s_per_gpu: f64, cap: u32, itl: f64) -> Trial {
         Trial {
             candidate: Candidate::new(
                 format!("server.mamba_strategy={strategy}"),
@@ -669,23 +725,27 @@ mod tests {
         let mut again = window(1160.0, 40.0);
         again.candidate = first.candidate.again();
         assert_eq!(again.candidate.id, "server.mamba_strategy=no_buffer#2");
-        // Without its second window the lucky first would win; pooled, the other does.
+        // Pooled, its figure is below the rival's one window; but only a confirmed config,
+        // measured beside the other leaders, is crowned: the rival's window was taken under
+        // another load.
         let rows = rank(
             &[first, trial("extra_buffer", 1190.0, 37, 0.3), again],
             None,
         );
         assert_eq!(rows.len(), 2);
-        let (won, pooled) = (&rows[0], &rows[1]);
-        assert_eq!(won.label, "extra_buffer");
+        let (pooled, rival) = (&rows[0], &rows[1]);
+        assert!(pooled.winner && !rival.winner);
         assert_eq!((pooled.label.as_str(), pooled.windows), ("no_buffer", 2));
+        assert_eq!(rival.label, "extra_buffer");
+        assert!((rival.ratio.unwrap() - 1190.0 / 1180.0).abs() < 1e-9);
         let m = pooled.trial.outcome.measured().unwrap();
         assert_eq!(m.output_tok_s_per_gpu, 1180.0);
         assert_eq!(m.completed, 20);
         let e = m.estimate.unwrap();
         assert!((e.high - e.mean - 25.0).abs() < 1e-9, "{e:?}");
         let json = serde_json::to_value(&rows).unwrap();
-        assert_eq!(json[1]["windows"], 2);
-        assert!(json[0].get("windows").is_none());
+        assert_eq!(json[0]["windows"], 2);
+        assert!(json[1].get("windows").is_none());
     }
 
     #[test]

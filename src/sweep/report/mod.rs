@@ -37,6 +37,9 @@ pub struct Report {
     /// The winner's label.
     pub winner: Option<String>,
     pub deciding_factor: Option<String>,
+    /// The configs tied with the winner within their windows' noise (see `rank::crown`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tie: Vec<String>,
     /// Candidates with no finished trial (an interrupted sweep).
     pub pending: Vec<String>,
     /// Prompts of the workload longer than the context: left out of every candidate's
@@ -82,6 +85,11 @@ pub fn build(
         winner: rows.iter().find(|r| r.winner).map(|r| r.label.clone()),
         deciding_factor: rank::deciding_factor(&rows),
         predictions: predicted::checks(&rows),
+        tie: rows
+            .iter()
+            .filter(|r| r.tied)
+            .map(|r| r.label.clone())
+            .collect(),
         rows,
         pending,
         unfit: None,
@@ -94,6 +102,29 @@ impl Report {
     pub fn winning(&self) -> Option<&Ranked> {
         self.rows.iter().find(|r| r.winner)
     }
+}
+
+/// The line that says the winner tied with others within noise, and why it was crowned.
+fn tie_note(r: &Report, w: &Ranked) -> String {
+    let tied: Vec<&Ranked> = r.rows.iter().filter(|row| row.tied).collect();
+    if tied.is_empty() {
+        return String::new();
+    }
+    let labels: Vec<&str> = tied.iter().map(|row| row.label.as_str()).collect();
+    let leaner = tied
+        .iter()
+        .all(|row| rank::crown::memory_ask(&w.trial.candidate, &row.trial.candidate).is_lt());
+    let why = if leaner {
+        "it asks the least GPU memory of them, the farthest from the out-of-memory edge"
+    } else {
+        "the fastest of them, asking no more GPU memory"
+    };
+    format!(
+        "tie within noise: {} and {} (within one standard error of their windows' noise); crowned {}: {why}\n",
+        w.label,
+        labels.join(", "),
+        w.label
+    )
 }
 
 fn latency(p: Option<Percentiles>) -> String {
@@ -280,6 +311,7 @@ pub fn text(r: &Report) -> String {
             out.push_str(&format!(", {:.2}x {}", 1.0 / q, x.label));
         }
         out.push_str(")\n");
+        out.push_str(&tie_note(r, w));
     } else if r.rows.iter().any(|row| !row.breaches.is_empty()) {
         out.push_str(&format!(
             "\nno winner: no candidate kept --slo {}\n",

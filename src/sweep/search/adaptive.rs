@@ -2,12 +2,14 @@
 //! screened by successive halving, then coordinate refinement around the best measured point
 //! on a shrinking step, never near a failed point nor past a memory edge it taught; it stops at
 //! `--trials`, `--budget`, or when the best has stopped improving, and then measures its close
-//! leaders once more, so that one lucky window is not crowned. Pure: everything it decides on
-//! comes through the [`Strategy`] calls.
+//! leaders once more, side by side in one round, so that one lucky window (or one taken under a
+//! lighter load) is not crowned. Pure: everything it decides on comes through the [`Strategy`]
+//! calls.
 
 use crate::sweep::assign::Need;
 use crate::sweep::prune::{self, Contender};
 use crate::sweep::range::Dim;
+use crate::sweep::rank::crown::MEMORY_KEYS;
 use crate::sweep::rank::{Failure, Outcome, Trial};
 use crate::sweep::search::{Limits, Model, Next, Proposal, Screen, Stop, Strategy, Verdict, View};
 use crate::sweep::slo::Slo;
@@ -18,17 +20,9 @@ const FIRST_STEP: f64 = 0.25;
 /// Refinement ends below this step: a 1/128 of a range is under what a window can tell apart.
 const LAST_STEP: f64 = 1.0 / 128.0;
 /// Leaders within this share of the best figure are a close race: a window's noise (about 1%
-/// on the sim, more on a loaded host) may have ordered them, so each is measured again.
+/// on the sim, more on a loaded host) and the load beside it may have ordered them, so each is
+/// measured again.
 const CLOSE: f64 = 0.05;
-/// Keys whose larger values take more GPU memory (the static pool, the captured decode
-/// graphs, the requests held at once): past a failed point on all of them lies failure too.
-const MEMORY_KEYS: [&str; 5] = [
-    "server.mem_fraction_static",
-    "server.max_running_requests",
-    "flag.mem-fraction-static",
-    "flag.cuda-graph-max-bs-decode",
-    "flag.cuda-graph-max-bs",
-];
 /// Keys of the static pool's share: below a point that could not fit the weights and a cache
 /// in it ([`Failure::NotEnoughMemory`]) lies the same failure.
 const STATIC_KEYS: [&str; 2] = ["server.mem_fraction_static", "flag.mem-fraction-static"];
@@ -341,10 +335,12 @@ impl Adaptive {
             .sum()
     }
 
-    /// The search ends for `why`: once every proposed candidate has run, the leaders close
-    /// enough for a window's noise to have ordered them (within [`CLOSE`] of the best, a round
-    /// of the GPUs at most) each run a second window, and the ranking pools both; a lead the
-    /// noise made is not crowned. Not at `--budget`, which is a promise about time.
+    /// The search ends for `why`: once every proposed candidate has run, the leaders that a
+    /// window's noise may have ordered (within [`CLOSE`] of the best figure) run a second
+    /// window, all in one last round, as many as the GPUs hold at once: measured side by side,
+    /// under the same load on the hosts' shared CPUs, PCIe and network. The ranking pools each
+    /// config's windows and crowns only a confirmed one, judging ties by how much the leaders'
+    /// two windows disagree (`rank::crown`). Not at `--budget`, which is a promise about time.
     fn finish(&self, view: &View<'_>, pending: bool, why: Stop) -> Next {
         let done = Next {
             run: Vec::new(),
@@ -369,10 +365,11 @@ impl Adaptive {
             .collect();
         leaders.sort_by(|a, b| b.0.total_cmp(&a.0));
         let top = leaders.first().map_or(0.0, |l| l.0);
+        let round = self.gpus / self.need.size().max(1);
         let close: Vec<Proposal> = leaders
             .iter()
             .take_while(|(s, _)| *s >= top * (1.0 - CLOSE))
-            .take(self.gpus)
+            .take(round)
             .map(|(_, t)| Proposal {
                 candidate: t.candidate.again(),
                 need: self.need.clone(),
@@ -380,6 +377,14 @@ impl Adaptive {
             .collect();
         if close.len() < 2 {
             return done;
+        }
+        // Not before they can all start at once: one started on the last GPU to come free
+        // would run its window beside fewer servers, on a lighter load, than the others.
+        if view.free.len() < close.len() * self.need.size() {
+            return Next {
+                run: Vec::new(),
+                stop: None,
+            };
         }
         Next {
             run: close,

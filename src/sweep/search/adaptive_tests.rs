@@ -10,6 +10,7 @@ use crate::sweep::range::dims;
 use crate::sweep::rank::{Failure, Measured, Percentiles};
 use crate::sweep::search::SearchState;
 use crate::sweep::slo::Slo;
+use crate::sweep::stats::Estimate;
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
@@ -159,17 +160,17 @@ fn play(
     gpus: u32,
     cut: usize,
 ) -> (usize, Option<Stop>) {
-    play_with(a, state, trials, gpus, cut, trial)
+    play_with(a, state, trials, gpus, cut, |c, gpu, _| trial(c, gpu))
 }
 
-/// [`play`] with `measure` giving each candidate's trial.
+/// [`play`] with `measure` giving each candidate's trial, told which round it ran in.
 fn play_with(
     a: &mut Adaptive,
     state: &mut SearchState,
     trials: &mut Vec<Trial>,
     gpus: u32,
     cut: usize,
-    mut measure: impl FnMut(&Candidate, &Slot) -> Trial,
+    mut measure: impl FnMut(&Candidate, &Slot, usize) -> Trial,
 ) -> (usize, Option<Stop>) {
     let free = slots(gpus);
     for round in 0..cut {
@@ -182,7 +183,7 @@ fn play_with(
         state.propose(next.run.iter().map(|p| p.candidate.clone()));
         assert!(next.run.len() <= free.len(), "a round fits the GPUs");
         for (p, gpu) in next.run.iter().zip(&free) {
-            let t = measure(&p.candidate, gpu);
+            let t = measure(&p.candidate, gpu, round);
             a.observe(&t);
             trials.push(t);
         }
@@ -475,6 +476,27 @@ fn it_stops_at_its_budget_and_when_its_space_is_exhausted() {
             assert_eq!(state.proposed.len(), 4);
             assert_eq!(next.run.len(), 2);
             assert!(next.run.iter().all(|p| p.candidate.repeat == 1));
+            // Asked with one GPU free, as the last round's servers stop, it waits: both start
+            // together, so that neither runs its window beside fewer servers than the other.
+            let mut waits = Adaptive::new(
+                Setup {
+                    dims: dims(&s(&["a", "b"]), &[]).unwrap(),
+                    seed: vec![None],
+                    limits: limits(10),
+                    slo: Slo::default(),
+                    need: Need::Any(1),
+                    gpus: 2,
+                },
+                &[],
+                &trials[..2],
+            );
+            let early = waits.propose(&View {
+                trials: &trials[..2],
+                proposed: &state.proposed[..2],
+                free: &free[..1],
+                elapsed: Duration::ZERO,
+            });
+            assert_eq!((early.run.len(), early.stop), (0, None));
             return;
         }
     }
@@ -509,14 +531,21 @@ fn noisy_search(params: &Params, top: f64, noise: &mut Noise) -> f64 {
     let mut state = SearchState::new(Model::Adaptive { step: 0.25 });
     let mut a = search(24, &state, &[]);
     let mut trials = Vec::new();
-    play_with(&mut a, &mut state, &mut trials, 8, usize::MAX, |c, gpu| {
-        let mut t = trial(c, gpu);
-        t.outcome = match point_with(params, c) {
-            Some(p) => Outcome::Ok(measured(p.tok_s * noise.factor())),
-            None => t.outcome,
-        };
-        t
-    });
+    play_with(
+        &mut a,
+        &mut state,
+        &mut trials,
+        8,
+        usize::MAX,
+        |c, gpu, _| {
+            let mut t = trial(c, gpu);
+            t.outcome = match point_with(params, c) {
+                Some(p) => Outcome::Ok(measured(p.tok_s * noise.factor())),
+                None => t.outcome,
+            };
+            t
+        },
+    );
     let ranked = crate::sweep::rank::rank(&trials, None);
     let winner = ranked.iter().find(|r| r.winner).expect("a winner");
     let found = point_with(params, &winner.trial.candidate).expect("an OOM is never crowned");
@@ -549,11 +578,84 @@ fn under_a_window_s_noise_it_still_crowns_within_three_percent() {
             })
             .collect();
         distances.sort_by(f64::total_cmp);
+        // A lead inside the noise goes to the leaner config, which may be a little slower: the
+        // issue's bar is the median within 3% and the worst within 5%.
         let over = distances.iter().filter(|&&d| d > 0.03).count();
         assert!(
-            over <= 1 && distances[50] < 0.015,
-            "{output}-token answers: {over} of 100 beyond 3%, median {:.2}%",
-            distances[50] * 100.0
+            over <= 10 && distances[50] < 0.015 && distances[99] <= 0.05,
+            "{output}-token answers: {over} of 100 beyond 3%, median {:.2}%, worst {:.2}%",
+            distances[50] * 100.0,
+            distances[99] * 100.0
+        );
+    }
+}
+
+/// The search (`trials`, 8 GPUs) on the sim model drawn from `seed` (`best::drawn`), as the
+/// hosts' shared CPUs bend it: each window off by 1% of noise and carrying a 95% interval of
+/// ±2%, and each round's windows faster by a share of up to `load` drawn for the round (the
+/// servers beside it, what else the hosts ran). The crowned config's distance to the space's
+/// best, by the model.
+fn loaded_search(seed: u64, trials_n: usize, load: f64) -> f64 {
+    let (params, _) = best::drawn(seed, 40);
+    let top = best::best(&params, &base(), &best::Space::issue(), None).expect("a best");
+    let mut noise = Noise {
+        state: seed,
+        sigma: 0.01,
+    };
+    let mut rounds = Noise {
+        state: seed ^ 0x5eed,
+        sigma: 0.0,
+    };
+    let loads: Vec<f64> = (0..64).map(|_| 1.0 + load * rounds.uniform()).collect();
+    let mut state = SearchState::new(Model::Adaptive { step: 0.25 });
+    let mut a = search(trials_n, &state, &[]);
+    let mut trials = Vec::new();
+    play_with(
+        &mut a,
+        &mut state,
+        &mut trials,
+        8,
+        usize::MAX,
+        |c, gpu, round| {
+            let mut t = trial(c, gpu);
+            t.outcome = match point_with(&params, c) {
+                Some(p) => {
+                    let v = p.tok_s * noise.factor() * loads[round.min(63)];
+                    Outcome::Ok(Measured {
+                        estimate: Some(Estimate::around(v, 0.02 * v)),
+                        ..measured(v)
+                    })
+                }
+                None => Outcome::Failed {
+                    kind: Failure::OutOfMemory,
+                    reason: "out of memory".into(),
+                    log_tail: vec![],
+                },
+            };
+            t
+        },
+    );
+    let ranked = crate::sweep::rank::rank(&trials, None);
+    let winner = ranked.iter().find(|r| r.winner).expect("a winner");
+    assert!(winner.windows > 1, "only a confirmed config is crowned");
+    let found = point_with(&params, &winner.trial.candidate).expect("an OOM is never crowned");
+    1.0 - found.tok_s / top.tok_s
+}
+
+#[test]
+fn on_models_it_was_not_tuned_on_and_under_uneven_load_it_crowns_within_three_percent() {
+    // Rounds whose windows read up to 6% apart (a window with few servers beside it on shared
+    // CPUs reads fast): the leaders are confirmed side by side, and a lead inside the noise
+    // goes to the leaner config, which may cost a little of the best's throughput.
+    for load in [0.0, 0.06] {
+        let mut d: Vec<f64> = (1..=20).map(|seed| loaded_search(seed, 24, load)).collect();
+        d.sort_by(f64::total_cmp);
+        let (median, worst) = (d[10], d[19]);
+        assert!(
+            median <= 0.03 && worst <= 0.05,
+            "load {load}: median {:.2}%, worst {:.2}%: {d:?}",
+            median * 100.0,
+            worst * 100.0
         );
     }
 }
