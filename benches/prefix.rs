@@ -147,13 +147,21 @@ fn placement_job() {
         let tmp = tempfile::tempdir().unwrap();
         let lines = s.lines();
         let prompts = tmp.path().join("prompts.jsonl");
-        write_lines(&prompts, &lines.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>());
+        write_lines(
+            &prompts,
+            &lines.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(),
+        );
         let inputs: Vec<Vec<String>> = (0..prefix_seeds::SERVERS)
             .map(|k| s.hand_placed(&lines, k))
             .collect();
         let (hand, hand_hits) = hand_run(&scenario_sims(&s), tmp.path(), &inputs);
-        let (auto, auto_hits, stderr) =
-            one_run_on(&scenario_sims(&s), &prompts, &tmp.path().join("auto"), n, &[]);
+        let (auto, auto_hits, stderr) = one_run_on(
+            &scenario_sims(&s),
+            &prompts,
+            &tmp.path().join("auto"),
+            n,
+            &[],
+        );
         assert!(stderr.contains("placement: prefix (auto:"), "{stderr}");
         let ratio = hand.as_secs_f64() / auto.as_secs_f64();
         let (h, a) = (share(hand_hits), share(auto_hits));
@@ -217,7 +225,10 @@ fn least_loaded_job() {
         &["--placement", "least-loaded"],
     );
     let l = share(ll_hits);
-    println!("least-loaded on the issue-26 job: {least:.2?} ({:.1}% cached), hand-placed {hand:.2?}", l * 100.0);
+    println!(
+        "least-loaded on the issue-26 job: {least:.2?} ({:.1}% cached), hand-placed {hand:.2?}",
+        l * 100.0
+    );
     headline::line(
         "prefix.least_loaded",
         &format!(

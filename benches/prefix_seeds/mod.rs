@@ -89,7 +89,13 @@ impl Scenario {
     /// One line per prompt, `(group, line)`, in a shuffled order.
     pub fn lines(&self) -> Vec<(usize, String)> {
         let heads: Vec<String> = (0..SYSTEMS)
-            .map(|g| filler(&format!("System prompt {g}. "), g as u64, self.prefix_tokens))
+            .map(|g| {
+                filler(
+                    &format!("System prompt {g}. "),
+                    g as u64,
+                    self.prefix_tokens,
+                )
+            })
             .collect();
         let mut out = Vec::with_capacity(self.prompts());
         for (g, &size) in self.sizes.iter().enumerate() {
@@ -115,8 +121,8 @@ impl Scenario {
     pub fn sim_args(&self, k: usize) -> Vec<String> {
         let speed = self.speeds[k];
         let cap = self.caps[k];
-        let pool = self.cache_prefixes * self.prefix_tokens
-            + cap as usize * (self.question_tokens + 16);
+        let pool =
+            self.cache_prefixes * self.prefix_tokens + cap as usize * (self.question_tokens + 16);
         [
             "--sim-dense",
             "--max-total-tokens",
