@@ -1,16 +1,18 @@
-//! Whole-run benchmarks of prefix-aware placement (issue 26) through the real `fleet` binary
-//! and 8 real `sglang-sim` servers:
+//! Whole-run benchmarks of prefix-aware placement (issues 26 and 38) through the real `fleet`
+//! binary and 8 real `sglang-sim` servers:
 //!
-//! - the job of tests/prefix_job (40 long system prompts × 400 short questions, shuffled, on
-//!   sims whose caches hold about 7 system prompts each) placed by hand (8 `fleet` processes,
-//!   each server given its own 5 system prompts), under `--placement auto`, and under
-//!   `least-loaded` for contrast: times, the ratio to hand-placed, the cached fractions;
+//! - for each of 5 seeds (`--seeds=N`), a job of 40 system prompts × questions, shuffled, whose
+//!   hidden parameters the seed draws (benches/prefix_seeds: prompt lengths, the KV pool, group
+//!   sizes, each server's speed and cap), placed by hand (8 `fleet` processes) and under
+//!   `--placement auto` in the same run: the median and the worst of the ratios, and the
+//!   cached fractions;
+//! - the job of tests/prefix_job under `least-loaded`, for contrast;
 //! - a job with no shared prefixes under `auto` (which picks least-loaded) and `least-loaded`;
 //! - the prefix scan (`fleet generate --dry-run`) of 654,676 prompts: time and peak RSS.
 //!
 //!     cargo bench --bench prefix [-- [FILTER] [--quick]]
 //!
-//! `--quick` runs 40 × 40 prompts and a 50,000-line scan: a smoke test, not the targets.
+//! `--quick` runs 1,600-prompt jobs and a 50,000-line scan: a smoke test, not the targets.
 
 #[path = "../tests/generate_common/mod.rs"]
 mod generate_common;
