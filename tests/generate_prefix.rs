@@ -1,7 +1,8 @@
 //! Prefix placement through the real `fleet` binary on 8 `sglang-sim` servers whose radix
 //! caches hold a few long system prompts each: a shuffled job of 40 system prompts × N short
 //! questions against the same job placed by hand (each server given its own 5 system prompts,
-//! one `fleet generate` each), and against least-loaded; and a server killed mid-job.
+//! one `fleet generate` each), and against least-loaded; a group larger than a server's share,
+//! split; and a server killed mid-job.
 
 mod common;
 mod prefix_job;
@@ -303,4 +304,52 @@ fn servers_whose_radix_cache_is_off_are_flagged_when_the_plan_expected_hits() {
     assert_exactly_once(&out, n);
     // progress.json leaves out a count of cached tokens that never grew.
     assert_eq!(p["cached_tokens"].as_u64().unwrap_or(0), 0);
+}
+
+#[test]
+fn a_group_larger_than_a_servers_share_is_split_over_servers_and_the_caches_still_hit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // System prompt 0 has 400 questions, 1 to 4 have 50: on 4 servers, its home alone would
+    // run twice as long as the job needs while the others idled.
+    let sizes = [400, 50, 50, 50, 50];
+    let mut lines = Vec::new();
+    for (s, &n) in sizes.iter().enumerate() {
+        for q in 0..n {
+            let i = lines.len();
+            let prompt = format!("{}\nQuestion {q}: why?", system_prompt(s));
+            lines.push((
+                s,
+                serde_json::json!({"id": format!("p{i}"), "prompt": prompt}).to_string(),
+            ));
+        }
+    }
+    let system: Vec<usize> = lines.iter().map(|(s, _)| *s).collect();
+    let order = shuffled(lines.len());
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    write_lines(
+        &prompts,
+        &order
+            .iter()
+            .map(|&i| lines[i].1.clone())
+            .collect::<Vec<_>>(),
+    );
+    let sims: Vec<Sim> = (0..4).map(|_| Sim::start(&sim_args("0.02"))).collect();
+    let urls: Vec<&str> = sims.iter().map(|s| s.url.as_str()).collect();
+    let out = tmp.path().join("out");
+    run(&prompts, &out, &urls, &["--placement", "prefix"]);
+    assert_exactly_once(&out, lines.len());
+    let mut on: HashMap<usize, HashSet<String>> = HashMap::new();
+    for c in completions(&out) {
+        let i: usize = c["id"].as_str().unwrap()[1..].parse().unwrap();
+        on.entry(system[i])
+            .or_default()
+            .insert(c["instance"].to_string());
+    }
+    assert!(on[&0].len() >= 2, "the large group stayed on {:?}", on[&0]);
+    // A part is split off only with a window or more of it: a prefill per part, not per
+    // request.
+    let homes: usize = on.values().map(HashSet::len).sum();
+    assert!(homes <= sizes.len() + 6, "{on:?}");
+    assert!(hit_rate(&out) > 0.9, "{}", hit_rate(&out));
 }

@@ -13,6 +13,12 @@
 //!   [`MIN_STEAL`] requests), and the thief's work then still below the victim's. A group
 //!   moved for a few last requests costs the thief a prefill that stalls its whole batch,
 //!   which is how the job's tail grew longer than the work it moved.
+//! - When no whole group qualifies (the victim is on its only group, or its groups are too
+//!   large to move without leaving the thief behind), the thief splits one: it takes half the
+//!   pair's difference of the group's queued and unread requests, at least a window, so one
+//!   prefill buys a window or more. The group then has two homes, and its prompts still to come
+//!   go to each in proportion to what each was left to read. One group larger than a server's
+//!   share of the job, or a home slower than the rest, saturated while the others idled.
 //! - A server that is out loses its groups, each moved whole to the server with the least work.
 //! - Prompts in no group go to the least-loaded server, as [`super::LeastLoaded`] would.
 
@@ -30,15 +36,23 @@ const READ_AHEAD_PER_SLOT: usize = 16;
 const MIN_READ_AHEAD: usize = 1024;
 /// A stolen group's requests at least, or the thief's window when that is less.
 const MIN_STEAL: u32 = 16;
+/// Completions every server is taken to have before its own count, in the estimate of its
+/// speed: a few windows, so that the first few answers do not decide it.
+const RATE_PRIOR: u64 = 64;
 
 #[derive(Debug)]
 struct Group {
     home: usize,
     /// Planned work, for balancing.
     work: u64,
-    /// Its prompts the plan counted that were not queued yet (until the input's end).
+    /// Its prompts the plan counted that were not queued yet (until the input's end): of a
+    /// split group, the share this part is to get of them.
     unread: u64,
     queue: VecDeque<(Ticket, Option<usize>)>,
+    /// The group it was split off, or itself: the one the prefix's key names.
+    root: usize,
+    /// Of a root, the parts split off it, each on another server.
+    parts: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -62,6 +76,8 @@ pub struct Prefix {
     input_ended: bool,
     /// Groups moved to another server, by stealing or loss.
     moves: u64,
+    /// Parts of groups split off to another server.
+    splits: u64,
     blocks: Vec<u64>,
     order: Vec<usize>,
 }
@@ -90,6 +106,7 @@ impl Prefix {
             queued: 0,
             input_ended: false,
             moves: 0,
+            splits: 0,
             blocks: Vec::new(),
             order: Vec::new(),
         };
@@ -136,6 +153,11 @@ impl Prefix {
         self.moves
     }
 
+    /// Parts of groups split off to another server so far.
+    pub fn splits(&self) -> u64 {
+        self.splits
+    }
+
     fn add_group(&mut self, key: GroupKey, work: u64, prompts: u64, home: usize) -> usize {
         let g = self.groups.len();
         let unread = if self.input_ended { 0 } else { prompts };
@@ -144,12 +166,30 @@ impl Prefix {
             work,
             unread,
             queue: VecDeque::new(),
+            root: g,
+            parts: Vec::new(),
         });
         self.index.insert(key, g);
         self.own[home].push(g);
         self.assigned[home] += work;
         self.own_unread[home] += unread;
         g
+    }
+
+    /// The part of root group `g` a new prompt of it goes to: the one with the most of the
+    /// group still to read, else the one whose server has the least queued.
+    fn part_for(&self, g: usize) -> usize {
+        let parts = &self.groups[g].parts;
+        if parts.is_empty() {
+            return g;
+        }
+        std::iter::once(g)
+            .chain(parts.iter().copied())
+            .min_by_key(|&p| {
+                let part = &self.groups[p];
+                (std::cmp::Reverse(part.unread), self.own_queued[part.home])
+            })
+            .unwrap_or(g)
     }
 
     /// Requests of group `g` still to go: queued, and not read yet.
@@ -179,6 +219,7 @@ impl Prefix {
         self.queued += 1;
         let q = match self.group_of(&r) {
             Some(g) => {
+                let g = self.part_for(g);
                 let home = self.groups[g].home;
                 self.own_queued[home] += 1;
                 // A retry comes back too: the count is an estimate, exact from the input's end.
@@ -253,26 +294,28 @@ impl Prefix {
     }
 
     /// Server `s` takes the group, queued on another server and not the one it is on, whose
-    /// move ends the pair's work soonest, when one ends it sooner at all: the thief's work
+    /// move ends the pair's work soonest, when one ends it sooner at all: the thief's time
     /// after is below the victim's before, and the group fills at least a window of the thief.
+    /// Else it splits one ([`Prefix::split_for`]).
     fn steal_for(&mut self, s: usize, servers: &[ServerState]) -> bool {
-        let mine = self.left(s, servers);
+        let (mine, rs) = (self.left(s, servers) as f64, rate(&servers[s]));
         let at_least = u64::from(servers[s].limit.clamp(1, MIN_STEAL));
-        let mut best: Option<(u64, usize)> = None;
+        let floor = at_least as f64;
+        let mut best: Option<(f64, usize)> = None;
         for v in (0..self.own.len()).filter(|&v| v != s) {
-            let theirs = self.left(v, servers);
-            if theirs <= mine + at_least {
+            let (theirs, rv) = (self.left(v, servers) as f64, rate(&servers[v]));
+            if theirs / rv <= (mine + floor) / rs {
                 continue;
             }
             for &g in &self.own[v] {
                 if self.active[v] == Some(g) || self.groups[g].queue.is_empty() {
                     continue;
                 }
-                let n = self.pending(g);
-                if n < at_least || mine + n >= theirs {
+                let n = self.pending(g) as f64;
+                if n < floor || (mine + n) / rs >= theirs / rv {
                     continue;
                 }
-                let after = (mine + n).max(theirs - n);
+                let after = ((mine + n) / rs).max((theirs - n) / rv);
                 if best.is_none_or(|(b, _)| after < b) {
                     best = Some((after, g));
                 }
@@ -283,14 +326,104 @@ impl Prefix {
                 self.move_group(g, s);
                 true
             }
-            None => false,
+            None => self.split_for(s, at_least, servers),
         }
+    }
+
+    /// Server `s` takes part of a group queued on a server that would finish later, the group
+    /// that server is on too: as much as ends the two at the same time, at least `at_least`,
+    /// from the group that evens the pair best.
+    fn split_for(&mut self, s: usize, at_least: u64, servers: &[ServerState]) -> bool {
+        let (mine, rs) = (self.left(s, servers) as f64, rate(&servers[s]));
+        let floor = at_least as f64;
+        let mut best: Option<(f64, usize, u64)> = None;
+        for v in (0..self.own.len()).filter(|&v| v != s) {
+            let (theirs, rv) = (self.left(v, servers) as f64, rate(&servers[v]));
+            // Both done together: (mine + k) / rs = (theirs - k) / rv.
+            let even = (theirs * rs - mine * rv) / (rs + rv);
+            if even < floor {
+                continue;
+            }
+            for &g in &self.own[v] {
+                if self.groups[g].queue.is_empty() {
+                    continue;
+                }
+                let take = even.min(self.pending(g) as f64).floor();
+                if take < floor {
+                    continue;
+                }
+                let after = ((mine + take) / rs).max((theirs - take) / rv);
+                if best.is_none_or(|(b, _, _)| after < b) {
+                    best = Some((after, g, take as u64));
+                }
+            }
+        }
+        let Some((_, g, take)) = best else {
+            return false;
+        };
+        self.split(g, s, take);
+        true
+    }
+
+    /// Moves `take` of group `g`'s requests to a part of it on server `to`: queued ones from the
+    /// back first (the front goes out next where it is), then its share of those unread.
+    fn split(&mut self, g: usize, to: usize, take: u64) {
+        let from = self.groups[g].home;
+        let root = self.groups[g].root;
+        let part = match self.groups[root]
+            .parts
+            .iter()
+            .chain(std::iter::once(&root))
+            .copied()
+            .find(|&p| self.groups[p].home == to)
+        {
+            Some(p) => p,
+            None => {
+                let p = self.groups.len();
+                self.groups.push(Group {
+                    home: to,
+                    work: 0,
+                    unread: 0,
+                    queue: VecDeque::new(),
+                    root,
+                    parts: Vec::new(),
+                });
+                self.groups[root].parts.push(p);
+                self.own[to].push(p);
+                p
+            }
+        };
+        let queued = (self.groups[g].queue.len() as u64).min(take);
+        let unread = (take - queued).min(self.groups[g].unread);
+        let keep = self.groups[g].queue.len() - queued as usize;
+        let moved = self.groups[g].queue.split_off(keep);
+        self.groups[part].queue.extend(moved);
+        self.groups[g].unread -= unread;
+        self.groups[part].unread += unread;
+        let moved_n = queued + unread;
+        let work = self.groups[g].work * moved_n / (self.pending(g) + moved_n).max(1);
+        self.groups[g].work -= work;
+        self.groups[part].work += work;
+        let q = queued as usize;
+        self.own_queued[from] -= q;
+        self.own_queued[to] += q;
+        self.own_unread[from] -= unread;
+        self.own_unread[to] += unread;
+        self.assigned[from] = self.assigned[from].saturating_sub(work);
+        self.assigned[to] += work;
+        self.splits += 1;
     }
 
     fn read_ahead(servers: &[ServerState]) -> usize {
         let slots: usize = servers.iter().map(|s| s.limit as usize).sum();
         (slots * READ_AHEAD_PER_SLOT).max(MIN_READ_AHEAD)
     }
+}
+
+/// A server's speed, relative to the others': the requests it finished, plus [`RATE_PRIOR`]
+/// so that servers are taken as equal until they have finished some.
+fn rate(s: &ServerState) -> f64 {
+    (s.completed + RATE_PRIOR) as f64
 }
 
 /// The index with the least value among those `ok` allows; ties go to the first.

@@ -342,3 +342,84 @@ fn prompts_in_no_group_go_to_the_least_loaded_and_a_retry_avoids_where_it_failed
     let servers = [up(0, 4), up(0, 4)];
     assert_eq!(p.next(&servers), Some((Ticket(1), 1 - home)));
 }
+
+/// The home of system prompt `s`'s group.
+fn home_of(p: &Prefix, plan: &PrefixPlan, s: usize) -> usize {
+    let mut b = Vec::new();
+    block_hashes(&Prompt::Text(text(s, 0)), &mut b);
+    let key = plan.prefixes.group_of(&b).unwrap();
+    p.homes().find(|(k, _)| *k == key).unwrap().1
+}
+
+/// Queues `sizes[s]` questions of each system prompt `s`, ticket `s * 1000 + q`.
+fn queue_sized(p: &mut Prefix, sizes: &[usize]) {
+    for (s, &n) in sizes.iter().enumerate() {
+        for q in 0..n {
+            hand(p, (s * 1000 + q) as u64, &text(s, q), None);
+        }
+    }
+}
+
+#[test]
+fn an_idle_server_splits_the_group_a_saturated_home_is_on_and_takes_what_evens_the_pair() {
+    // One group larger than a server's share: its home is on it, and nothing else is whole to
+    // take. Before the split, the other server finished its own and idled to the end.
+    let plan = plan_sized(&[(0, 100), (1, 20)]);
+    let mut p = Prefix::new(&plan, 2);
+    queue_sized(&mut p, &[100, 20]);
+    p.input_end();
+    let (big, small) = (home_of(&p, &plan, 0), home_of(&p, &plan, 1));
+    assert_ne!(big, small);
+    let mut servers = [up(0, 16), up(0, 16)];
+    servers[small] = up(16, 16);
+    let (t, s) = p.next(&servers).unwrap();
+    assert_eq!((t.0 / 1000, s), (0, big), "the home starts on its group");
+    servers[big] = up(16, 16);
+    servers[small] = up(0, 16);
+    let own: Vec<_> = (0..20).map(|_| p.next(&servers).unwrap()).collect();
+    assert!(own.iter().all(|&(t, s)| t.0 / 1000 == 1 && s == small));
+    // Idle: 16 in flight and 99 queued there, none here: it takes 57, from the back of the
+    // queue, and one prefill of the prefix buys all of them.
+    let (t, s) = p.next(&servers).unwrap();
+    assert_eq!((t.0, s), (43, small), "the back of the queue: {t:?}");
+    assert_eq!((p.splits(), p.moves()), (1, 0));
+    assert_eq!(p.own_queued[small], 56);
+    assert_eq!(p.own_queued[big], 42);
+    // The home goes on with the front of its queue.
+    servers[big] = up(15, 16);
+    servers[small] = up(16, 16);
+    assert_eq!(p.next(&servers), Some((Ticket(1), big)));
+}
+
+#[test]
+fn a_split_takes_from_the_server_that_would_finish_last_by_its_speed_so_far() {
+    // Two homes with as much left, one of them twice as fast so far: the thief splits the
+    // slow one's group, and takes what ends the two together.
+    let plan = plan_sized(&[(0, 60), (1, 60), (2, 16)]);
+    let mut p = Prefix::new(&plan, 3);
+    queue_sized(&mut p, &[60, 60, 16]);
+    p.input_end();
+    let homes: Vec<usize> = (0..3).map(|s| home_of(&p, &plan, s)).collect();
+    let (fast, slow, thief) = (homes[0], homes[1], homes[2]);
+    let mut servers = [up(16, 16), up(16, 16), up(16, 16)];
+    for &h in &[fast, slow] {
+        servers[h] = up(0, 16);
+        assert_eq!(p.next(&servers).map(|(_, s)| s), Some(h));
+        servers[h] = up(16, 16);
+    }
+    servers[fast].completed = 400;
+    servers[slow].completed = 136;
+    servers[thief] = up(0, 16);
+    for _ in 0..16 {
+        assert_eq!(p.next(&servers).map(|(_, s)| s), Some(thief));
+    }
+    let (t, s) = p.next(&servers).unwrap();
+    assert_eq!(
+        (t.0 / 1000, s),
+        (homes.iter().position(|&h| h == slow).unwrap() as u64, thief)
+    );
+    // The slow one: 16 + 59 left at a rate of 200 (136 + the prior); the thief at 64 (the
+    // prior), none left: 18 of them end the two together, 18 / 64 = (75 - 18) / 200 or near.
+    assert_eq!(p.own_queued[thief] + 1, 18);
+    assert_eq!((p.splits(), p.moves()), (1, 0));
+}
