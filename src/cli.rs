@@ -7,8 +7,13 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::render::Format;
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 90s, 20m, 1h)"))
+/// A duration flag clap could not read, with the forms it takes.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} (use e.g. 90s, 20m, 1h)")]
+pub struct DurationArgError(#[from] humantime::DurationError);
+
+fn parse_duration(s: &str) -> Result<Duration, DurationArgError> {
+    Ok(humantime::parse_duration(s)?)
 }
 
 #[derive(Debug, Parser)]

@@ -347,22 +347,30 @@ async fn fleet_targets(
     Ok((fleet, targets, serving, profiles.into_iter().collect()))
 }
 
-/// The prompts must be a regular file: the job reads it twice (the id pre-pass, then the run)
+/// Why the prompts cannot be read: the job reads them twice (the id pre-pass, then the run)
 /// and resumes by byte offset, which a pipe or standard input cannot give.
-fn prompts_file(path: &std::path::Path) -> Result<(), String> {
-    let why = "fleet reads the prompts twice (an id check before any request, then the job) \
-               and resumes by byte offset, so it needs a regular file; save the stream to a file \
-               first";
+#[derive(Debug, thiserror::Error)]
+enum PromptsFileError {
+    #[error("--prompts -: standard input cannot be used: {WHY}")]
+    Stdin,
+    #[error("--prompts {}: not a regular file (a pipe or a directory): {WHY}", .0.display())]
+    NotRegular(std::path::PathBuf),
+    #[error("--prompts {}: no such file", .0.display())]
+    Missing(std::path::PathBuf),
+}
+
+const WHY: &str = "fleet reads the prompts twice (an id check before any request, then the \
+                   job) and resumes by byte offset, so it needs a regular file; save the stream \
+                   to a file first";
+
+fn prompts_file(path: &std::path::Path) -> Result<(), PromptsFileError> {
     if path.as_os_str() == "-" {
-        return Err(format!("--prompts -: standard input cannot be used: {why}"));
+        return Err(PromptsFileError::Stdin);
     }
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(format!(
-            "--prompts {}: not a regular file (a pipe or a directory): {why}",
-            path.display()
-        )),
-        Err(_) => Err(format!("--prompts {}: no such file", path.display())),
+        Ok(_) => Err(PromptsFileError::NotRegular(path.to_path_buf())),
+        Err(_) => Err(PromptsFileError::Missing(path.to_path_buf())),
     }
 }
 

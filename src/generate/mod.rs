@@ -106,16 +106,19 @@ pub enum PlacementMode {
     LeastLoaded,
 }
 
+/// A `--placement` that names no placement.
+#[derive(Debug, thiserror::Error)]
+#[error("--placement {0:?}: expected auto, prefix or least-loaded")]
+pub struct UnknownPlacement(String);
+
 impl std::str::FromStr for PlacementMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPlacement;
+    fn from_str(s: &str) -> Result<Self, UnknownPlacement> {
         match s {
             "auto" => Ok(PlacementMode::Auto),
             "prefix" => Ok(PlacementMode::Prefix),
             "least-loaded" => Ok(PlacementMode::LeastLoaded),
-            other => Err(format!(
-                "--placement {other:?}: expected auto, prefix or least-loaded"
-            )),
+            other => Err(UnknownPlacement(other.to_string())),
         }
     }
 }
