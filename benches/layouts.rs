@@ -8,16 +8,11 @@
 //!
 //! `--quick` runs the first two cases.
 
+mod board_sweep;
 mod headline;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
-
+use board_sweep::{BoardWorld, SIM, median};
 use serde_json::Value;
-
-const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
-const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
 const LAYOUTS: [u32; 4] = [1, 2, 4, 8];
 
 /// (name, board fixture, model weights GiB).
@@ -37,84 +32,27 @@ const CASES: [(&str, &str, u32); 5] = [
     ("PCIe without switches, 120 GiB", "pcie-8-no-switch", 120),
 ];
 
-struct World {
-    dir: tempfile::TempDir,
-    board: PathBuf,
+/// The board and a sim model of `weights` GiB, whose best layout the search is never told.
+fn world(board: &str, weights: u32) -> BoardWorld {
+    BoardWorld::new(board, "big", |_, port_base| {
+        format!(
+            "model: /models/big\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  \
+             mamba_strategy: no_buffer\n  extra_args: [--sim-weights-gib, \"{weights}\"]\n\
+             env:\n  SGLANG_SIM_STARTUP_SECS: \"10\"\n  SGLANG_SIM_TIME_SCALE: \"20\"\n\
+             health: {{startup_timeout: 60s, poll: 1s}}\n"
+        )
+    })
 }
 
-impl World {
-    fn new(board: &str, weights: u32) -> World {
-        let dir = tempfile::tempdir().unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        std::fs::write(
-            dir.path().join("fleet.yaml"),
-            "hosts:\n  - name: local\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n",
-        )
-        .unwrap();
-        std::fs::create_dir_all(dir.path().join("profiles")).unwrap();
-        std::fs::write(
-            dir.path().join("profiles/big.yaml"),
-            format!(
-                "model: /models/big\nlauncher: [{SIM}]\nport_base: {}\nserver:\n  \
-                 mamba_strategy: no_buffer\n  extra_args: [--sim-weights-gib, \"{weights}\"]\n\
-                 env:\n  SGLANG_SIM_STARTUP_SECS: \"10\"\n  SGLANG_SIM_TIME_SCALE: \"20\"\n\
-                 health: {{startup_timeout: 60s, poll: 1s}}\n",
-                free_base()
-            ),
-        )
-        .unwrap();
-        World {
-            board: root.join(format!("tests/fixtures/boards/{board}.txt")),
-            dir,
-        }
-    }
-
-    /// `fleet sweep` of `tp_sizes` with the bench's windows: its JSON and wall seconds.
-    fn sweep(&self, tp_sizes: &str) -> (Value, f64) {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let path = format!(
-            "{}:{}:{}",
-            root.join("tests/fixtures/bin").display(),
-            Path::new(SIM).parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let began = Instant::now();
-        let out = Command::new(FLEET)
-            .current_dir(self.dir.path())
-            .env("PATH", path)
-            .env("FAKE_NVIDIA_SMI_TOPO", &self.board)
-            .env("FLEET_RUN_DIR", self.dir.path().join("run"))
-            .env("SGLANG_SIM_GPU_STATE_DIR", self.dir.path().join("gpus"))
-            .env_remove("FLEET_CONFIG")
-            .args([
-                "--config",
-                "fleet.yaml",
-                "--json",
-                "sweep",
-                "--profile",
-                "big",
-            ])
-            .args(["--set", &format!("server.tp_size={tp_sizes}")])
-            .args(["--input-len", "64", "--output-len", "256"])
-            .args(["--warmup", "3s", "--duration", "12s"])
-            .arg("--out")
-            .arg(self.dir.path().join(format!("sweep-{tp_sizes}.json")))
-            .output()
-            .unwrap();
-        let wall = began.elapsed().as_secs_f64();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{e}: {text}\n{}", String::from_utf8_lossy(&out.stderr)));
-        (v, wall)
-    }
-}
-
-/// A port base whose 8 ports are free now (GPU i serves on base + i).
-fn free_base() -> u16 {
-    (20000u16..60000)
-        .step_by(97)
-        .find(|base| (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()))
-        .expect("8 free ports")
+/// `fleet sweep` of `tp_sizes` with the bench's windows: its JSON and wall seconds.
+fn sweep(w: &BoardWorld, tp_sizes: &str) -> (Value, f64) {
+    let set = format!("server.tp_size={tp_sizes}");
+    let args = ["--set", &set, "--input-len", "64", "--output-len", "256"];
+    let windows = ["--warmup", "3s", "--duration", "12s"];
+    w.sweep(
+        &[&args[..], &windows[..]].concat(),
+        &format!("sweep-{tp_sizes}.json"),
+    )
 }
 
 fn per_gpu(report: &Value, tp: u32) -> Option<f64> {
@@ -125,11 +63,6 @@ fn per_gpu(report: &Value, tp: u32) -> Option<f64> {
         .as_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     let cases = if headline::quick() {
         &CASES[..2]
@@ -138,14 +71,14 @@ fn main() {
     };
     let (mut distances, mut walls) = (Vec::new(), Vec::new());
     for (name, board, weights) in cases {
-        let w = World::new(board, *weights);
-        let (search, wall) = w.sweep("1,2,4,8");
+        let w = world(board, *weights);
+        let (search, wall) = sweep(&w, "1,2,4,8");
         let winner = search["winner"].as_str().unwrap_or_default().to_string();
         // The truth: each layout alone, as the search would have seen it with no rival.
         let mut truth = Vec::new();
         let mut alone = Vec::new();
         for tp in LAYOUTS {
-            let (one, secs) = w.sweep(&tp.to_string());
+            let (one, secs) = sweep(&w, &tp.to_string());
             if let Some(t) = per_gpu(&one, tp) {
                 truth.push((tp, t));
                 alone.push((tp, secs));

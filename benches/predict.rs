@@ -9,15 +9,10 @@
 //!
 //! `--quick` runs the first two cases.
 
+mod board_sweep;
 mod headline;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use serde_json::Value;
-
-const SIM: &str = env!("CARGO_BIN_EXE_sglang-sim");
-const FLEET: &str = env!("CARGO_BIN_EXE_fleet");
+use board_sweep::{BoardWorld, SIM, median};
 
 /// A dense model: (layers, attention heads, KV heads, head dim, context, weights GiB).
 type Shape = (u32, u32, u32, u32, u32, u64);
@@ -56,16 +51,11 @@ const CASES: [(&str, &str, Shape, f64); 5] = [
     ),
 ];
 
-struct World {
-    dir: tempfile::TempDir,
-    board: PathBuf,
-}
-
-impl World {
-    fn new(board: &str, shape: Shape, fraction: f64) -> World {
-        let dir = tempfile::tempdir().unwrap();
+/// The board and a dense model on disk of `shape`, a `config.json` and sparse weight files.
+fn world(board: &str, shape: Shape, fraction: f64) -> BoardWorld {
+    BoardWorld::new(board, "dense", |dir, port_base| {
         let (layers, heads, kv, head_dim, context, gib) = shape;
-        let model = dir.path().join("model");
+        let model = dir.join("model");
         std::fs::create_dir_all(&model).unwrap();
         std::fs::write(
             model.join("config.json"),
@@ -82,79 +72,30 @@ impl World {
                 .set_len((gib << 30) / 4)
                 .unwrap();
         }
-        std::fs::write(
-            dir.path().join("fleet.yaml"),
-            "hosts:\n  - name: local\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n",
+        format!(
+            "model: {}\nlauncher: [{SIM}]\nport_base: {port_base}\nserver:\n  \
+             mem_fraction_static: {fraction}\n  extra_args: [--sim-instant]\n\
+             env:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_TIME_SCALE: \"20\"\n\
+             health: {{startup_timeout: 60s, poll: 1s}}\n",
+            model.display()
         )
-        .unwrap();
-        std::fs::create_dir_all(dir.path().join("profiles")).unwrap();
-        std::fs::write(
-            dir.path().join("profiles/dense.yaml"),
-            format!(
-                "model: {}\nlauncher: [{SIM}]\nport_base: {}\nserver:\n  \
-                 mem_fraction_static: {fraction}\n  extra_args: [--sim-instant]\n\
-                 env:\n  SGLANG_SIM_STARTUP_SECS: \"1\"\n  SGLANG_SIM_TIME_SCALE: \"20\"\n\
-                 health: {{startup_timeout: 60s, poll: 1s}}\n",
-                model.display(),
-                free_base()
-            ),
-        )
-        .unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        World {
-            board: root.join(format!("tests/fixtures/boards/{board}.txt")),
-            dir,
-        }
-    }
-
-    fn sweep(&self) -> Value {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let path = format!(
-            "{}:{}:{}",
-            root.join("tests/fixtures/bin").display(),
-            Path::new(SIM).parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let out = Command::new(FLEET)
-            .current_dir(self.dir.path())
-            .env("PATH", path)
-            .env("FAKE_NVIDIA_SMI_TOPO", &self.board)
-            .env("FLEET_RUN_DIR", self.dir.path().join("run"))
-            .env("SGLANG_SIM_GPU_STATE_DIR", self.dir.path().join("gpus"))
-            .env_remove("FLEET_CONFIG")
-            .args([
-                "--config",
-                "fleet.yaml",
-                "--json",
-                "sweep",
-                "--profile",
-                "dense",
-            ])
-            .args(["--set", "server.tp_size=1,2,4,8"])
-            .args(["--input-len", "16", "--output-len", "8"])
-            .args(["--warmup", "1s", "--duration", "2s", "--no-prune"])
-            .arg("--out")
-            .arg(self.dir.path().join("sweep.json"))
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{e}: {text}\n{}", String::from_utf8_lossy(&out.stderr)))
-    }
+    })
 }
 
-/// A port base whose 8 ports are free now (GPU i serves on base + i).
-fn free_base() -> u16 {
-    (20000u16..60000)
-        .step_by(97)
-        .find(|base| (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()))
-        .expect("8 free ports")
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+/// Every layout, none pruned: each one that runs is a prediction to check.
+const SWEEP: [&str; 11] = [
+    "--set",
+    "server.tp_size=1,2,4,8",
+    "--input-len",
+    "16",
+    "--output-len",
+    "8",
+    "--warmup",
+    "1s",
+    "--duration",
+    "2s",
+    "--no-prune",
+];
 
 fn main() {
     let cases = if headline::quick() {
@@ -165,7 +106,7 @@ fn main() {
     let (mut cap_err, mut kv_err) = (Vec::new(), Vec::new());
     let (mut skipped, mut failed, mut outside) = (0, 0, 0);
     for (name, board, shape, fraction) in cases {
-        let r = World::new(board, *shape, *fraction).sweep();
+        let (r, _) = world(board, *shape, *fraction).sweep(&SWEEP, "sweep.json");
         let rows = r["rows"].as_array().cloned().unwrap_or_default();
         let kind = |k: &str| {
             rows.iter()
