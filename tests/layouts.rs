@@ -339,4 +339,39 @@ fn a_layout_predicted_not_to_fit_is_skipped_and_the_others_prediction_is_held_to
         .find(|l| l.contains("tp_size=2") && l.contains("139289"))
         .unwrap_or_else(|| panic!("no prediction row in\n{text}"));
     assert!(line.contains("+0.0%"), "{line}");
+
+    // The page, as a browser builds it: the skipped layout is shown skipped, with its numbers,
+    // and not as a failure.
+    let html = b.world.home.path().join("report.html");
+    let (code, text, err) = b.fleet(&[
+        "report",
+        out.to_str().unwrap(),
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}\n{err}");
+    let dom = common::chromium::rendered_dom(&b.world.home.path().join("chromium"), &html);
+    let row = |table: &str| {
+        let t = &dom[dom
+            .find(&format!("id=\"{table}\""))
+            .unwrap_or_else(|| panic!("no {table}"))..];
+        t[..t.find("</table>").unwrap()].to_string()
+    };
+    let sweep = row("sweep-table");
+    let tp1 = &sweep[sweep
+        .find("<td>tp_size=1</td>")
+        .unwrap_or_else(|| panic!("{sweep}"))..];
+    assert!(
+        tp1.starts_with("<td>tp_size=1</td><td>skipped</td>"),
+        "{tp1}"
+    );
+    assert!(
+        row("skipped-candidates").contains("weights 120.0 GiB per GPU"),
+        "the reason, with its numbers"
+    );
+    assert!(!dom.contains("id=\"failed-candidates\""), "nothing failed");
+    assert!(
+        dom.contains("class=\"skipped\""),
+        "the bar is drawn as skipped"
+    );
 }

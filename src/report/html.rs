@@ -35,8 +35,8 @@ td.why{text-align:left}td.log-line code{font:12px ui-monospace,Menlo,Consolas,mo
 svg text{font:11px system-ui,sans-serif;fill:#333}
 svg text.title{font-size:13px;font-weight:600}
 svg .grid{stroke:#e6e6e6}
-svg rect.winner{fill:#2ca02c}svg rect.measured{fill:#1f77b4}svg rect.pruned{fill:#ff7f0e}svg rect.failed{fill:#d62728}
-svg circle.measured{fill:#1f77b4}svg circle.pruned{fill:#7f7f7f}svg circle.breaks{fill:none;stroke:#9467bd;stroke-width:1.5}svg path.oom{stroke:#d62728;stroke-width:2}svg path.failed{stroke:#7f7f7f;stroke-width:2}svg path.best{stroke:#2ca02c;stroke-width:2}
+svg rect.winner{fill:#2ca02c}svg rect.measured{fill:#1f77b4}svg rect.pruned{fill:#ff7f0e}svg rect.failed{fill:#d62728}svg rect.skipped{fill:#bbbbbb}
+svg circle.measured{fill:#1f77b4}svg circle.pruned{fill:#7f7f7f}svg circle.breaks{fill:none;stroke:#9467bd;stroke-width:1.5}svg path.oom{stroke:#d62728;stroke-width:2}svg path.failed{stroke:#7f7f7f;stroke-width:2}svg path.skipped{stroke:#bbbbbb;stroke-width:2}svg path.best{stroke:#2ca02c;stroke-width:2}
 svg .whisker{stroke:#000;stroke-width:1.5}
 svg .series{fill:none;stroke-width:1.8}
 svg .mark{stroke:#888;stroke-width:1;stroke-dasharray:2 3}
@@ -90,9 +90,7 @@ fn ms(p: Option<crate::sweep::rank::Percentiles>) -> (String, String) {
 fn class(r: &CandidateRow) -> &'static str {
     match r.state {
         _ if r.winner => "winner",
-        State::Measured => "measured",
-        State::Pruned => "pruned",
-        State::Failed => "failed",
+        state => state.word(),
     }
 }
 
@@ -105,9 +103,10 @@ fn sweep(s: &SweepView) -> Markup {
             value: r.tok_s_per_gpu.unwrap_or(0.0),
             interval: r.interval.map(|e| (e.low, e.high)),
             class: class(r),
-            note: r.failure.as_ref().map(|_| match &r.log_line {
-                Some(l) => format!("failed: {}", l.split(": ").next().unwrap_or(l)),
-                None => "failed".into(),
+            note: r.failure.as_ref().map(|_| match (&r.state, &r.log_line) {
+                (State::Skipped, _) => "skipped: predicted not to fit".into(),
+                (_, Some(l)) => format!("failed: {}", l.split(": ").next().unwrap_or(l)),
+                (_, None) => "failed".into(),
             }),
         })
         .collect();
@@ -121,6 +120,7 @@ fn sweep(s: &SweepView) -> Markup {
             note: match (&r.state, &r.pruned_by, &r.failure) {
                 (State::Pruned, Some(l), _) => format!("pruned by {l}"),
                 (State::Failed, _, Some(_)) => "failed".into(),
+                (State::Skipped, _, _) => "skipped before the start".into(),
                 _ if r.windows > 1 && r.winner => format!("{} full windows, winner", r.windows),
                 _ if r.windows > 1 => format!("{} full windows", r.windows),
                 _ if r.winner => "full window, winner".into(),
@@ -145,7 +145,7 @@ fn sweep(s: &SweepView) -> Markup {
                     @let (i50, i99) = ms(r.itl_s);
                     tr class=(if r.winner { "winner" } else { "" }) {
                         td { (r.label) }
-                        td { @match r.state { State::Measured => "measured", State::Pruned => "pruned", State::Failed => "failed" } }
+                        td { (r.state.word()) }
                         td { (opt(r.tok_s_per_gpu)) }
                         td { @if let Some(e) = r.interval { (short(e.low)) "–" (short(e.high)) } @else { "-" } }
                         td { (t50) " / " (t99) }
@@ -172,7 +172,18 @@ fn sweep(s: &SweepView) -> Markup {
                 }
             }
         }
-        @let failed: Vec<&CandidateRow> = s.rows.iter().filter(|r| r.failure.is_some()).collect();
+        @let skipped: Vec<&CandidateRow> = s.rows.iter().filter(|r| r.state == State::Skipped).collect();
+        @if !skipped.is_empty() {
+            h3 { "Skipped before the start" }
+            table #skipped-candidates {
+                thead { tr { th { "candidate" } th.why { "why: the memory predicted from the model's files" } } }
+                tbody { @for r in skipped { tr {
+                    td { (r.label) }
+                    td.why { (r.failure.as_deref().unwrap_or("")) }
+                } } }
+            }
+        }
+        @let failed: Vec<&CandidateRow> = s.rows.iter().filter(|r| r.state == State::Failed).collect();
         @if !failed.is_empty() {
             h3 { "Failed candidates" }
             table #failed-candidates {

@@ -10,7 +10,7 @@ use crate::generate::progress::Progress;
 use crate::generate::timeline::{Mark, Point, Timeline};
 use crate::sweep::file::SweepFile;
 use crate::sweep::rank::output_tokens;
-use crate::sweep::rank::{self, Dataset, FirstWindow, Outcome, Percentiles};
+use crate::sweep::rank::{self, Dataset, Failure, FirstWindow, Outcome, Percentiles};
 use crate::sweep::stats::Estimate;
 
 /// Everything one report shows.
@@ -42,6 +42,11 @@ pub enum Finding {
         #[serde(skip_serializing_if = "Option::is_none")]
         log_line: Option<String>,
     },
+    /// Never started: predicted not to fit.
+    Skipped {
+        label: String,
+        reason: String,
+    },
     Pending {
         label: String,
     },
@@ -65,6 +70,20 @@ pub enum State {
     Measured,
     Pruned,
     Failed,
+    /// Never started: predicted before the start not to fit in GPU memory.
+    Skipped,
+}
+
+impl State {
+    /// The state as the tables name it.
+    pub fn word(self) -> &'static str {
+        match self {
+            State::Measured => "measured",
+            State::Pruned => "pruned",
+            State::Failed => "failed",
+            State::Skipped => "skipped",
+        }
+    }
 }
 
 /// One candidate of the sweep.
@@ -223,6 +242,11 @@ fn sweep_view(
                     Some(p.leader_label.clone()),
                     None,
                 ),
+                Outcome::Failed {
+                    kind: Failure::Predicted,
+                    reason,
+                    ..
+                } => (State::Skipped, 0.0, None, Some(reason.clone())),
                 Outcome::Failed { reason, .. } => (State::Failed, 0.0, None, Some(reason.clone())),
             };
             let tok = m.map(|m| m.output_tok_s_per_gpu);
@@ -297,7 +321,12 @@ fn findings(sweep: Option<&SweepView>, job: Option<&JobView>) -> Vec<Finding> {
                     leader: leader.clone(),
                 });
             }
-            if let Some(reason) = &r.failure {
+            if let (State::Skipped, Some(reason)) = (r.state, &r.failure) {
+                out.push(Finding::Skipped {
+                    label: r.label.clone(),
+                    reason: reason.clone(),
+                });
+            } else if let Some(reason) = &r.failure {
                 out.push(Finding::CandidateFailed {
                     label: r.label.clone(),
                     reason: reason.clone(),
@@ -366,6 +395,9 @@ impl Finding {
                 reason,
                 log_line: Some(line),
             } => format!("{label} failed: {line} ({reason})"),
+            Finding::Skipped { label, reason } => {
+                format!("{label} was skipped before the start: {reason}")
+            }
             Finding::Pending { label } => format!("{label} has no finished trial yet"),
             Finding::PromptsFailed { reason, prompts } => {
                 format!("{prompts} prompt(s) failed for good: {reason} (see failed.jsonl)")

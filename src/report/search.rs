@@ -21,6 +21,8 @@ pub enum Kind {
     /// Measured, but broke a `--slo` limit.
     Breaks,
     OutOfMemory,
+    /// Never started: predicted not to fit.
+    Skipped,
     Failed,
 }
 
@@ -110,6 +112,10 @@ pub fn view(file: &SweepFile, winner: Option<&str>) -> Option<SearchView> {
                 kind: Failure::OutOfMemory,
                 ..
             } => Kind::OutOfMemory,
+            Outcome::Failed {
+                kind: Failure::Predicted,
+                ..
+            } => Kind::Skipped,
             Outcome::Failed { .. } => Kind::Failed,
         };
         if kind == Kind::Measured {
@@ -153,6 +159,7 @@ fn class(k: Kind) -> &'static str {
         Kind::Pruned => "pruned",
         Kind::Breaks => "breaks",
         Kind::OutOfMemory => "oom",
+        Kind::Skipped => "skipped",
         Kind::Failed => "failed",
     }
 }
@@ -216,7 +223,7 @@ fn scatter(id: &str, a: &AxisView, points: &[Explored], d: usize) -> Markup {
                     }
                     None => {
                         path class=(class(p.kind)) d={"M" (cx - 4.0) " " (base - 4.0) " l8 8 m0 -8 l-8 8"} {
-                            title { (p.label) ": " @if p.kind == Kind::OutOfMemory { "out of memory" } @else { "failed" } }
+                            title { (p.label) ": " (match p.kind { Kind::OutOfMemory => "out of memory", Kind::Skipped => "predicted not to fit", _ => "failed" }) }
                         }
                     }
                 }
@@ -262,7 +269,7 @@ fn progress(points: &[(usize, f64)], trials: usize) -> Markup {
 }
 
 pub fn html(v: &SearchView) -> Markup {
-    let legend = "filled: measured; grey: pruned after its first window; hollow: breaks --slo; red cross on the axis: out of memory; grey cross: other failure; large: winner";
+    let legend = "filled: measured; grey: pruned after its first window; hollow: breaks --slo; red cross on the axis: out of memory; light grey cross: predicted not to fit, never started; grey cross: other failure; large: winner";
     html! {
         h3 { "Search" }
         @if let Some(s) = &v.stopped { p.meta { "The search stopped: " (s) "." } }

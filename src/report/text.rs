@@ -18,9 +18,7 @@ pub fn render(p: &Page) -> String {
                 r.label.clone(),
                 match r.state {
                     State::Measured if r.winner => "winner".into(),
-                    State::Measured => "measured".into(),
-                    State::Pruned => "pruned".into(),
-                    State::Failed => "failed".into(),
+                    state => state.word().into(),
                 },
                 opt(r.tok_s_per_gpu),
                 r.interval.map_or("-".into(), |e| {
