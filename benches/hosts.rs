@@ -521,7 +521,9 @@ fn up_vs_by_hand() {
             up.as_secs_f64(),
             hand.as_secs_f64()
         ),
-        &format!("`fleet up` of 8 sims (3 s load) through ssh + `pct` ({pct_secs} s a `pct exec`) ≤ 1.3× the same started by hand"),
+        &format!(
+            "`fleet up` of 8 sims (3 s load) through ssh + `pct` ({pct_secs} s a `pct exec`) ≤ 1.3× the same started by hand"
+        ),
         Some(ratio <= 1.3),
     );
 }

@@ -1,7 +1,8 @@
 //! One real SGLang 0.5.23 server over the two nodes of the Slurm test cluster, through the real
 //! binary: `up` with `tp_size: 2, nnodes: 2` makes a rank on each node (their node addresses,
 //! 127.0.0.2 and 127.0.0.3, keep the ranks' ports apart), the server itself reports `tp_size` 2
-//! and serves a job exactly once, and `down` leaves no job and no process.
+//! and serves a job exactly once, and `down` leaves no job and no process. Before that, a rank
+//! that fails at start-up is shown in its own log's words, and `up` again starts the server anew.
 
 mod common;
 
@@ -20,15 +21,8 @@ fn a_real_server_over_two_slurm_nodes_serves_a_job_and_down_leaves_nothing() {
     let ports = reserve_ports(2);
     let f = SlurmFleet::new(cluster, &allocation(2, 30), ports.base);
     let calls: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR")).join(common::unique("nodes-calls"));
-    // Both "nodes" are this machine: each rank binds its own core (RUNTIME.md, CPU tensor
-    // parallel), or the CPU engine refuses two ranks on one NUMA node.
-    let profile = real
-        .profile(ports.base, &calls, &["tp_size: 2", "nnodes: 2"])
-        .replace(
-            "\nenv:\n",
-            "\nenv:\n  SGLANG_CPU_OMP_THREADS_BIND: \"0|1\"\n",
-        );
-    std::fs::write(f.path().join("profiles/real.yaml"), profile).unwrap();
+    let profile = real.profile(ports.base, &calls, &["tp_size: 2", "nnodes: 2"]);
+    std::fs::write(f.path().join("profiles/real.yaml"), &profile).unwrap();
     struct Down<'a>(&'a SlurmFleet);
     impl Drop for Down<'_> {
         fn drop(&mut self) {
@@ -36,6 +30,27 @@ fn a_real_server_over_two_slurm_nodes_serves_a_job_and_down_leaves_nothing() {
         }
     }
     let _down = Down(&f);
+
+    // Both "nodes" are this machine: without a core of its own for each rank (RUNTIME.md, CPU
+    // tensor parallel), the CPU engine refuses two ranks on one NUMA node. `up` says so in the
+    // failing rank's own words, whichever rank that is.
+    let failed = f.fleet(&["up", "--profile", "real"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&failed.stdout),
+        String::from_utf8_lossy(&failed.stderr),
+    );
+    assert_eq!(failed.status.code(), Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("should be smaller than or equal to number of numa node"),
+        "the rank's reason:\n{out}\n{err}"
+    );
+
+    // With a core for each, `up` again stops what is left of the failed server and starts it.
+    let profile = profile.replace(
+        "\nenv:\n",
+        "\nenv:\n  SGLANG_CPU_OMP_THREADS_BIND: \"0|1\"\n",
+    );
+    std::fs::write(f.path().join("profiles/real.yaml"), profile).unwrap();
 
     let up: Vec<serde_json::Value> =
         serde_json::from_str(&f.ok(&["--json", "up", "--profile", "real"])).unwrap();
