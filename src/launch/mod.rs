@@ -12,6 +12,7 @@ pub mod deadline;
 pub mod down;
 pub mod env;
 pub mod fleet;
+pub mod gate;
 pub mod help_cache;
 pub mod lock;
 pub mod logs;

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::launch::plan::{RunFiles, SECRETS_FILE, Secret};
-use crate::remote::{Detached, RemoteError, Transport, argv, mask, parse_pid, spawn_argv};
+use crate::remote::{Detached, RemoteError, Transport, argv, mask, parse_started, spawn_argv};
 use crate::server::{ServerId, host_gpu};
 use crate::sglang::client::Endpoint;
 
@@ -329,17 +329,18 @@ pub async fn prepare_run_dir(
 
 /// Prepares an instance's run directory and starts `d` detached in it, in one command on the
 /// host: on a Proxmox host each command pays `pct exec`'s own start, and a server's start is
-/// on the path to its readiness. The pid the process wrote, as [`Transport::spawn_detached`].
+/// on the path to its readiness. The pid the process wrote, as [`Transport::spawn_detached`],
+/// and its `/proc` stat line where it was still there to read.
 pub async fn start_in_run_dir(
     t: &dyn Transport,
     files: &RunFiles,
     secrets: Option<&Secret>,
     d: &Detached,
-) -> Result<u32, StateError> {
+) -> Result<(u32, Option<String>), StateError> {
     let (mut argv, bytes) = prepare_argv(files, secrets, "\nshift 4 && exec \"$@\"");
     argv.extend(spawn_argv(t.host(), d)?);
     let out = t.run_input(&argv, bytes).await?;
-    Ok(parse_pid(t.host(), d, &out)?)
+    Ok(parse_started(t.host(), d, &out)?)
 }
 
 /// Forgets a stopped instance: its record becomes the stopped record kept beside its log, for

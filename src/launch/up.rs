@@ -13,11 +13,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HealthSettings;
-use crate::launch::backend::{Backend, StopState};
+use crate::launch::backend::{Backend, Seen, StopState};
 use crate::launch::claim::{Action, Survey, decide};
 pub use crate::launch::claim::{Conflict, UpError};
 use crate::launch::down;
 use crate::launch::fleet::Fleet;
+use crate::launch::gate::Gate;
 use crate::launch::lock::{self, HostLock, LockError};
 use crate::launch::owner::unowned_note;
 use crate::launch::plan::Instance;
@@ -188,7 +189,7 @@ impl From<&ServerInfo> for Capacity {
 ///
 /// Each host's run directory is locked (see [`lock`]) from the look at what runs there until
 /// every new server is recorded, so a concurrent `up` of the same GPUs waits and then finds
-/// them running; readiness is awaited after the locks are released.
+/// them running; readiness is awaited while the locks are released.
 pub async fn up(
     instances: &[Instance],
     health: &HealthSettings,
@@ -246,13 +247,14 @@ pub async fn start(
         .enumerate()
         .map(|(key, (instance, action))| launch(key, instance, action, opts, run));
     let launched = futures::future::join_all(launches).await;
-    release(locks).await;
     let follows = instances
         .iter()
         .zip(launched)
         .enumerate()
         .map(|(key, (instance, launched))| follow(key, instance, launched, health, opts, run));
-    let results = futures::future::join_all(follows).await;
+    // Every new server is recorded: the release (a command on each host, through `pct exec`
+    // most of a second) goes beside the readiness waits, not before them.
+    let ((), results) = tokio::join!(release(locks), futures::future::join_all(follows));
     if cancel.is_cancelled() && !opts.keep_on_interrupt {
         let started = results.iter().filter_map(|(_, record)| record.as_ref());
         let stops = started.map(|r| down::stop(surveyed(run, r.host()), r, opts.grace));
@@ -298,62 +300,90 @@ impl Held {
 }
 
 /// Locks the run directory of each host, one host after the other in name order (so two
-/// `up`s of overlapping hosts never wait for each other in a circle), then looks at what runs
-/// on each locked host. Needs no plan, so a command can hold its hosts while it learns them.
+/// `up`s of overlapping hosts never wait for each other in a circle), and looks at what runs on
+/// each locked host. Needs no plan, so a command can hold its hosts while it learns them.
+///
+/// The look is sent beside the `take`, through a [`Gate`]: each of its commands runs on the
+/// host only once the lock names this `up`, so both cost one round trip (through `pct exec`,
+/// most of a second each). Where the lock was another's, the look is made again once taken.
 pub async fn hold(mut backends: Vec<Arc<dyn Backend>>, cancel: &CancellationToken) -> Held {
     backends.sort_by(|a, b| a.host().cmp(b.host()));
     let (me, token) = (lock::Owner::me(), lock::token());
     let mut locks = Vec::new();
-    let mut locked = Vec::new();
     let mut surveys = BTreeMap::new();
     for b in backends {
         let host = b.host().to_string();
-        match lock::acquire(b.shell().clone(), b.run_root(), &me, &token, cancel).await {
+        let gate = Gate::new(b.shell().clone(), b.run_root(), &token);
+        let early = b.through(gate.clone());
+        let beside = async {
+            let early = early.as_deref()?;
+            tokio::select! {
+                _ = cancel.cancelled() => None,
+                seen = look(early) => Some(seen),
+            }
+        };
+        let (taken, early) = tokio::join!(
+            lock::acquire(b.shell().clone(), b.run_root(), &me, &token, cancel),
+            beside
+        );
+        let found = match taken {
             Ok(l) => {
                 locks.push(l);
-                locked.push(b);
+                match early {
+                    Some(seen) if !gate.refused() => seen,
+                    _ => look(b.as_ref()).await,
+                }
+                .survey()
             }
-            Err(LockError::Interrupted) => {
-                surveys.insert(host, Err(Unavailable::Interrupted));
+            Err(LockError::Interrupted) => Err(Unavailable::Interrupted),
+            Err(e) => Err(Unavailable::Failed(e.to_string())),
+        };
+        surveys.insert(host, found);
+    }
+    Held { locks, surveys }
+}
+
+/// What runs on a host, as read: its recorded servers, the ports in use and the GPUs' processes.
+struct Look {
+    seen: Result<Vec<Seen>, StateError>,
+    ports_in_use: Result<BTreeSet<u16>, StateError>,
+    processes: Result<Vec<crate::gpu::GpuProcess>, crate::gpu::GpuError>,
+}
+
+/// Three reads, each a command on the host: at the same time.
+async fn look(b: &dyn Backend) -> Look {
+    let (seen, ports_in_use, processes) =
+        tokio::join!(b.survey(), b.ports_in_use(), b.gpu_processes());
+    Look {
+        seen,
+        ports_in_use,
+        processes,
+    }
+}
+
+impl Look {
+    /// What runs, for [`decide`]: a host without a driver runs no GPU process to collide with;
+    /// any other failure to read them is said.
+    fn survey(self) -> Result<Survey, Unavailable> {
+        use crate::gpu::GpuError;
+        let processes = match self.processes {
+            Ok(p) => p,
+            Err(e @ (GpuError::NoNvidiaSmi { .. } | GpuError::NoDriver { .. })) => {
+                tracing::debug!("{e}");
+                Vec::new()
             }
             Err(e) => {
-                surveys.insert(host, Err(Unavailable::Failed(e.to_string())));
+                tracing::warn!("{e}; processes fleet did not start are not checked for");
+                Vec::new()
             }
-        }
-    }
-    let looks = locked.iter().map(|b| async move {
-        // Three reads, each a command on the host: at the same time, since on a Proxmox host
-        // every command pays `pct exec`'s own start.
-        let b = b.as_ref();
-        let (seen, ports_in_use, processes) =
-            tokio::join!(b.survey(), b.ports_in_use(), gpu_processes(b));
-        let found = match (seen, ports_in_use) {
+        };
+        match (self.seen, self.ports_in_use) {
             (Ok(seen), Ok(ports_in_use)) => Ok(Survey {
                 seen,
                 ports_in_use,
                 processes,
             }),
             (Err(e), _) | (_, Err(e)) => Err(Unavailable::Failed(e.to_string())),
-        };
-        (b.host().to_string(), found)
-    });
-    surveys.extend(futures::future::join_all(looks).await);
-    Held { locks, surveys }
-}
-
-/// What uses the GPUs of `b`'s host; nothing when that cannot be read (a machine without a
-/// driver runs no GPU process to collide with; any other failure is said).
-async fn gpu_processes(b: &dyn Backend) -> Vec<crate::gpu::GpuProcess> {
-    use crate::gpu::GpuError;
-    match b.gpu_processes().await {
-        Ok(p) => p,
-        Err(e @ (GpuError::NoNvidiaSmi { .. } | GpuError::NoDriver { .. })) => {
-            tracing::debug!("{e}");
-            Vec::new()
-        }
-        Err(e) => {
-            tracing::warn!("{e}; processes fleet did not start are not checked for");
-            Vec::new()
         }
     }
 }

@@ -7,7 +7,9 @@ use super::{CommandOutput, Detached, RemoteError, mask};
 /// `$1` log, `$2` pidfile, then `env` arguments (`-- NAME=VALUE... argv...`). The inner `sh`
 /// writes its own pid (it then `exec`s the program, keeping the pid, which `setsid` made a
 /// session and process-group leader) through a temp file and `mv`, so a reader never sees a
-/// half-written pidfile. The outer script waits up to 10 s for that file.
+/// half-written pidfile. The outer script waits up to 10 s for that file, then prints the pid
+/// and the process's `/proc` stat line (its start time tells it from a later process of the same
+/// pid: read here, it costs no second command on the host).
 const SCRIPT: &str = r#"log=$1; pidfile=$2; shift 2
 mkdir -p -- "$(dirname -- "$log")" "$(dirname -- "$pidfile")" || exit 1
 rm -f -- "$pidfile"
@@ -19,7 +21,10 @@ while [ ! -s "$pidfile" ]; do
   if [ "$i" -gt 1000 ]; then echo "no pid in $pidfile after 10s" >&2; exit 1; fi
   sleep 0.01
 done
-cat -- "$pidfile""#;
+pid=$(cat -- "$pidfile")
+echo "$pid"
+cat -- "/proc/$pid/stat" 2>/dev/null
+true"#;
 
 /// The argv that starts `d` detached; every value travels as a separate argument.
 pub fn spawn_argv(host: &str, d: &Detached) -> Result<Vec<String>, RemoteError> {
@@ -57,6 +62,15 @@ fn valid_env_name(name: &str) -> bool {
 }
 
 pub fn parse_pid(host: &str, d: &Detached, out: &CommandOutput) -> Result<u32, RemoteError> {
+    parse_started(host, d, out).map(|(pid, _)| pid)
+}
+
+/// The pid a start printed, and the process's `/proc` stat line where it was still there to read.
+pub fn parse_started(
+    host: &str,
+    d: &Detached,
+    out: &CommandOutput,
+) -> Result<(u32, Option<String>), RemoteError> {
     let failed = |why: &str| RemoteError::Command {
         host: host.to_string(),
         command: format!(
@@ -74,10 +88,14 @@ pub fn parse_pid(host: &str, d: &Detached, out: &CommandOutput) -> Result<u32, R
             None => "killed".to_string(),
         }));
     }
-    out.stdout_lossy()
+    let text = out.stdout_lossy();
+    let (pid, stat) = text.split_once('\n').unwrap_or((&text, ""));
+    let pid = pid
         .trim()
         .parse()
-        .map_err(|_| failed("no pid in its output"))
+        .map_err(|_| failed("no pid in its output"))?;
+    let stat = stat.trim();
+    Ok((pid, (!stat.is_empty()).then(|| stat.to_string())))
 }
 
 #[cfg(test)]
@@ -123,6 +141,31 @@ mod tests {
         assert!(spawn_argv("h", &detached(&["x"], &[("1A", "1")])).is_err());
         assert!(spawn_argv("h", &detached(&[], &[])).is_err());
         assert!(spawn_argv("h", &detached(&["A=1"], &[])).is_err());
+    }
+
+    /// A real start on this machine: the pid and, in the same command, the stat line of that
+    /// very process (its own pid first), which is how its record tells it from a later one.
+    #[tokio::test]
+    async fn a_start_prints_the_pid_and_that_process_stat_line() {
+        use crate::remote::{LocalTransport, Transport};
+        let dir = tempfile::tempdir().unwrap();
+        let d = Detached {
+            log: dir.path().join("a.log").display().to_string(),
+            pidfile: dir.path().join("a.pid").display().to_string(),
+            ..detached(&["sleep", "30"], &[])
+        };
+        let t = LocalTransport::new("here");
+        let out = t.run(&spawn_argv("here", &d).unwrap()).await.unwrap();
+        let (pid, stat) = parse_started("here", &d, &out).unwrap();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status();
+        let stat = stat.unwrap_or_else(|| panic!("no stat line in {out:?}"));
+        assert!(stat.starts_with(&format!("{pid} (")), "{stat}");
+        assert_eq!(
+            std::fs::read_to_string(&d.pidfile).unwrap().trim(),
+            pid.to_string()
+        );
     }
 
     #[test]

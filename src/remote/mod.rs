@@ -29,7 +29,7 @@ mod secrets;
 mod ssh;
 mod ssh_config;
 
-pub(crate) use detach::{parse_pid, spawn_argv};
+pub(crate) use detach::{parse_started, spawn_argv};
 pub use local::LocalTransport;
 pub use pct::PctTransport;
 pub use secrets::{LineMask, add_secret, mask};

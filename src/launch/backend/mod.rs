@@ -71,6 +71,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// servers are reached, and its GPUs when the inventory says `all`.
     async fn facts(&self, learn: &Learn<'_>) -> Result<HostFacts, FactsError>;
 
+    /// The same host with its commands run through `shell` (a [`Gate`](crate::launch::gate)
+    /// on the run directory lock), where the backend looks at the host through its shell
+    /// alone; `None` where it reads more than that, and its look waits for the lock instead.
+    fn through(&self, _shell: Arc<dyn Transport>) -> Option<Arc<dyn Backend>> {
+        None
+    }
+
     /// Every server recorded on the host, in GPU then port order, and what became of each.
     async fn survey(&self) -> Result<Vec<Seen>, StateError>;
 

@@ -4,6 +4,7 @@
 //! signalling its group (never by name), SIGTERM then SIGKILL, until the port is closed.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -48,12 +49,14 @@ impl Machine {
         &self,
         planned: &Instance,
         owner: &Owner,
-        pid: u32,
+        (pid, stat): (u32, Option<String>),
     ) -> Result<InstanceRecord, StateError> {
+        let stat = match stat.as_deref().and_then(proc::ProcStat::parse) {
+            Some(stat) => Some(stat),
+            None => proc::proc_stat(self.t(), pid).await?,
+        };
         // A process that died at once has no stat; record start time 0 so it reads as dead.
-        let start_ticks = proc::proc_stat(self.t(), pid)
-            .await?
-            .map_or(0, |p| p.start_ticks);
+        let start_ticks = stat.map_or(0, |p| p.start_ticks);
         let record = InstanceRecord::started(
             planned,
             Handle::Process { pid, start_ticks },
@@ -164,6 +167,14 @@ impl Backend for Machine {
         &self.home
     }
 
+    fn through(&self, shell: Arc<dyn Transport>) -> Option<Arc<dyn Backend>> {
+        let home = Home {
+            shell,
+            ..self.home.clone()
+        };
+        Some(Arc::new(Machine::new(self.spec.clone(), home)))
+    }
+
     async fn facts(&self, learn: &Learn<'_>) -> Result<HostFacts, FactsError> {
         let cache = help_cache::dir(&self.home.run_root);
         preflight::host_facts(&self.home.shell, &self.spec, learn, Some(&cache)).await
@@ -189,8 +200,9 @@ impl Backend for Machine {
             pidfile: planned.files.pidfile.clone(),
         };
         let secrets = planned.secrets.as_ref();
-        let pid = state::start_in_run_dir(self.t(), &planned.files, secrets, &detached).await?;
-        match self.record_started(planned, owner, pid).await {
+        let started = state::start_in_run_dir(self.t(), &planned.files, secrets, &detached).await?;
+        let pid = started.0;
+        match self.record_started(planned, owner, started).await {
             Ok(record) => Ok(record),
             Err(e) => {
                 // Unrecorded, nothing would ever stop it (`down` goes by the records): the group
