@@ -81,7 +81,7 @@ async fn run_on(
     let http = http_client(config.http)?;
     let clients: Vec<SglangClient> = endpoints
         .into_iter()
-        .map(|e| SglangClient::new(http.clone(), e))
+        .map(|e| SglangClient::new(http.clone(), e).with_own_connections(config.http))
         .collect();
     let infos = tokio::select! {
         r = futures::future::join_all(clients.iter().map(|c| c.server_info())) => r,
@@ -183,7 +183,7 @@ async fn run_on(
     if let Some(w) = started_mark {
         journal.append(Entry::Timeline(w))?;
     }
-    let (line_tx, line_rx) = mpsc::channel::<Line>(4096);
+    let (line_tx, line_rx) = mpsc::channel::<Vec<Line>>(INPUT_BATCHES);
     let scan_end = scan.end;
     let reader = {
         let (path, limit) = (config.prompts.clone(), config.limit);
@@ -193,7 +193,9 @@ async fn run_on(
     let clock = Clock {
         start: Instant::now(),
     };
-    let feed = tokio_stream_of(line_rx).map(Input::Line);
+    let feed = tokio_stream_of(line_rx)
+        .flat_map(futures::stream::iter)
+        .map(Input::Line);
     let uploads = match &mut uploader {
         Some(u) => futures::stream::unfold(u, |u| async move {
             let e = u.event().await;
@@ -204,7 +206,7 @@ async fn run_on(
     };
     let events = futures::stream::select(uploads, link_events(links));
     let driver = HttpDriver {
-        clients,
+        clients: clients.into_iter().map(Arc::new).collect(),
         incremental,
         // The Batch API's output keeps the server's own answer, byte for byte, which only an
         // unstreamed request gives.
@@ -313,7 +315,7 @@ async fn run_on(
 /// Sends completions, streamed so that their tokens count as they arrive (for the live rate and
 /// the ETA), and probes, over HTTP.
 struct HttpDriver {
-    clients: Vec<SglangClient>,
+    clients: Vec<Arc<SglangClient>>,
     /// Per server: it runs `--incremental-streaming-output`.
     incremental: Vec<bool>,
     stream: bool,
@@ -350,9 +352,15 @@ impl Driver for HttpDriver {
     }
 
     fn probe(&self, inst: usize, kind: ProbeKind) -> BoxFuture<'static, ProbeResult> {
-        drive::probe(self.clients[inst].clone(), kind)
+        drive::probe(SglangClient::clone(&self.clients[inst]), kind)
     }
 }
+
+/// Lines go to the run in batches of this many: a thread switch per batch rather than one per
+/// line (the reader sleeps while the queue is full, and each line taken woke it).
+const INPUT_BATCH: usize = 256;
+/// Batches queued ahead of the run: the 4,096 lines it always had ready.
+const INPUT_BATCHES: usize = 4096 / INPUT_BATCH;
 
 /// Streams the lines still to do into the run, from where the pre-pass said work begins to
 /// the end it saw, skipping those in `done`; stops early when the run stops listening.
@@ -361,20 +369,29 @@ fn read_input(
     limit: Option<u64>,
     scan: Scan,
     done: HashSet<u128>,
-    tx: mpsc::Sender<Line>,
+    tx: mpsc::Sender<Vec<Line>>,
 ) -> Result<(), input::InputError> {
     let Some(start) = scan.first_pending else {
         return Ok(());
     };
     let mut reader = input::Reader::open_at(&path, limit, start)?.until(scan.end);
     let mut ids = Ids::new(scan.repeats);
+    let mut batch = Vec::with_capacity(INPUT_BATCH);
     while let Some(line) = reader.next_line(&mut ids)? {
         if done.contains(&line.id.key()) {
             continue;
         }
-        if tx.blocking_send(line).is_err() {
-            return Ok(());
+        batch.push(line);
+        if batch.len() == INPUT_BATCH {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(INPUT_BATCH));
+            if tx.blocking_send(full).is_err() {
+                return Ok(());
+            }
         }
+    }
+    if !batch.is_empty() {
+        // The run may have stopped listening meanwhile: nothing is lost, it sends no more.
+        let _ = tx.blocking_send(batch);
     }
     Ok(())
 }

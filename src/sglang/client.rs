@@ -2,6 +2,7 @@
 //! on `/generate`, `/v1/chat/completions` and `/v1/completions`, with typed errors that say
 //! whether a request may be retried and parse SGLang's context-overflow 400s.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -10,6 +11,7 @@ use serde_json::{Map, Value, json};
 use super::metrics::{self, Metrics};
 use super::overflow::{Overflow, parse_overflow};
 pub use super::response::{BodyError, parse_completion};
+use super::wire::{Answer, Wire};
 use crate::server::ServerId;
 
 /// One server fleet can send requests to.
@@ -361,7 +363,7 @@ impl Default for HttpOptions {
 
 /// Idle connections are dropped before uvicorn's 5 s keep-alive closes them (srt/environ.py),
 /// so a request is never sent on a connection the server is about to close.
-const POOL_IDLE: Duration = Duration::from_secs(4);
+pub(super) const POOL_IDLE: Duration = Duration::from_secs(4);
 
 /// One pooled HTTP client to share across every server and task: hundreds of requests stay in
 /// flight per server, so idle connections are kept rather than reopened.
@@ -392,6 +394,8 @@ pub fn install_tls_provider() {
 pub struct SglangClient {
     http: reqwest::Client,
     endpoint: Endpoint,
+    /// fleet's own connections for generation requests ([`SglangClient::with_own_connections`]).
+    wire: Option<Arc<Wire>>,
 }
 
 /// Probes (info, metrics) must answer fast even when generation is slow.
@@ -403,7 +407,65 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
 
 impl SglangClient {
     pub fn new(http: reqwest::Client, endpoint: Endpoint) -> Self {
-        SglangClient { http, endpoint }
+        SglangClient {
+            http,
+            endpoint,
+            wire: None,
+        }
+    }
+
+    /// Sends generation requests over fleet's own HTTP/1.1 connections (`sglang::wire`) with
+    /// `opts`' timeouts, where the server is reached by plain HTTP without a proxy; elsewhere
+    /// they stay on reqwest. For the hot path of a job: several times less CPU per request.
+    pub fn with_own_connections(mut self, opts: HttpOptions) -> Self {
+        self.wire = Wire::new(&self.endpoint, opts).map(Arc::new);
+        self
+    }
+
+    /// Whether generation requests go over fleet's own connections.
+    pub fn own_connections(&self) -> bool {
+        self.wire.is_some()
+    }
+
+    /// POSTs a generation `body` to `path`: the URL (for errors) and the answer, its head read.
+    pub(super) async fn post_json(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<(String, Answer<'_>), ClientError> {
+        let url = format!("{}{}", self.endpoint.base_url, path);
+        if let Some(w) = &self.wire {
+            let bytes = serde_json::to_vec(body).expect("a JSON value always serializes");
+            return match w.post(path, &bytes).await {
+                Ok(r) => Ok((url, Answer::Wire(r))),
+                Err(e) => Err(e.into_client(&url)),
+            };
+        }
+        let (_, rb) = self.request(reqwest::Method::POST, path);
+        match rb.json(body).send().await {
+            Ok(r) => Ok((url, Answer::Reqwest(r))),
+            Err(e) => Err(ClientError::from_reqwest(&url, e)),
+        }
+    }
+
+    /// Runs a generation request, `f`, within the request timeout: on the wire it is applied
+    /// here, as reqwest's client applies it to its own requests (from connecting to the body's
+    /// end).
+    pub(super) async fn timed<T>(
+        &self,
+        path: &str,
+        f: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        match &self.wire {
+            Some(w) => tokio::time::timeout(w.request_timeout(), f)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::Timeout {
+                        url: format!("{}{}", self.endpoint.base_url, path),
+                    })
+                }),
+            None => f.await,
+        }
     }
 
     pub fn endpoint(&self) -> &Endpoint {
@@ -523,21 +585,18 @@ impl SglangClient {
 
     /// Sends one generation request and waits for the whole completion.
     pub async fn complete(&self, req: &CompletionRequest) -> Result<Completion, ClientError> {
-        let (url, rb) = self.request(reqwest::Method::POST, req.api.path());
+        self.timed(req.api.path(), self.complete_untimed(req)).await
+    }
+
+    async fn complete_untimed(&self, req: &CompletionRequest) -> Result<Completion, ClientError> {
+        let path = req.api.path();
         let body = req.body().ok_or_else(|| ClientError::Decode {
-            url: url.clone(),
-            reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
+            url: format!("{}{}", self.endpoint.base_url, path),
+            reason: format!("this prompt kind cannot be sent to {path}"),
         })?;
-        let resp = rb
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| ClientError::from_reqwest(&url, e))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| ClientError::from_reqwest(&url, e))?;
+        let (url, answer) = self.post_json(path, &body).await?;
+        let status = answer.status();
+        let bytes = answer.bytes(&url).await?;
         if status != 200 {
             return Err(completion_error(
                 url,

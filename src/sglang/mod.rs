@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod overflow;
 pub mod response;
 pub mod stream;
+mod wire;

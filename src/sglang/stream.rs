@@ -2,7 +2,8 @@
 //! [`CompletionRequest::body`] sent with `stream: true`, reporting each chunk's cumulative
 //! completion tokens as it arrives, so tokens and latencies fall into the window they came in.
 
-use futures::StreamExt;
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -221,25 +222,54 @@ fn parse_event(api: Api, data: &str) -> Result<Event, BodyError> {
     }
 }
 
-/// Splits complete SSE events off the front of `buf`, returning their `data:` payloads.
-fn drain_events(buf: &mut String) -> Vec<String> {
-    let mut out = Vec::new();
-    loop {
-        let norm_end = buf.find("\n\n").map(|i| (i, 2));
-        let crlf_end = buf.find("\r\n\r\n").map(|i| (i, 4));
-        let Some((end, sep)) = [norm_end, crlf_end].into_iter().flatten().min() else {
-            return out;
-        };
-        let event: String = buf.drain(..end + sep).collect();
-        let data: Vec<&str> = event
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .collect();
-        if !data.is_empty() {
-            out.push(data.join("\n"));
+/// Where the first complete SSE event in `buf` ends: `(its end, where the next one starts)`,
+/// the separator (a blank line, `\n\n` or `\r\n\r\n`) between them.
+fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut from = 0;
+    while let Some(p) = buf[from..].iter().position(|&b| b == b'\n') {
+        let n = from + p;
+        if buf.get(n + 1) == Some(&b'\n') {
+            return Some((n, n + 2));
         }
+        if n >= 1 && buf[n - 1] == b'\r' && buf.get(n + 1..n + 3) == Some(b"\r\n") {
+            return Some((n - 1, n + 3));
+        }
+        from = n + 1;
     }
+    None
+}
+
+/// An event's `data:` payload (its `data:` lines, trimmed, joined by newlines); `None` for an
+/// event without data (a comment, a keep-alive).
+fn event_data(event: &str) -> Option<Cow<'_, str>> {
+    let mut data = event
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim);
+    let first = data.next()?;
+    let Some(second) = data.next() else {
+        return Some(Cow::Borrowed(first));
+    };
+    let mut joined = format!("{first}\n{second}");
+    for more in data {
+        joined.push('\n');
+        joined.push_str(more);
+    }
+    Some(Cow::Owned(joined))
+}
+
+/// Splits the complete SSE events off the front of `buf`, returning their `data:` payloads.
+#[cfg(test)]
+fn drain_events(buf: &mut Vec<u8>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some((end, next)) = event_end(&buf[at..]) {
+        let event = std::str::from_utf8(&buf[at..at + end]).unwrap();
+        out.extend(event_data(event).map(Cow::into_owned));
+        at += next;
+    }
+    buf.drain(..at);
+    out
 }
 
 impl SglangClient {
@@ -252,12 +282,10 @@ impl SglangClient {
         ignore_eos: bool,
         on_tokens: impl FnMut(u64),
     ) -> Result<Streamed, ClientError> {
-        let (url, rb) = self.request(reqwest::Method::POST, req.api.path());
-        let body = stream_body(req, ignore_eos).ok_or_else(|| ClientError::Decode {
-            url: url.clone(),
-            reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
-        })?;
-        read_stream(url, rb.json(&body), req.api, on_tokens, None).await
+        let body = stream_body(req, ignore_eos).ok_or_else(|| self.unsendable(req))?;
+        let path = req.api.path();
+        self.timed(path, read_stream(self, &body, req.api, on_tokens, None))
+            .await
     }
 
     /// Sends one generation request streamed, reporting its cumulative output tokens as they
@@ -270,26 +298,30 @@ impl SglangClient {
         incremental: bool,
         on_tokens: impl FnMut(u64),
     ) -> Result<Completion, ClientError> {
-        let (url, rb) = self.request(reqwest::Method::POST, req.api.path());
-        let body = stream_body(req, false).ok_or_else(|| ClientError::Decode {
-            url: url.clone(),
-            reason: format!("this prompt kind cannot be sent to {}", req.api.path()),
-        })?;
+        let body = stream_body(req, false).ok_or_else(|| self.unsendable(req))?;
         let mut assembler = Assembler::new(req.api, incremental);
-        let streamed = read_stream(
-            url.clone(),
-            rb.json(&body),
-            req.api,
-            on_tokens,
-            Some(&mut assembler),
-        )
-        .await?;
+        let path = req.api.path();
+        let streamed = self
+            .timed(
+                path,
+                read_stream(self, &body, req.api, on_tokens, Some(&mut assembler)),
+            )
+            .await?;
         assembler
             .finish(streamed.completion_tokens)
             .map_err(|e| ClientError::Decode {
-                url,
+                url: format!("{}{path}", self.endpoint().base_url),
                 reason: e.to_string(),
             })
+    }
+
+    /// The error for a prompt kind the request's API cannot take.
+    fn unsendable(&self, req: &CompletionRequest) -> ClientError {
+        let path = req.api.path();
+        ClientError::Decode {
+            url: format!("{}{path}", self.endpoint().base_url),
+            reason: format!("this prompt kind cannot be sent to {path}"),
+        }
     }
 }
 
@@ -307,43 +339,42 @@ fn stream_failure(url: String, code: Option<u16>, message: &str) -> ClientError 
 }
 
 async fn read_stream(
-    url: String,
-    rb: reqwest::RequestBuilder,
+    client: &SglangClient,
+    body: &Value,
     api: Api,
     mut on_tokens: impl FnMut(u64),
     mut keep: Option<&mut Assembler>,
 ) -> Result<Streamed, ClientError> {
-    let resp = rb
-        .send()
-        .await
-        .map_err(|e| ClientError::from_reqwest(&url, e))?;
-    let status = resp.status().as_u16();
+    let (url, mut answer) = client.post_json(api.path(), body).await?;
+    let status = answer.status();
     if status != 200 {
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| ClientError::from_reqwest(&url, e))?;
-        return Err(completion_error(url, status, &text));
+        let text = answer.bytes(&url).await?;
+        return Err(completion_error(
+            url,
+            status,
+            &String::from_utf8_lossy(&text),
+        ));
     }
-    let mut bytes = resp.bytes_stream();
-    let mut buf = String::new();
-    let mut pending: Vec<u8> = Vec::new();
+    let decode = |e: BodyError| ClientError::Decode {
+        url: url.clone(),
+        reason: e.to_string(),
+    };
+    // What has arrived of the body and is not yet split into events.
+    let mut buf: Vec<u8> = Vec::new();
     let mut tokens = 0u64;
     let mut finish = None;
-    while let Some(chunk) = bytes.next().await {
-        let chunk = chunk.map_err(|e| ClientError::from_reqwest(&url, e))?;
-        pending.extend_from_slice(&chunk);
-        // A chunk may end inside a multi-byte character: keep the incomplete tail for later.
-        let valid = match std::str::from_utf8(&pending) {
-            Ok(s) => s.len(),
-            Err(e) => e.valid_up_to(),
-        };
-        buf.push_str(std::str::from_utf8(&pending[..valid]).expect("checked above"));
-        pending.drain(..valid);
-        for data in drain_events(&mut buf) {
-            let decode = |e: BodyError| ClientError::Decode {
-                url: url.clone(),
-                reason: e.to_string(),
+    while answer.chunk(&mut buf, &url).await? {
+        let mut at = 0;
+        while let Some((end, next)) = event_end(&buf[at..]) {
+            // An event is whole lines, so a multi-byte character is never split here.
+            let event =
+                std::str::from_utf8(&buf[at..at + end]).map_err(|e| ClientError::Decode {
+                    url: url.clone(),
+                    reason: format!("the stream is not UTF-8: {e}"),
+                })?;
+            at += next;
+            let Some(data) = event_data(event) else {
+                continue;
             };
             let event = parse_event(api, &data).map_err(decode)?;
             if let Some(a) = keep.as_deref_mut()
@@ -355,7 +386,10 @@ async fn read_stream(
                 Event::Done => {
                     // Read to the body's end, so that the connection goes back to the pool
                     // instead of being dropped with its descriptor still held.
-                    while let Some(Ok(_)) = bytes.next().await {}
+                    let mut rest = Vec::new();
+                    while let Ok(true) = answer.chunk(&mut rest, &url).await {
+                        rest.clear();
+                    }
                     return Ok(Streamed {
                         completion_tokens: tokens,
                         finish_reason: finish,
@@ -384,6 +418,7 @@ async fn read_stream(
                 }
             }
         }
+        buf.drain(..at);
     }
     // Cut off mid-answer: the server or the connection went away, an outage, not the prompt's
     // fault.
@@ -426,10 +461,13 @@ mod tests {
 
     #[test]
     fn events_are_split_and_read_per_api() {
-        let mut buf = "data: {\"text\":\"a\",\"meta_info\":{\"completion_tokens\":3,\"finish_reason\":null}}\n\ndata: [DONE]\r\n\r\ndata: {\"par".to_string();
+        let mut buf = b"data: {\"text\":\"a\",\"meta_info\":{\"completion_tokens\":3,\"finish_reason\":null}}\n\n: keep-alive\n\ndata: [DONE]\r\n\r\ndata: {\"par".to_vec();
         let events = drain_events(&mut buf);
         assert_eq!(events.len(), 2);
-        assert_eq!(buf, "data: {\"par");
+        assert_eq!(buf, b"data: {\"par");
+        let mut two = b"data: a\r\ndata:b \r\n\r\ndata: c\r\n\n".to_vec();
+        assert_eq!(drain_events(&mut two), ["a\nb", "c"]);
+        assert!(two.is_empty());
         assert_eq!(
             parse_event(Api::Generate, &events[0]).unwrap(),
             Event::Progress {

@@ -41,8 +41,14 @@ impl App {
 
 pub type Shared = Arc<App>;
 
+/// `v` as compact JSON text: what `v.to_string()` gives, written straight into the string
+/// rather than through `fmt` (a tenth of `--sim-instant`'s CPU per request went there).
+pub fn compact(v: &Json) -> String {
+    serde_json::to_string(v).expect("a JSON value always serializes")
+}
+
 pub fn json_response(status: StatusCode, body: &Json) -> Response {
-    let mut r = Response::new(Body::from(body.to_string()));
+    let mut r = Response::new(Body::from(compact(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,

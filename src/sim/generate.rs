@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 use tokio::sync::{oneshot, watch};
 
-use crate::sim::app::{Shared, json_response, openai_error};
+use crate::sim::app::{Shared, compact, json_response, openai_error};
 use crate::sim::scheduler::{Abort, Job, Progress, Reply};
 use crate::sim::{sampling, text};
 
@@ -491,7 +491,9 @@ pub async fn native(State(app): State<Shared>, body: Bytes) -> Response {
         let prompt_tokens = p.prompt_tokens;
         let render = move |from: u64, to: u64, done: bool| {
             text_so_far.push_str(&p.raw_text(from, to));
-            vec![json!({"text": text_so_far, "meta_info": meta(&p, to, done, started)}).to_string()]
+            vec![compact(
+                &json!({"text": text_so_far, "meta_info": meta(&p, to, done, started)}),
+            )]
         };
         // scheduler.py `_abort_on_queued_limit` gives a finish reason without `err_type`.
         let abort = move |why: Abort| {

@@ -53,16 +53,20 @@ fn is_generation(path: &str) -> bool {
 /// Bearer auth (SGLang exempts OPTIONS, `/health*` and `/metrics`), then the readiness gate,
 /// then uvicorn-style access lines for everything but the hot generation routes.
 async fn gate(State(app): State<Shared>, req: Request, next: Next) -> Response {
-    let path = req.uri().path().to_string();
-    let method = req.method().clone();
-    let peer = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.to_string())
-        .unwrap_or_else(|| "-".into());
+    let path = req.uri().path();
+    // The access line, written for everything but the hot generation routes: what it names is
+    // taken only for those.
+    let access = (!is_generation(path)).then(|| {
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.to_string())
+            .unwrap_or_else(|| "-".into());
+        (peer, req.method().clone(), path.to_string())
+    });
     // srt/entrypoints/http_server.py: `/health*`, `/ready*` and `/metrics*` need no key, and
     // the scheme is matched case-insensitively.
-    let exempt = method == Method::OPTIONS
+    let exempt = req.method() == Method::OPTIONS
         || path.starts_with("/health")
         || path.starts_with("/ready")
         || path.starts_with("/metrics");
@@ -86,7 +90,7 @@ async fn gate(State(app): State<Shared>, req: Request, next: Next) -> Response {
     } else {
         next.run(req).await
     };
-    if !is_generation(&path) {
+    if let Some((peer, method, path)) = access {
         let status = response.status();
         log::server(&format!(
             "INFO:     {peer} - \"{method} {path} HTTP/1.1\" {} {}",

@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
-use crate::sim::app::{Shared, json_response, openai_error};
+use crate::sim::app::{Shared, compact, json_response, openai_error};
 use crate::sim::generate::{
     Prepared, Rejection, Sampling, ShuttingDown, Stop, aborted, number_request, parses_reasoning,
     prepare, request_id, run_once, run_streamed, sse, sse_once, unix_now,
@@ -220,7 +220,7 @@ async fn openai_generate(app: Shared, req: OpenAiReq) -> Response {
             if !usage.is_null() {
                 c["usage"] = usage;
             }
-            c.to_string()
+            compact(&c)
         };
         let head = match kind {
             OpenAi::Chat => vec![chunk(
