@@ -132,11 +132,15 @@ fn hand_run(sims: &[Sim], dir: &Path, inputs: &[Vec<String>]) -> (Duration, (u64
     (took, total)
 }
 
-/// Seeds of the placement bench: `--seeds=N` (1..=N), else 5.
-fn seeds() -> u64 {
-    std::env::args()
-        .find_map(|a| a.strip_prefix("--seeds=").map(|n| n.parse().unwrap()))
-        .unwrap_or(5)
+/// Seeds of the placement bench: `--seed=K` (that one only), `--seeds=N` (1..=N), else 1..=5.
+fn seeds() -> Vec<u64> {
+    let arg = |name: &str| {
+        std::env::args().find_map(|a| a.strip_prefix(name).map(|n| n.parse::<u64>().unwrap()))
+    };
+    match arg("--seed=") {
+        Some(k) => vec![k],
+        None => (1..=arg("--seeds=").unwrap_or(5)).collect(),
+    }
 }
 
 /// Hand-placed against `auto` for each seed's scenario, in the same run over fresh sims of the
@@ -144,7 +148,7 @@ fn seeds() -> u64 {
 fn placement_job() {
     let n = if headline::quick() { 1_600 } else { 16_000 };
     let mut rows = Vec::new();
-    for seed in 1..=seeds() {
+    for seed in seeds() {
         let s = Scenario::draw(seed, n);
         let tmp = tempfile::tempdir().unwrap();
         let lines = s.lines();
@@ -165,6 +169,17 @@ fn placement_job() {
             &[],
         );
         assert!(stderr.contains("placement: prefix (auto:"), "{stderr}");
+        // PREFIX_BENCH_KEEP=DIR keeps each seed's runs (journals, timelines) for a look after.
+        if let Some(dir) = std::env::var_os("PREFIX_BENCH_KEEP") {
+            let to = Path::new(&dir).join(format!("seed-{seed}"));
+            let _ = std::fs::remove_dir_all(&to);
+            let ok = Command::new("cp")
+                .arg("-r")
+                .arg(tmp.path())
+                .arg(&to)
+                .status();
+            assert!(ok.is_ok_and(|s| s.success()), "keeping the runs in {to:?}");
+        }
         let ratio = hand.as_secs_f64() / auto.as_secs_f64();
         let (h, a) = (share(hand_hits), share(auto_hits));
         println!(

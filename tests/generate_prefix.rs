@@ -125,9 +125,15 @@ fn prefix_placement_reaches_the_hand_placed_hit_rate_and_least_loaded_does_not()
     assert_exactly_once(&out, n);
     assert!(failures(&out).is_empty());
     let prefix_rate = hit_rate(&out);
-    // Every group stays on its server; only a group stolen has two.
+    // Every group stays on its server; only a group stolen or split has two, or three when
+    // one stolen whole is split again at the end (the policy reads 4 windows a slot ahead, so
+    // the input ends with more queued and the tail's steals start sooner).
     let spread = spread(&out);
-    assert!(spread.values().all(|s| s.len() <= 2), "{spread:?}");
+    assert!(spread.values().all(|s| s.len() <= 3), "{spread:?}");
+    assert!(
+        spread.values().filter(|s| s.len() > 1).count() <= SYSTEMS / 4,
+        "{spread:?}"
+    );
     let inst = progress(&out)["instances"].as_array().unwrap().clone();
     assert!(
         inst.iter()
@@ -310,7 +316,8 @@ fn servers_whose_radix_cache_is_off_are_flagged_when_the_plan_expected_hits() {
 fn a_group_larger_than_a_servers_share_is_split_over_servers_and_the_caches_still_hit() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // System prompt 0 has 400 questions, 1 to 4 have 50: on 4 servers, its home alone would
-    // run twice as long as the job needs while the others idled.
+    // run twice as long as the job needs while the others idled. It fills more than two of a
+    // server's shares, so it starts on three.
     let sizes = [400, 50, 50, 50, 50];
     let mut lines = Vec::new();
     for (s, &n) in sizes.iter().enumerate() {

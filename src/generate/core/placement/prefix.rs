@@ -3,9 +3,16 @@
 //!
 //! - Every group the input scan found ([`PrefixPlan`]) has a home server, the groups dealt out
 //!   largest first to the server with the least work so far (prompt plus output tokens, the
-//!   shared prefix once), so the homes are the same on every run over the same input.
+//!   shared prefix once), so the homes are the same on every run over the same input. A group
+//!   with more work than a server's share of the job starts on as many servers as it fills
+//!   shares (rounded up), its prompts dealt out among them as they are read: alone on one home,
+//!   such a group kept that server busy long after the others, which then moved small groups
+//!   between them (a prefill each, and more prefixes than their caches held) until the input's
+//!   end let them split the large one.
 //! - A server's window is drawn from its own groups: the group it is on until that has nothing
-//!   queued, then its next, so a group's requests go out together.
+//!   queued, then its next, so a group's requests go out together. The policy reads a few
+//!   windows ahead ([`QUEUED_PER_SLOT`]) in any case, so that a server stays on one group a
+//!   while.
 //! - A server with none of its own work queued, once the input is all read (or the read-ahead
 //!   is full), takes a whole group from a server with more left to do, never single requests
 //!   that would bring a foreign prefix into its cache; and only a group that pays for the
@@ -17,8 +24,8 @@
 //!   large to move without leaving the thief behind), the thief splits one: it takes half the
 //!   pair's difference of the group's queued and unread requests, at least a window, so one
 //!   prefill buys a window or more. The group then has two homes, and its prompts still to come
-//!   go to each in proportion to what each was left to read. One group larger than a server's
-//!   share of the job, or a home slower than the rest, saturated while the others idled.
+//!   go to each in proportion to what each was left to read. A home slower than the rest (or a
+//!   group that grew since the scan) saturated while the others idled.
 //! - A server that is out loses its groups, each moved whole to the server with the least work.
 //! - Prompts in no group go to the least-loaded server, as [`super::LeastLoaded`] would.
 
@@ -34,6 +41,8 @@ use crate::generate::input::prefix::{GroupKey, PrefixPlan, Prefixes, block_hashe
 /// [`MIN_READ_AHEAD`]: enough for every server to find its own work in a shuffled input.
 const READ_AHEAD_PER_SLOT: usize = 16;
 const MIN_READ_AHEAD: usize = 1024;
+/// Queued requests per slot that the policy reads ahead in any case: a few windows a server.
+const QUEUED_PER_SLOT: usize = 4;
 /// A stolen group's requests at least, or the thief's window when that is less.
 const MIN_STEAL: u32 = 16;
 /// Completions every server is taken to have before its own count, in the estimate of its
@@ -110,9 +119,24 @@ impl Prefix {
             blocks: Vec::new(),
             order: Vec::new(),
         };
+        // A server's share of the job's work: a group larger than that starts on as many
+        // servers as it fills shares, its prompts dealt out among them as they are read.
+        let total: u64 = planned.iter().map(|g| g.1).sum::<u64>() + plan.ungrouped.work();
+        let share = total.div_ceil(servers as u64).max(1);
         for (key, work, prompts) in planned {
+            let homes = work.div_ceil(share).clamp(1, servers as u64);
+            // Part k of `homes`: the k-th slice of the work and of the prompts.
+            let slice = |total: u64, k: u64| total * (k + 1) / homes - total * k / homes;
             let home = least(&p.assigned, |_| true).unwrap_or(0);
-            p.add_group(key, work, prompts, home);
+            let g = p.add_group(key, slice(work, 0), slice(prompts, 0), home);
+            for k in 1..homes {
+                let on: Vec<usize> = std::iter::once(g)
+                    .chain(p.groups[g].parts.iter().copied())
+                    .map(|x| p.groups[x].home)
+                    .collect();
+                let to = least(&p.assigned, |i| !on.contains(&i)).unwrap_or(0);
+                p.add_part(g, to, slice(work, k), slice(prompts, k));
+            }
         }
         p
     }
@@ -174,6 +198,25 @@ impl Prefix {
         self.assigned[home] += work;
         self.own_unread[home] += unread;
         g
+    }
+
+    /// A part of root group `g` on server `home`, with `work` and `prompts` of the plan's.
+    fn add_part(&mut self, g: usize, home: usize, work: u64, prompts: u64) -> usize {
+        let p = self.groups.len();
+        let unread = if self.input_ended { 0 } else { prompts };
+        self.groups.push(Group {
+            home,
+            work,
+            unread,
+            queue: VecDeque::new(),
+            root: g,
+            parts: Vec::new(),
+        });
+        self.groups[g].parts.push(p);
+        self.own[home].push(p);
+        self.assigned[home] += work;
+        self.own_unread[home] += unread;
+        p
     }
 
     /// The part of root group `g` a new prompt of it goes to: the one with the most of the
@@ -418,6 +461,11 @@ impl Prefix {
         let slots: usize = servers.iter().map(|s| s.limit as usize).sum();
         (slots * READ_AHEAD_PER_SLOT).max(MIN_READ_AHEAD)
     }
+
+    /// Queued requests below which the policy reads on, whether or not a server lacks work.
+    fn min_read_ahead(servers: &[ServerState]) -> usize {
+        servers.iter().map(|s| s.limit as usize).sum::<usize>() * QUEUED_PER_SLOT
+    }
 }
 
 /// A server's speed, relative to the others': the requests it finished, plus [`RATE_PRIOR`]
@@ -496,6 +544,12 @@ impl Placement for Prefix {
     fn wants_input(&self, servers: &[ServerState]) -> bool {
         if self.queued >= Self::read_ahead(servers) {
             return false;
+        }
+        // Queues a few windows deep, so that a server stays on one group a while: with shallow
+        // ones it went from group to group as each one's next prompt came, and a radix cache
+        // that holds two prefixes lost them again and again.
+        if self.queued < Self::min_read_ahead(servers) {
+            return true;
         }
         // A server wants input while its own queue cannot fill its room.
         self.loose.is_empty()

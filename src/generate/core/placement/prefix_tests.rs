@@ -302,17 +302,18 @@ fn it_reads_ahead_until_every_servers_own_queue_fills_its_room_or_the_bound() {
     let mut p = Prefix::new(&plan, 2);
     let servers = [up(0, 4), up(0, 4)];
     assert!(p.wants_input(&servers));
-    // Only system 0 (one server's) so far: the other server still wants its own.
-    for t in 0..10 {
+    // Only system 0 (one server's) so far, past the few windows a slot it reads in any case
+    // (32): the other server still wants its own.
+    for t in 0..40 {
         hand(&mut p, t, &text(0, t as usize), None);
     }
     assert!(p.wants_input(&servers));
     // The other server's own queue fills its room of 4 only with its fourth.
-    for t in 10..13 {
+    for t in 40..43 {
         hand(&mut p, t, &text(1, t as usize), None);
     }
     assert!(p.wants_input(&servers));
-    hand(&mut p, 13, &text(1, 13), None);
+    hand(&mut p, 43, &text(1, 43), None);
     assert!(!p.wants_input(&servers));
     // A full read-ahead reads no more, whatever is missing.
     let mut q = Prefix::new(&plan, 2);
@@ -362,9 +363,10 @@ fn queue_sized(p: &mut Prefix, sizes: &[usize]) {
 
 #[test]
 fn an_idle_server_splits_the_group_a_saturated_home_is_on_and_takes_what_evens_the_pair() {
-    // One group larger than a server's share: its home is on it, and nothing else is whole to
-    // take. Before the split, the other server finished its own and idled to the end.
-    let plan = plan_sized(&[(0, 100), (1, 20)]);
+    // One group larger than the plan said (the input grew after the scan): its home is on it,
+    // and nothing else is whole to take. Before the split, the other server finished its own
+    // and idled to the end.
+    let plan = plan_sized(&[(0, 60), (1, 60)]);
     let mut p = Prefix::new(&plan, 2);
     queue_sized(&mut p, &[100, 20]);
     p.input_end();
@@ -395,7 +397,8 @@ fn an_idle_server_splits_the_group_a_saturated_home_is_on_and_takes_what_evens_t
 fn a_split_takes_from_the_server_that_would_finish_last_by_its_speed_so_far() {
     // Two homes with as much left, one of them twice as fast so far: the thief splits the
     // slow one's group, and takes what ends the two together.
-    let plan = plan_sized(&[(0, 60), (1, 60), (2, 16)]);
+    // (Planned as equal groups, each one home, as a group of more than a share is not.)
+    let plan = plan_sized(&[(0, 40), (1, 40), (2, 40)]);
     let mut p = Prefix::new(&plan, 3);
     queue_sized(&mut p, &[60, 60, 16]);
     p.input_end();
@@ -422,4 +425,100 @@ fn a_split_takes_from_the_server_that_would_finish_last_by_its_speed_so_far() {
     // prior), none left: 18 of them end the two together, 18 / 64 = (75 - 18) / 200 or near.
     assert_eq!(p.own_queued[thief] + 1, 18);
     assert_eq!((p.splits(), p.moves()), (1, 0));
+}
+
+/// The servers that hold a part of system prompt `s`'s group, and each part's planned prompts.
+fn parts_of(p: &Prefix, plan: &PrefixPlan, s: usize) -> Vec<(usize, u64)> {
+    let mut b = Vec::new();
+    block_hashes(&Prompt::Text(text(s, 0)), &mut b);
+    let g = p.index[&plan.prefixes.group_of(&b).unwrap()];
+    std::iter::once(g)
+        .chain(p.groups[g].parts.iter().copied())
+        .map(|x| (p.groups[x].home, p.groups[x].unread))
+        .collect()
+}
+
+#[test]
+fn a_group_larger_than_a_servers_share_starts_on_as_many_servers_as_it_fills_shares() {
+    // 4 servers, 400 prompts: a share is 100. The group of 250 is 2.5 shares: three homes from
+    // the start, each a third of it; the others fit a server and keep one home.
+    let plan = plan_sized(&[(0, 250), (1, 60), (2, 50), (3, 40)]);
+    let p = Prefix::new(&plan, 4);
+    let big = parts_of(&p, &plan, 0);
+    assert_eq!(big.len(), 3, "{big:?}");
+    let mut homes: Vec<usize> = big.iter().map(|&(h, _)| h).collect();
+    homes.dedup();
+    assert_eq!(homes.len(), 3, "three servers: {big:?}");
+    assert_eq!(big.iter().map(|&(_, n)| n).sum::<u64>(), 250);
+    assert!(big.iter().all(|&(_, n)| (83..=84).contains(&n)), "{big:?}");
+    for s in 1..4 {
+        assert_eq!(parts_of(&p, &plan, s).len(), 1, "system {s}");
+    }
+    // The small ones fill the server the big one left alone first, the others after.
+    let free = (0..4).find(|h| !homes.contains(h)).unwrap();
+    assert_eq!(home_of(&p, &plan, 1), free);
+    assert_eq!(p.splits(), 0, "dealt, not split");
+}
+
+#[test]
+fn a_large_groups_prompts_go_to_its_homes_as_they_are_read() {
+    // 2 servers, 300 prompts: the group of 240 fills two shares, so it starts on both, and its
+    // prompts go out on both while the small group's stay on its one home.
+    let plan = plan_sized(&[(0, 240), (1, 60)]);
+    let mut p = Prefix::new(&plan, 2);
+    assert_eq!(parts_of(&p, &plan, 0).len(), 2);
+    assert_eq!(parts_of(&p, &plan, 1).len(), 1);
+    let small = home_of(&p, &plan, 1);
+    // Interleaved as a shuffled input has them: ticket 1000 + q is the small group's.
+    for q in 0..240 {
+        hand(&mut p, q as u64, &text(0, q), None);
+        if q % 4 == 0 {
+            hand(&mut p, 1000 + q as u64 / 4, &text(1, q / 4), None);
+        }
+    }
+    p.input_end();
+    let sent = drain(&mut p, &[up(0, 1000), up(0, 1000)]);
+    assert_eq!(sent.len(), 300);
+    let on = |server: usize, small_group: bool| {
+        sent.iter()
+            .filter(|&&(t, s)| s == server && (t >= 1000) == small_group)
+            .count()
+    };
+    assert_eq!((on(0, false), on(1, false)), (120, 120), "half of it each");
+    assert_eq!(on(small, true), 60);
+    assert_eq!(
+        (p.splits(), p.moves()),
+        (0, 0),
+        "dealt so, not split or moved"
+    );
+}
+
+#[test]
+fn groups_within_a_servers_share_keep_one_home() {
+    // 4 servers and 8 equal groups (half a share each), then 4 of a share each: one home each.
+    let p = Prefix::new(&plan(8, 10), 4);
+    assert_eq!(p.groups.len(), 8, "no parts");
+    let plan = plan_sized(&[(0, 100), (1, 100), (2, 100), (3, 100)]);
+    let p = Prefix::new(&plan, 4);
+    assert_eq!(p.groups.len(), 4, "no parts");
+    let mut homes: Vec<usize> = (0..4).map(|s| home_of(&p, &plan, s)).collect();
+    homes.sort_unstable();
+    assert_eq!(homes, [0, 1, 2, 3]);
+}
+
+#[test]
+fn it_reads_a_few_windows_ahead_even_when_every_server_has_its_room_queued() {
+    // Each server's own queue fills its room of 4 with 4 of its own, yet the policy reads on
+    // to 4 windows a slot (32 queued over 2 servers of 4), so a server can stay on one group.
+    let plan = plan(2, 2000);
+    let mut p = Prefix::new(&plan, 2);
+    let servers = [up(0, 4), up(0, 4)];
+    for t in 0..8 {
+        hand(&mut p, t, &text(t as usize % 2, t as usize), None);
+    }
+    assert!(p.wants_input(&servers));
+    for t in 8..32 {
+        hand(&mut p, t, &text(t as usize % 2, t as usize), None);
+    }
+    assert!(!p.wants_input(&servers));
 }
