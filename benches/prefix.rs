@@ -1,7 +1,8 @@
 //! Whole-run benchmarks of prefix-aware placement (issues 26 and 38) through the real `fleet`
 //! binary and 8 real `sglang-sim` servers:
 //!
-//! - for each of 5 seeds (`--seeds=N`), a job of 40 system prompts × questions, shuffled, whose
+//! - for each of 5 seeds (`--seeds=N` for 1..=N, `--seed=K` for one; `PREFIX_BENCH_KEEP=DIR`
+//!   keeps each seed's journals and timelines), a job of 40 system prompts × questions, shuffled, whose
 //!   hidden parameters the seed draws (benches/prefix_seeds: prompt lengths, the KV pool, group
 //!   sizes, each server's speed and cap), placed by hand (8 `fleet` processes) and under
 //!   `--placement auto` in the same run: the median and the worst of the ratios, and the
