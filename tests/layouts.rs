@@ -259,24 +259,29 @@ fn a_layout_predicted_not_to_fit_is_skipped_and_the_others_prediction_is_held_to
     );
     std::fs::write(dir.join("dense.yaml"), yaml).unwrap();
     let out = b.world.home.path().join("sweep.json");
-    let (code, text, err) = b.fleet(&[
-        "sweep",
-        "--profile",
-        "dense",
-        "--set",
-        "server.tp_size=1,2",
-        "--input-len",
-        "32",
-        "--output-len",
-        "32",
-        "--warmup",
-        "1s",
-        "--duration",
-        "3s",
-        "--json",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    // The sweep, then the same sweep `--resume`d from its file, with `more` flags.
+    let sweep = |more: &[&str]| {
+        let mut args = vec![
+            "sweep",
+            "--profile",
+            "dense",
+            "--set",
+            "server.tp_size=1,2",
+            "--input-len",
+            "32",
+            "--output-len",
+            "32",
+            "--warmup",
+            "1s",
+            "--duration",
+            "3s",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        b.fleet(&args)
+    };
+    let (code, text, err) = sweep(&["--json"]);
     // Skipping a layout that cannot fit is no failure of the sweep.
     assert_eq!(code, 0, "{text}\n{err}");
     let r: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}\n{err}"));
@@ -309,24 +314,7 @@ fn a_layout_predicted_not_to_fit_is_skipped_and_the_others_prediction_is_held_to
     assert_eq!(check["kv_error_pct"], 0.0, "{check:#}");
 
     // The text report, from the finished sweep on file: the skip and the prediction's error.
-    let (code, text, err) = b.fleet(&[
-        "sweep",
-        "--profile",
-        "dense",
-        "--set",
-        "server.tp_size=1,2",
-        "--input-len",
-        "32",
-        "--output-len",
-        "32",
-        "--warmup",
-        "1s",
-        "--duration",
-        "3s",
-        "--resume",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, text, err) = sweep(&["--resume"]);
     assert_eq!(code, 0, "{text}\n{err}");
     assert!(!err.contains("starting"), "nothing runs again:\n{err}");
     assert!(

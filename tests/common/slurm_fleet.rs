@@ -90,7 +90,6 @@ impl SlurmFleet {
             .collect()
     }
 
-    /// fleet's jobs in squeue, by name, that are not over.
     /// `generate` of `n` prompts into `out` at `max_tokens`: the ids answered, each once (a
     /// second answer to one fails the read).
     pub fn job(&self, n: usize, max_tokens: u32) -> usize {
@@ -109,6 +108,7 @@ impl SlurmFleet {
         super::local_fleet::completion_ids(&self.path().join("out")).len()
     }
 
+    /// fleet's jobs in squeue, by name, that are not over.
     pub fn fleet_jobs(&self) -> String {
         self.cluster
             .run(&["squeue", "--noheader", "--name=fleet-hpc", "--format=%i %T"])

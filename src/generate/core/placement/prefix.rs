@@ -184,39 +184,35 @@ impl Prefix {
 
     fn add_group(&mut self, key: GroupKey, work: u64, prompts: u64, home: usize) -> usize {
         let g = self.groups.len();
-        let unread = if self.input_ended { 0 } else { prompts };
-        self.groups.push(Group {
-            home,
-            work,
-            unread,
-            queue: VecDeque::new(),
-            root: g,
-            parts: Vec::new(),
-        });
+        self.push_group(g, home, work, prompts);
         self.index.insert(key, g);
-        self.own[home].push(g);
-        self.assigned[home] += work;
-        self.own_unread[home] += unread;
         g
     }
 
     /// A part of root group `g` on server `home`, with `work` and `prompts` of the plan's.
     fn add_part(&mut self, g: usize, home: usize, work: u64, prompts: u64) -> usize {
-        let p = self.groups.len();
+        let p = self.push_group(g, home, work, prompts);
+        self.groups[g].parts.push(p);
+        p
+    }
+
+    /// A new group of root `root` on server `home`, its work and prompts counted as that
+    /// server's.
+    fn push_group(&mut self, root: usize, home: usize, work: u64, prompts: u64) -> usize {
+        let id = self.groups.len();
         let unread = if self.input_ended { 0 } else { prompts };
         self.groups.push(Group {
             home,
             work,
             unread,
             queue: VecDeque::new(),
-            root: g,
+            root,
             parts: Vec::new(),
         });
-        self.groups[g].parts.push(p);
-        self.own[home].push(p);
+        self.own[home].push(id);
         self.assigned[home] += work;
         self.own_unread[home] += unread;
-        p
+        id
     }
 
     /// The part of root group `g` a new prompt of it goes to: the one with the most of the
@@ -421,20 +417,7 @@ impl Prefix {
             .find(|&p| self.groups[p].home == to)
         {
             Some(p) => p,
-            None => {
-                let p = self.groups.len();
-                self.groups.push(Group {
-                    home: to,
-                    work: 0,
-                    unread: 0,
-                    queue: VecDeque::new(),
-                    root,
-                    parts: Vec::new(),
-                });
-                self.groups[root].parts.push(p);
-                self.own[to].push(p);
-                p
-            }
+            None => self.add_part(root, to, 0, 0),
         };
         let queued = (self.groups[g].queue.len() as u64).min(take);
         let unread = (take - queued).min(self.groups[g].unread);
